@@ -1,0 +1,3 @@
+from monitor.cli import main
+
+raise SystemExit(main())

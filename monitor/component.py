@@ -1,0 +1,72 @@
+"""The plug-in seam of the daemon: drift, probes and anything else beyond intrinsic health.
+
+A component sees accepted records on the ingest thread (cheap hooks only), schedules its own
+heavy jobs, and exposes metrics built from a snapshot it published earlier. The daemon isolates
+components from each other: a hook or job that raises is counted and logged, never fatal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client.metrics_core import Metric
+
+from monitor.records import EmbeddingBatch, InteractionEvent
+
+if TYPE_CHECKING:
+    from monitor.config import Settings
+    from monitor.state.registry import StateRegistry
+    from monitor.state.window import WindowSnapshot
+
+
+@dataclass(frozen=True)
+class ScheduledJob:
+    """A periodic job; ``timeout_seconds`` bounds one run (a run over it is counted as timed out)."""
+
+    name: str
+    func: Callable[[], None]
+    interval_seconds: float
+    timeout_seconds: float | None = None
+
+
+@dataclass
+class MonitorContext:
+    """What a component may read: configuration, live state, the latest published windows."""
+
+    settings: Settings
+    registry: StateRegistry
+    clock: Callable[[], float]
+    state_dir: Path
+    # (model, stream) -> the window snapshot the last refresh computed metrics from.
+    latest_windows: Callable[[], Mapping[tuple[str, str], WindowSnapshot]]
+
+
+class Component:
+    """Base class with no-op hooks; override what the component needs."""
+
+    name: str = "component"
+
+    def on_embeddings(self, batch: EmbeddingBatch, now: float) -> None:
+        """Called on the ingest thread for every accepted batch. Must stay O(n·d)."""
+
+    def on_interaction(self, event: InteractionEvent, now: float) -> None:
+        """Called on the ingest thread for every accepted interaction event."""
+
+    def jobs(self) -> list[ScheduledJob]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        """Metric families for one scrape, read from a published snapshot."""
+        return ()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what ``state_dict`` returned (checkpoint restore)."""
+
+    def close(self) -> None:
+        """Release resources at shutdown."""
