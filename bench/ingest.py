@@ -1,0 +1,188 @@
+"""Sustained ingest from a real broker: the daemon vs a bare kafka-python consume loop, same topic, one run.
+
+Also measures a metric refresh over a 10,000 x 768 window and resident memory with 3 models at
+d = 768 (every sub-window filled). Prints a table and the ratios the goals are stated in:
+
+    .venv/bin/python bench/ingest.py            # full run (a few minutes on 2 cores)
+    .venv/bin/python bench/ingest.py --quick    # smaller topics, for a smoke run
+
+Goals (issue "streaming daemon"): binary >= 80 % of the bare-consumer rate; JSON >= 20,000
+vectors/s at d = 384; refresh <= 1 s at 10k x 768; RSS <= 600 MB with 3 models at d = 768.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kafka import KafkaConsumer, TopicPartition  # noqa: E402
+
+from monitor.config import load_settings  # noqa: E402
+from monitor.records import EmbeddingBatch  # noqa: E402
+from monitor.service import Monitor  # noqa: E402
+from tests.support.broker import FAST_GROUP_OPTIONS, Broker  # noqa: E402
+
+ROWS_PER_BINARY_MESSAGE = 256
+
+
+def produce(broker: Broker, topic: str, fmt: str, dim: int, rows: int, rng: np.random.Generator) -> None:
+    broker.create_topics(topic)
+    producer = broker.producer(batch_size=1 << 20, max_request_size=16 << 20, buffer_memory=256 << 20)
+    block = rng.standard_normal((ROWS_PER_BINARY_MESSAGE, dim)).astype(np.float32)
+    if fmt == "binary":
+        headers = [("model", b"bench"), ("dim", str(dim).encode()), ("stream", b"docs")]
+        for _ in range(rows // ROWS_PER_BINARY_MESSAGE):
+            producer.send(topic, block.tobytes(), headers=headers)
+    else:
+        for i in range(rows):
+            row = block[i % ROWS_PER_BINARY_MESSAGE]
+            producer.send(topic, orjson.dumps({"id": f"d{i}", "model": "bench", "vector": row.tolist(), "stream": "docs"}))
+    producer.flush()
+    producer.close()
+
+
+def bare_rate(broker: Broker, topic: str, fmt: str, dim: int, rows: int) -> float:
+    """Rows/s of a plain consume loop that touches every value and nothing more."""
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False, max_poll_records=2000)
+    tp = TopicPartition(topic, 0)
+    consumer.assign([tp])
+    consumer.seek_to_beginning(tp)
+    seen = 0
+    first = None
+    while seen < rows:
+        for records in consumer.poll(timeout_ms=500).values():
+            if first is None:
+                first = time.perf_counter()
+            for record in records:
+                seen += len(record.value) // (4 * dim) if fmt == "binary" else 1
+    elapsed = time.perf_counter() - first
+    consumer.close()
+    return rows / elapsed
+
+
+def daemon_rate(broker: Broker, topic: str, rows: int, state_dir: Path) -> float:
+    settings = load_settings(
+        overrides={
+            "kafka": {
+                "bootstrap_servers": broker.bootstrap,
+                "embeddings_topic": topic,
+                "group_id": f"bench-{topic}",
+                "auto_offset_reset": "earliest",
+                "options": dict(FAST_GROUP_OPTIONS),
+            },
+            "http": {"host": "127.0.0.1", "port": 0},
+            "refresh_seconds": 3600,
+            "state_dir": str(state_dir),
+        }
+    )
+    monitor = Monitor(settings)
+    monitor.start()
+    try:
+        first = None
+        while True:
+            state = monitor.registry.get("bench", "docs")
+            done = state.records_total if state else 0
+            if first is None and done > 0:
+                first, first_count = time.perf_counter(), done
+            if done >= rows:
+                return (rows - first_count) / (time.perf_counter() - first)
+            time.sleep(0.005)
+    finally:
+        monitor.stop()
+
+
+def refresh_time(dim: int = 768, rows: int = 10_000) -> float:
+    settings = load_settings(overrides={"http": {"host": "127.0.0.1", "port": 0}, "source": "synthetic"})
+    monitor = Monitor(settings)
+    x = np.random.default_rng(0).standard_normal((rows, dim)).astype(np.float32)
+    for start in range(0, rows, 1000):
+        monitor.registry.apply(EmbeddingBatch("m", "s", x[start : start + 1000]), now=time.time())
+    monitor.refresh()  # warm-up (torch/BLAS initialisation)
+    best = min(_timed(monitor.refresh) for _ in range(3))
+    monitor.http.stop()
+    return best
+
+
+def _timed(fn) -> float:  # type: ignore[no-untyped-def]
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def rss_with_models(models: int = 3, dim: int = 768) -> float:
+    """MB resident after filling every sub-window and reservoir of ``models`` streams at ``dim``."""
+    settings = load_settings(overrides={"http": {"host": "127.0.0.1", "port": 0}, "source": "synthetic"})
+    monitor = Monitor(settings)
+    rng = np.random.default_rng(1)
+    step = settings.window.seconds / settings.window.subwindows
+    now = time.time()
+    for sub in range(settings.window.subwindows):
+        for m in range(models):
+            for _ in range(4):
+                batch = rng.standard_normal((1000, dim)).astype(np.float32)
+                monitor.registry.apply(EmbeddingBatch(f"model-{m}", "docs", batch), now=now + sub * step)
+    monitor.clock = lambda: now + (settings.window.subwindows - 1) * step
+    monitor.refresh()
+    gc.collect()
+    rss = _rss_mb()
+    monitor.http.stop()
+    return rss
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    scale = 0.2 if args.quick else 1.0
+    cases = [
+        ("binary", 384, int(200_000 * scale)),
+        ("binary", 768, int(100_000 * scale)),
+        ("json", 384, int(60_000 * scale)),
+        ("json", 768, int(30_000 * scale)),
+    ]
+    rng = np.random.default_rng(0)
+    results = []
+    with_broker = Broker().start()
+    try:
+        import tempfile
+
+        for fmt, dim, rows in cases:
+            rows -= rows % ROWS_PER_BINARY_MESSAGE
+            topic = f"bench-{fmt}-{dim}"
+            produce(with_broker, topic, fmt, dim, rows, rng)
+            bare = bare_rate(with_broker, topic, fmt, dim, rows)
+            with tempfile.TemporaryDirectory() as tmp:
+                ours = daemon_rate(with_broker, topic, rows, Path(tmp))
+            results.append((fmt, dim, rows, bare, ours))
+            print(f"{fmt:>6} d={dim:<4} rows={rows:<7} bare={bare:>10,.0f}/s daemon={ours:>10,.0f}/s ratio={ours / bare:.2f}", flush=True)
+            threading.Event().wait(0.5)
+    finally:
+        with_broker.stop()
+    refresh = refresh_time()
+    print(f"refresh over a 10,000 x 768 window: {refresh * 1000:.0f} ms (goal <= 1000 ms)")
+    rss = rss_with_models()
+    print(f"resident memory, 3 models at d=768, all sub-windows and reservoirs full: {rss:.0f} MB (goal <= 600 MB)")
+    print("\n| format | d | rows | bare kafka-python rows/s | daemon rows/s | daemon / bare |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for fmt, dim, rows, bare, ours in results:
+        print(f"| {fmt} | {dim} | {rows:,} | {bare:,.0f} | {ours:,.0f} | {ours / bare:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,322 @@
+"""One settings object for the daemon: YAML file < EMBMON_* environment < CLI flags.
+
+Build it with :func:`load_settings` from ``main`` (never at import time) so tests build their own.
+Any invalid value raises :class:`ConfigError`, whose message names the offending field; the CLI
+turns it into exit status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from kafka import KafkaConsumer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from monitor.quality.intrinsic import IntrinsicSettings
+
+ENV_PREFIX = "EMBMON_"
+# Settings the daemon owns itself; passing them as --kafka-option would break offset handling.
+_RESERVED_KAFKA_OPTIONS = frozenset(
+    {"enable_auto_commit", "group_id", "bootstrap_servers", "key_deserializer", "value_deserializer"}
+)
+_SECRET_WORDS = ("password", "secret", "token", "keyfile", "key_password", "sasl_oauth")
+LABEL_VALUE_RE = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,64}$")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class KafkaSettings(_Section):
+    """Where and how to consume. ``options`` passes any kafka-python consumer setting through
+    (security_protocol, ssl_*, sasl_*, fetch sizes, ...), like kcat's ``-X``."""
+
+    bootstrap_servers: list[str] = Field(default_factory=lambda: ["localhost:9092"])
+    embeddings_topic: str = "embeddings"
+    interactions_topic: str | None = None
+    group_id: str = "embedding-monitor"
+    client_id: str = "embedding-monitor"
+    auto_offset_reset: Literal["earliest", "latest"] = "latest"
+    max_poll_records: int = Field(2000, ge=1, le=100_000)
+    poll_timeout_seconds: float = Field(0.5, gt=0, le=30)
+    commit_interval_seconds: float = Field(5.0, gt=0)
+    default_stream: str = "default"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("bootstrap_servers", mode="before")
+    @classmethod
+    def _split_servers(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [s.strip() for s in value.split(",") if s.strip()]
+        return value
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _check_servers(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("at least one host:port is required")
+        for server in value:
+            host, sep, port = server.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"{server!r} is not host:port")
+        return value
+
+    @field_validator("options")
+    @classmethod
+    def _check_options(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key in value:
+            if key in _RESERVED_KAFKA_OPTIONS:
+                raise ValueError(f"{key!r} is set by embedding-monitor itself; use the dedicated setting")
+            if key not in KafkaConsumer.DEFAULT_CONFIG:
+                raise ValueError(f"{key!r} is not a kafka-python consumer setting")
+        sasl = value.get("sasl_mechanism")
+        protocol = value.get("security_protocol", "PLAINTEXT")
+        if protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
+            raise ValueError(f"security_protocol {protocol!r} must be PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL")
+        if sasl is not None and not str(protocol).startswith("SASL"):
+            raise ValueError("sasl_mechanism needs security_protocol SASL_PLAINTEXT or SASL_SSL")
+        if str(protocol).startswith("SASL") and sasl is None:
+            raise ValueError(f"security_protocol {protocol} needs sasl_mechanism")
+        if sasl in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512") and not (
+            value.get("sasl_plain_username") and value.get("sasl_plain_password")
+        ):
+            raise ValueError(f"sasl_mechanism {sasl} needs sasl_plain_username and sasl_plain_password")
+        for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_crlfile"):
+            if key in value and not Path(str(value[key])).is_file():
+                raise ValueError(f"{key}: file {value[key]!r} does not exist")
+        return value
+
+
+class FileSourceSettings(_Section):
+    """Replay a JSONL file of events or an ``.npy`` (n, d) matrix, for offline use and tests."""
+
+    path: Path | None = None
+    model: str = "default"  # for .npy, which carries no model name
+    stream: str = "default"
+    rate: float = Field(0.0, ge=0, description="records per second; 0 = as fast as possible")
+    batch_size: int = Field(1000, ge=1, le=100_000)
+    loop: bool = False
+
+
+class SyntheticModel(_Section):
+    name: str
+    dim: int = Field(384, ge=2, le=8192)
+
+
+class SyntheticPhase(_Section):
+    """One step of a scripted scenario: the distribution the generator draws from, for a while."""
+
+    kind: Literal["healthy", "anisotropic", "collapsed", "shifted", "invalid"] = "healthy"
+    seconds: float = Field(30.0, gt=0)
+
+
+class SyntheticSourceSettings(_Section):
+    """A generator of realistic-looking embeddings with scripted incidents (the demo)."""
+
+    models: list[SyntheticModel] = Field(default_factory=lambda: [SyntheticModel(name="demo-model")])
+    stream: str = "documents"
+    rate: float = Field(2000.0, gt=0, description="records per second per model")
+    batch_size: int = Field(200, ge=1, le=100_000)
+    phases: list[SyntheticPhase] = Field(default_factory=lambda: [SyntheticPhase()])
+    loop: bool = True
+    seed: int = 0
+
+
+class WindowSettings(_Section):
+    """The sliding window metrics are computed over (see docs/metrics.md, "Window semantics")."""
+
+    seconds: float = Field(900.0, gt=0)
+    subwindows: int = Field(10, ge=1, le=120)
+    reservoir_size: int = Field(10_000, ge=10, le=1_000_000)
+
+
+class LimitSettings(_Section):
+    """Budgets that keep memory and label cardinality bounded whatever the input."""
+
+    max_models: int = Field(20, ge=1, le=1000)
+    max_streams_per_model: int = Field(10, ge=1, le=1000)
+    max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    max_dimension: int = Field(8192, ge=2)
+    max_rows_per_message: int = Field(100_000, ge=1)
+
+
+class HttpSettings(_Section):
+    host: str = "0.0.0.0"
+    port: int = Field(9464, ge=0, le=65535)
+
+
+class ModelSettings(_Section):
+    """Optional per-model declarations; an undeclared model's dimension is fixed by its first record."""
+
+    dim: int | None = Field(None, ge=2)
+
+
+class Settings(BaseSettings):
+    """Everything the daemon can be told. See README "Configuration" for the YAML layout."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", validate_default=True
+    )
+
+    source: Literal["kafka", "file", "synthetic"] = "kafka"
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    file: FileSourceSettings = Field(default_factory=FileSourceSettings)
+    synthetic: SyntheticSourceSettings = Field(default_factory=SyntheticSourceSettings)
+    window: WindowSettings = Field(default_factory=WindowSettings)
+    quality: IntrinsicSettings = Field(default_factory=IntrinsicSettings)
+    limits: LimitSettings = Field(default_factory=LimitSettings)
+    http: HttpSettings = Field(default_factory=HttpSettings)
+    models: dict[str, ModelSettings] = Field(default_factory=dict)
+    refresh_seconds: float = Field(15.0, gt=0, le=3600)
+    state_dir: Path = Path("embmon-state")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    shutdown_timeout_seconds: float = Field(8.0, gt=0, le=60)
+    seed: int = 0
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Settings:
+        if self.source == "file" and self.file.path is None:
+            raise ValueError("file.path is required when source is 'file'")
+        if self.kafka.interactions_topic == self.kafka.embeddings_topic:
+            raise ValueError("kafka.interactions_topic must differ from kafka.embeddings_topic")
+        for name in self.models:
+            if not LABEL_VALUE_RE.match(name):
+                raise ValueError(f"models: {name!r} is not a valid label value ({LABEL_VALUE_RE.pattern})")
+        return self
+
+    def redacted(self) -> dict[str, Any]:
+        """The settings as a dict with secrets masked, safe to log."""
+        return _redact(self.model_dump(mode="json"))
+
+
+def _redact(value: Any, key: str = "") -> Any:
+    if isinstance(value, dict):
+        return {k: _redact(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact(v, key) for v in value]
+    if value is not None and any(word in key.lower() for word in _SECRET_WORDS):
+        return "***"
+    return value
+
+
+def parse_kafka_option(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` from ``--kafka-option``; VALUE is read as JSON when it parses (numbers, booleans)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"kafka.options: {text!r} is not KEY=VALUE")
+    key = key.strip().replace(".", "_")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    return key, value
+
+
+def load_settings(
+    config_path: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    defaults: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Settings from a YAML file, the environment and explicit overrides (highest precedence).
+
+    ``overrides`` is a nested dict, e.g. ``{"kafka": {"group_id": "g"}}``; the CLI builds it.
+    ``defaults`` sit below the YAML file (the demo's presets use it).
+    """
+    yaml_data: dict[str, Any] = {}
+    if config_path is not None:
+        path = Path(config_path)
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except OSError as exc:
+            raise ConfigError(f"config file {path}: {exc.strerror or exc}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path}: not valid YAML: {exc}") from exc
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path}: the top level must be a mapping")
+        yaml_data = loaded
+    yaml_data = deep_merge(dict(defaults or {}), yaml_data)
+
+    class _Loaded(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return (init_settings, env_settings, _DictSource(settings_cls, yaml_data))
+
+    try:
+        return _Loaded(**dict(overrides or {}))
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None
+
+
+class _DictSource(PydanticBaseSettingsSource):
+    """The parsed YAML file as a settings source (lowest precedence)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], data: dict[str, Any]):
+        super().__init__(settings_cls)
+        self._data = data
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._data)
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """One line per problem, each naming the dotted field path."""
+    lines = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"]) or "(settings)"
+        message = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{path}: {message}")
+    return "invalid configuration: " + "; ".join(lines)
+
+
+def deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """``top`` over ``base``, merging nested mappings key by key."""
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(dict(out[key]), value)
+        else:
+            out[key] = value
+    return out
+
+
+def nested_override(dotted: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+    """``[("kafka.group_id", "g")]`` -> ``{"kafka": {"group_id": "g"}}``; None values are dropped."""
+    out: dict[str, Any] = {}
+    for path, value in dotted:
+        if value is None:
+            continue
+        node = out
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out

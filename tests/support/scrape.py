@@ -1,0 +1,51 @@
+"""Real HTTP scrapes of the daemon's /metrics, parsed with prometheus_client's own parser."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from collections.abc import Callable
+
+from prometheus_client.parser import text_string_to_metric_families
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(port: int, host: str = "127.0.0.1", timeout: float = 5.0) -> Samples:
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=timeout) as response:
+        text = response.read().decode()
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, frozenset(labels.items())))
+
+
+def http_status(port: int, path: str, host: str = "127.0.0.1") -> int:
+    import urllib.error
+
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.2, message: str = "") -> object:
+    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+        except OSError as exc:  # server not up yet, connection refused/reset
+            last = exc
+        else:
+            if last:
+                return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {message or predicate}: last={last!r}")

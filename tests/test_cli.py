@@ -1,0 +1,132 @@
+"""The command line: inspect, bad configuration, the demo, SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from monitor.cli import main
+from monitor.config import load_settings
+from monitor.quality.intrinsic import report_from_matrix
+from tests.support.broker import free_port
+from tests.support.scrape import scrape, value, wait_until
+
+GAUGES = {
+    "partition_isotropy", "effective_dimension", "effective_dimension_ratio", "top10_variance_ratio",
+    "mean_cosine_similarity", "vector_norm_mean", "vector_norm_stddev", "dead_dimensions", "effective_rank",
+    "stable_rank", "collapse_detected", "uniformity", "alignment", "dimension", "window_records",
+}
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "monitor", *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def test_inspect_npy_json_matches_the_metric_code(tmp_path: Path) -> None:
+    matrix = np.random.default_rng(3).standard_normal((500, 24)).astype(np.float32)
+    path = tmp_path / "vectors.npy"
+    np.save(path, matrix)
+    proc = run_cli("inspect", str(path), "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert GAUGES <= set(out)
+    expected = report_from_matrix(matrix, settings=load_settings().quality)
+    assert out["window_records"] == 500 and out["dimension"] == 24
+    assert out["effective_dimension"] == pytest.approx(expected.effective_dimension, rel=1e-9)
+    assert out["mean_cosine_similarity"] == pytest.approx(expected.mean_cosine_similarity, rel=1e-9, abs=1e-12)
+    assert out["collapse_detected"] == 0
+    assert out["alignment"] is None  # no positive pairs declared
+
+
+def test_inspect_jsonl_counts_invalid_lines_and_reports_alignment(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rng = np.random.default_rng(4)
+    lines = []
+    base = rng.standard_normal((100, 8))
+    for i, row in enumerate(base):
+        lines.append(orjson.dumps({"id": f"a{i}", "model": "m", "vector": row.tolist(), "pair_id": f"p{i}"}))
+        twin = row + 0.05 * rng.standard_normal(8)
+        lines.append(orjson.dumps({"id": f"b{i}", "model": "m", "vector": twin.tolist(), "pair_id": f"p{i}"}))
+    lines += [b"garbage", orjson.dumps({"id": "z", "model": "m", "vector": [1.0, 2.0]})]
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    assert main(["inspect", str(path), "--json"]) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert out["model"] == "m" and out["window_records"] == 200
+    unit = base / np.linalg.norm(base, axis=1, keepdims=True)
+    assert out["alignment"] is not None and 0 < out["alignment"] < 0.05
+    assert "bad_json=1" in captured.err and "dim_mismatch=1" in captured.err
+    assert main(["inspect", str(path)]) == 0
+    table = capsys.readouterr().out
+    assert "model=m stream=default" in table and "effective_rank" in table
+    del unit
+
+
+def test_inspect_missing_or_bad_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", str(tmp_path / "nope.npy")]) == 2
+    bad = tmp_path / "bad.npy"
+    np.save(bad, np.zeros((3, 4, 5)))
+    assert main(["inspect", str(bad)]) == 2
+    assert "expected a numeric (n, d) matrix" in capsys.readouterr().err
+
+
+def test_bad_config_exits_2_naming_the_field(tmp_path: Path) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text("window:\n  subwindows: 0\nkafka:\n  group_id: ok\n")
+    proc = run_cli("run", "--config", str(config))
+    assert proc.returncode == 2
+    assert "window.subwindows" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run_cli("run", "--kafka-option", "no_such_setting=1")
+    assert proc.returncode == 2 and "kafka.options" in proc.stderr and "no_such_setting" in proc.stderr
+    proc = run_cli("run", "--metrics-port", "70000")
+    assert proc.returncode == 2 and "http.port" in proc.stderr
+    proc = run_cli("run", "--source", "file")
+    assert proc.returncode == 2 and "file.path" in proc.stderr
+
+
+def test_environment_overrides_reach_the_cli(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "monitor", "run"],
+        env={"EMBMON_REFRESH_SECONDS": "-3", "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert proc.returncode == 2 and "refresh_seconds" in proc.stderr
+
+
+def test_demo_shows_healthy_then_collapsed(tmp_path: Path) -> None:
+    config = tmp_path / "demo.yaml"
+    config.write_text(
+        "synthetic:\n  rate: 2000\n  models: [{name: demo, dim: 64}]\n"
+        "  phases: [{kind: healthy, seconds: 6}, {kind: collapsed, seconds: 60}]\n  loop: false\n"
+        "window:\n  seconds: 3\n  subwindows: 3\n  reservoir_size: 500\n"
+        "refresh_seconds: 0.5\n"
+    )
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "monitor", "demo", "--config", str(config), "--metrics-port", str(port),
+         "--duration", "30", "--state-dir", str(tmp_path / "state")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        labels = {"model": "demo", "stream": "documents"}
+        wait_until(lambda: value(scrape(port), "embmon_collapse_detected", **labels) == 0, timeout=30, message="healthy")
+        healthy = scrape(port)
+        wait_until(lambda: value(scrape(port), "embmon_collapse_detected", **labels) == 1, timeout=30, message="collapse")
+        collapsed = scrape(port)
+        assert value(collapsed, "embmon_effective_rank", **labels) < value(healthy, "embmon_effective_rank", **labels) / 3
+        assert value(collapsed, "embmon_mean_cosine_similarity", **labels) > value(healthy, "embmon_mean_cosine_similarity", **labels)
+        time.sleep(5)  # one more summary line (printed every 4 s) shows the collapse
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=15)
+    assert proc.returncode == 0
+    assert "phase: collapsed" in out and "YES" in out
