@@ -293,7 +293,9 @@ class Monitor:
         reports: dict[StreamKey, PublishedReport] = {}
         for key, window in windows.items():
             with self._guard(f"refresh:{key[0]}"):
-                reports[key] = PublishedReport(report_from_snapshot(window, self.settings.quality), now)
+                reports[key] = PublishedReport(
+                    report_from_snapshot(window, self.settings.quality, device=self.settings.device), now
+                )
         self.published = Published(reports=reports, windows=windows, computed_at=now)
         self.refresh_duration.observe(time.perf_counter() - started)
         return self.published

@@ -1,0 +1,440 @@
+"""Intrinsic health of an embedding window: isotropy, spread, ranks, collapse, uniformity, alignment.
+
+Pure functions from exact window statistics (``SufficientStats``), the window's uniform sample
+and its alignment sums to an immutable ``IntrinsicReport``. Every field of the report is one
+exported gauge (``embmon_<field>``); docs/metrics.md gives each formula, its source and what
+healthy and unhealthy values look like.
+
+Spectral metrics use the eigenvalues λ₁ ≥ … ≥ λ_d of the window covariance, clamped at 1e-10,
+which costs one d × d ``eigvalsh`` (≈ 25 ms at d = 768) whatever the number of records.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from monitor.state.stats import SufficientStats
+from monitor.state.window import PositivePairMatcher, WindowSnapshot
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "EIGENVALUE_FLOOR",
+    "IntrinsicReport",
+    "IntrinsicSettings",
+    "collapse_reasons",
+    "report_from_matrix",
+    "report_from_snapshot",
+    "report_from_stats",
+    "uniformity",
+]
+
+EIGENVALUE_FLOOR = 1e-10
+"""Covariance eigenvalues are clamped here: rounding makes null directions slightly negative."""
+
+_VARIANCE_ROUNDING = 1e-12
+"""A dimension whose variance is below this share of the mean square coordinate is treated as
+constant even when every dimension is (identical vectors), where the relative rule is void."""
+
+_BLOCK_ELEMENTS = 4_000_000
+"""Uniformity works on row blocks of the pair matrix with at most this many entries (16 MB)."""
+
+
+class IntrinsicSettings(BaseModel):
+    """Thresholds and budgets of the intrinsic metrics (``quality:`` in the settings file)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dead_dimension_ratio: float = Field(
+        0.01,
+        description="A dimension is dead when its variance is below this share of the mean "
+        "per-dimension variance (relative, so it works for any vector scale).",
+    )
+    uniformity_t: float = Field(2.0, description="Temperature t of the uniformity kernel exp(-t·d²).")
+    uniformity_pair_budget: int = Field(
+        2_000_000,
+        description="Most pairs uniformity evaluates: the first m sample rows with m(m-1)/2 <= budget.",
+    )
+    alignment_alpha: float = Field(2.0, description="Exponent α of the alignment distance ‖u₁-u₂‖^α.")
+    collapse_min_records: int = Field(
+        100, description="Below this many window records collapse_detected stays 0 (too little evidence)."
+    )
+    collapse_dead_dimension_share: float = Field(
+        0.10, description="Collapse when more than this share of dimensions is dead."
+    )
+    collapse_effective_rank_ratio: float = Field(
+        0.30,
+        description="Collapse when effective_rank / min(d, n-1) is below this (n-1 bounds the rank "
+        "of n centred vectors).",
+    )
+    collapse_stable_rank: float = Field(
+        1.5, description="Collapse when the stable rank is below this (one direction holds the variance)."
+    )
+    collapse_mean_cosine: float = Field(
+        0.95, description="Collapse when the mean cosine similarity is above this (near-identical vectors)."
+    )
+
+    @field_validator("dead_dimension_ratio")
+    @classmethod
+    def _relative_ratio(cls, value: float) -> float:
+        if not 0.0 < value < 1.0:
+            raise ValueError(
+                "must be in (0, 1): it is relative to the mean per-dimension variance, "
+                "so 1 or more would call ordinary dimensions dead"
+            )
+        return value
+
+    @field_validator("uniformity_t", "alignment_alpha")
+    @classmethod
+    def _positive_finite(cls, value: float) -> float:
+        if not (value > 0.0 and math.isfinite(value)):
+            raise ValueError("must be a positive finite number")
+        return value
+
+    @field_validator("uniformity_pair_budget")
+    @classmethod
+    def _at_least_one_pair(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("must be at least 1 (uniformity needs one pair)")
+        return value
+
+    @field_validator("collapse_min_records")
+    @classmethod
+    def _at_least_two(cls, value: int) -> int:
+        if value < 2:
+            raise ValueError("must be at least 2 (a covariance needs two vectors)")
+        return value
+
+    @field_validator("collapse_dead_dimension_share", "collapse_effective_rank_ratio")
+    @classmethod
+    def _share(cls, value: float) -> float:
+        if not 0.0 <= value <= 1.0:
+            raise ValueError("must be a share between 0 and 1")
+        return value
+
+    @field_validator("collapse_stable_rank")
+    @classmethod
+    def _stable_rank_floor(cls, value: float) -> float:
+        if not (value >= 1.0 and math.isfinite(value)):
+            raise ValueError("must be at least 1 (the smallest possible stable rank)")
+        return value
+
+    @field_validator("collapse_mean_cosine")
+    @classmethod
+    def _cosine(cls, value: float) -> float:
+        if not -1.0 <= value <= 1.0:
+            raise ValueError("must be a cosine between -1 and 1")
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class IntrinsicReport:
+    """Intrinsic health of one window; each field is the gauge ``embmon_<field>``.
+
+    With fewer than 2 records every float metric is NaN (no covariance), ``dead_dimensions`` and
+    ``collapse_detected`` are 0. ``uniformity`` is ``None`` when the sample has fewer than 2
+    rows; ``alignment`` is ``None`` when no positive pair completed in the window.
+    """
+
+    partition_isotropy: float
+    effective_dimension: float
+    effective_dimension_ratio: float
+    top10_variance_ratio: float
+    mean_cosine_similarity: float
+    vector_norm_mean: float
+    vector_norm_stddev: float
+    dead_dimensions: int
+    effective_rank: float
+    stable_rank: float
+    collapse_detected: int
+    uniformity: float | None
+    alignment: float | None
+    dimension: int
+    window_records: int
+    sample_records: int
+
+    def as_gauges(self) -> dict[str, float]:
+        """``{"embmon_<field>": value}`` for every defined (not None, not NaN) field."""
+        return {
+            f"embmon_{name}": float(value)
+            for name, value in asdict(self).items()
+            if value is not None and not math.isnan(float(value))
+        }
+
+
+# -- entry points ----------------------------------------------------------------------------
+
+
+def report_from_snapshot(
+    snapshot: WindowSnapshot,
+    settings: IntrinsicSettings | None = None,
+    *,
+    device: str | torch.device | None = None,
+) -> IntrinsicReport:
+    """The report of one published window snapshot (the scheduled refresh calls this)."""
+    settings = settings or IntrinsicSettings()
+    if not math.isclose(snapshot.alignment_alpha, settings.alignment_alpha):
+        raise ValueError(
+            f"window sums alignment with alpha={snapshot.alignment_alpha} but settings say "
+            f"alignment_alpha={settings.alignment_alpha}; build the window from the same settings"
+        )
+    return report_from_stats(
+        snapshot.stats,
+        sample=snapshot.sample,
+        alignment=(snapshot.alignment_sum, snapshot.alignment_pairs),
+        settings=settings,
+        device=device,
+    )
+
+
+def report_from_matrix(
+    vectors: np.ndarray,
+    settings: IntrinsicSettings | None = None,
+    *,
+    pair_ids: Sequence[str | None] | None = None,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+) -> IntrinsicReport:
+    """The report of a whole (n, d) matrix, as if it were one window (the ``inspect`` CLI).
+
+    Rows with the same ``pair_ids`` entry form positive pairs in row order, exactly as in the
+    live window. The uniformity sample is a seeded random subset, since row order in a file
+    need not be random.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> report = report_from_matrix(rng.standard_normal((2000, 32)))
+    >>> report.dead_dimensions, report.collapse_detected, round(report.effective_dimension_ratio, 2)
+    (0, 0, 0.98)
+    """
+    settings = settings or IntrinsicSettings()
+    x = np.asarray(vectors)
+    if x.ndim != 2 or x.shape[1] < 1:
+        raise ValueError(f"expected an (n, d) matrix, got shape {x.shape}")
+    n, d = x.shape
+    stats = SufficientStats(d)
+    for start in range(0, n, 8192):  # bounded float64 temporaries
+        stats.update(x[start : start + 8192])
+
+    rng = np.random.default_rng(seed)
+    take = min(n, _max_sample_rows(settings.uniformity_pair_budget))
+    sample = np.asarray(x[np.sort(rng.choice(n, size=take, replace=False))], dtype=np.float32)
+    sample = sample[rng.permutation(take)]
+
+    alignment = (0.0, 0)
+    if pair_ids is not None:
+        if len(pair_ids) != n:
+            raise ValueError(f"got {len(pair_ids)} pair ids for {n} rows")
+        rows = [i for i, pair_id in enumerate(pair_ids) if pair_id is not None]
+        if rows:
+            paired = np.asarray(x[rows], dtype=np.float64)
+            units = paired / np.linalg.norm(paired, axis=1, keepdims=True)
+            matcher = PositivePairMatcher(max_pending=len(rows), alpha=settings.alignment_alpha)
+            alignment = matcher.match(units, [pair_ids[i] for i in rows])
+    return report_from_stats(stats, sample=sample, alignment=alignment, settings=settings, device=device)
+
+
+def report_from_stats(
+    stats: SufficientStats,
+    sample: np.ndarray | None = None,
+    alignment: tuple[float, int] = (0.0, 0),
+    settings: IntrinsicSettings | None = None,
+    *,
+    device: str | torch.device | None = None,
+) -> IntrinsicReport:
+    """All intrinsic metrics from exact window statistics plus a uniform sample.
+
+    Parameters
+    ----------
+    stats : SufficientStats
+        Exact sums over the window.
+    sample : ndarray (m, d), optional
+        Rows in random order, each window record equally likely to be in it (uniformity).
+    alignment : (float, int)
+        Σ‖u₁ − u₂‖^α over completed positive pairs, and their number.
+    settings : IntrinsicSettings, optional
+    device : str or torch.device, optional
+        Where uniformity runs: ``"cpu"`` (default), ``"cuda"``, or ``"auto"``.
+    """
+    settings = settings or IntrinsicSettings()
+    started = time.perf_counter()
+    n, d = stats.count, stats.dim
+    alignment_sum, alignment_pairs = alignment
+    alignment_value = float(alignment_sum) / alignment_pairs if alignment_pairs > 0 else None
+    uniformity_value, used = (None, 0)
+    if sample is not None:
+        uniformity_value, used = uniformity(
+            sample, t=settings.uniformity_t, pair_budget=settings.uniformity_pair_budget, device=device
+        )
+    if n < 2:
+        nan = math.nan
+        return IntrinsicReport(
+            partition_isotropy=nan, effective_dimension=nan, effective_dimension_ratio=nan,
+            top10_variance_ratio=nan, mean_cosine_similarity=nan,
+            vector_norm_mean=stats.norm_sum / n if n else nan, vector_norm_stddev=nan,
+            dead_dimensions=0, effective_rank=nan, stable_rank=nan, collapse_detected=0,
+            uniformity=uniformity_value, alignment=alignment_value,
+            dimension=d, window_records=n, sample_records=0 if sample is None else int(sample.shape[0]),
+        )  # fmt: skip
+
+    cov = stats.covariance()
+    eigenvalues = np.maximum(np.linalg.eigvalsh(cov)[::-1], EIGENVALUE_FLOOR)  # descending
+    spectrum = _spectrum_metrics(eigenvalues)
+    norm_mean = stats.norm_sum / n
+    norm_var = max(0.0, (stats.sq_norm_sum - n * norm_mean * norm_mean) / (n - 1))
+    unit_sum = stats.unit_sum
+    mean_cosine = (float(unit_sum @ unit_sum) - n) / (n * (n - 1))
+
+    report = IntrinsicReport(
+        partition_isotropy=spectrum["partition_isotropy"],
+        effective_dimension=spectrum["effective_dimension"],
+        effective_dimension_ratio=spectrum["effective_dimension"] / d,
+        top10_variance_ratio=spectrum["top10_variance_ratio"],
+        mean_cosine_similarity=mean_cosine,
+        vector_norm_mean=norm_mean,
+        vector_norm_stddev=math.sqrt(norm_var),
+        dead_dimensions=_dead_dimensions(np.diag(cov), stats.sq_norm_sum / n, settings.dead_dimension_ratio),
+        effective_rank=spectrum["effective_rank"],
+        stable_rank=spectrum["stable_rank"],
+        collapse_detected=0,
+        uniformity=uniformity_value,
+        alignment=alignment_value,
+        dimension=d,
+        window_records=n,
+        sample_records=0 if sample is None else int(sample.shape[0]),
+    )
+    reasons = collapse_reasons(report, settings)
+    if reasons:
+        logger.debug("collapse rule fired (%s) over %s records", ", ".join(reasons), n)
+    logger.debug("intrinsic report over %s records took %.3fs", n, time.perf_counter() - started)
+    return replace(report, collapse_detected=int(bool(reasons)))
+
+
+# -- the metrics -----------------------------------------------------------------------------
+
+
+def _spectrum_metrics(eigenvalues: np.ndarray) -> dict[str, float]:
+    """Isotropy, effective dimension and ranks from descending, clamped covariance eigenvalues.
+
+    Singular values of the centred data are σᵢ = sqrt((n − 1)·λᵢ); the (n − 1) factor cancels in
+    every ratio below, so no SVD of the data is needed.
+    """
+    lam = eigenvalues
+    total = float(lam.sum())
+    sigma = np.sqrt(lam)
+    p = sigma / sigma.sum()
+    entropy = float(-(p * np.log(p)).sum())
+    return {
+        "partition_isotropy": lam.size * float(lam[-1]) / total,
+        "effective_dimension": total * total / float((lam * lam).sum()),
+        "top10_variance_ratio": float(lam[:10].sum()) / total,
+        "effective_rank": math.exp(entropy),
+        "stable_rank": total / float(lam[0]),
+    }
+
+
+def _dead_dimensions(variances: np.ndarray, mean_square_norm: float, ratio: float) -> int:
+    """Dimensions with variance < ratio × mean per-dimension variance (or at rounding level)."""
+    d = variances.size
+    rounding_floor = _VARIANCE_ROUNDING * mean_square_norm / d
+    threshold = max(ratio * float(variances.mean()), rounding_floor)
+    return int(np.count_nonzero(variances < threshold))
+
+
+def collapse_reasons(report: IntrinsicReport, settings: IntrinsicSettings | None = None) -> list[str]:
+    """Which parts of the collapse rule fire for ``report`` (empty list: no collapse).
+
+    The rule (any part fires, all thresholds in ``IntrinsicSettings``), evaluated only with at
+    least ``collapse_min_records`` records:
+
+    * ``dead_dimensions``: dead dimensions / d > ``collapse_dead_dimension_share``;
+    * ``effective_rank``: effective_rank / min(d, n − 1) < ``collapse_effective_rank_ratio``;
+    * ``stable_rank``: stable_rank < ``collapse_stable_rank``;
+    * ``mean_cosine``: mean cosine similarity > ``collapse_mean_cosine``.
+    """
+    settings = settings or IntrinsicSettings()
+    n, d = report.window_records, report.dimension
+    if n < max(2, settings.collapse_min_records):
+        return []
+    reasons = []
+    if report.dead_dimensions / d > settings.collapse_dead_dimension_share:
+        reasons.append("dead_dimensions")
+    if report.effective_rank / min(d, n - 1) < settings.collapse_effective_rank_ratio:
+        reasons.append("effective_rank")
+    if report.stable_rank < settings.collapse_stable_rank:
+        reasons.append("stable_rank")
+    if report.mean_cosine_similarity > settings.collapse_mean_cosine:
+        reasons.append("mean_cosine")
+    return reasons
+
+
+def _max_sample_rows(pair_budget: int) -> int:
+    """Largest m with m(m − 1)/2 ≤ pair_budget."""
+    m = (1 + math.isqrt(1 + 8 * pair_budget)) // 2
+    while m * (m - 1) // 2 > pair_budget:
+        m -= 1
+    return max(m, 1)
+
+
+def _resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None or device == "auto":
+        return torch.device("cuda" if device == "auto" and torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _pair_logits(rows: torch.Tensor, cols: torch.Tensor, t: float) -> torch.Tensor:
+    """−t·‖uᵢ − uⱼ‖² = t·(2uᵢ·uⱼ − 2) for unit rows, clamped at 0 against rounding."""
+    return (rows @ cols.T).mul_(2.0).sub_(2.0).clamp_(max=0.0).mul_(t)
+
+
+def uniformity(
+    sample: np.ndarray,
+    t: float = 2.0,
+    pair_budget: int = 2_000_000,
+    device: str | torch.device | None = None,
+) -> tuple[float | None, int]:
+    """Wang & Isola uniformity log E[exp(−t‖uᵢ − uⱼ‖²)] over all distinct pairs of a prefix.
+
+    Uses the first m rows with m(m − 1)/2 ≤ ``pair_budget`` (the sample is in random order, so
+    the prefix is itself a uniform sample), normalises them to unit length and evaluates every
+    pair exactly, one row block at a time (‖uᵢ − uⱼ‖² = 2 − 2uᵢ·uⱼ), combining blocks with
+    logsumexp. Returns ``(value, m)``; value is ``None`` when m < 2.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> value, used = uniformity(rng.standard_normal((500, 64)), pair_budget=10_000)
+    >>> used, round(value, 2)  # uniform on the sphere in 64-d: about -4 + 8/64
+    (141, -3.87)
+    """
+    x = np.asarray(sample)
+    m = min(x.shape[0], _max_sample_rows(pair_budget))
+    if m < 2:
+        return None, m
+    torch_device = _resolve_device(device)
+    with torch.no_grad():
+        u = torch.as_tensor(np.ascontiguousarray(x[:m], dtype=np.float32), device=torch_device)
+        u = u / torch.linalg.vector_norm(u, dim=1, keepdim=True)
+        rows_per_block = max(1, min(m, _BLOCK_ELEMENTS // m))
+        block_lse = []
+        for start in range(0, m - 1, rows_per_block):
+            stop = min(start + rows_per_block, m)
+            # Pairs i < j with start <= i < stop: inside the block (upper triangle only), and
+            # against every later row.
+            inside = _pair_logits(u[start:stop], u[start:stop], t)
+            upper = torch.ones_like(inside, dtype=torch.bool).triu_(diagonal=1)
+            block_lse.append(torch.logsumexp(inside[upper], dim=0))
+            if stop < m:
+                block_lse.append(torch.logsumexp(_pair_logits(u[start:stop], u[stop:], t).flatten(), dim=0))
+        total = torch.logsumexp(torch.stack(block_lse).double(), dim=0).item()
+    pairs = m * (m - 1) // 2
+    return total - math.log(pairs), m

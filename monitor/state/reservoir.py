@@ -1,0 +1,171 @@
+"""A bounded uniform sample of a stream of vectors (reservoir sampling, Algorithm R).
+
+Pairwise metrics such as uniformity cost O(m²·d), so they run on a sample. A reservoir keeps a
+sample without replacement that is uniform over *everything* added so far, in fixed memory.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Reservoir", "generator_from_state"]
+
+
+def generator_from_state(state: dict[str, Any]) -> np.random.Generator:
+    """Rebuild a ``numpy.random.Generator`` from ``rng.bit_generator.state``."""
+    bit_generator_cls = getattr(np.random, str(state["bit_generator"]), None)
+    if bit_generator_cls is None or not isinstance(bit_generator_cls, type):
+        raise ValueError(f"unknown bit generator {state['bit_generator']!r}")
+    bit_generator = bit_generator_cls()
+    bit_generator.state = state
+    return np.random.Generator(bit_generator)
+
+
+class Reservoir:
+    """Uniform sample without replacement of at most ``capacity`` rows, with their ids.
+
+    Algorithm R, vectorised per batch: the row with global index t (0-based) is kept with
+    probability capacity/(t + 1) and replaces a uniformly chosen slot. One batch draws all its
+    slot numbers at once (``j ~ U{0..t}``, kept when ``j < capacity``) and applies the
+    replacements in stream order, so the result is exactly that of the sequential algorithm
+    while a mostly-rejected batch costs one vectorised draw and no Python loop.
+
+    Parameters
+    ----------
+    capacity : int
+        Maximum number of rows kept (0 keeps nothing).
+    dim : int
+        Row dimension.
+    rng : numpy.random.Generator
+        Source of randomness; its state is part of ``state_dict``.
+
+    Notes
+    -----
+    Slot order is not random (while filling, slot t holds row t), so take a random subset
+    (``rng.choice``), not a prefix, when fewer rows are needed.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(7)
+    >>> res = Reservoir(capacity=4, dim=2, rng=rng)
+    >>> res.add(np.ones((3, 2), dtype=np.float32), ids=["a", "b", "c"])
+    3
+    >>> accepted = res.add(np.zeros((100, 2), dtype=np.float32))
+    >>> res.seen, res.vectors.shape
+    (103, (4, 2))
+    """
+
+    def __init__(self, capacity: int, dim: int, rng: np.random.Generator) -> None:
+        if int(capacity) < 0:
+            raise ValueError(f"capacity must be non-negative, got {capacity!r}")
+        if int(dim) < 1:
+            raise ValueError(f"dim must be a positive integer, got {dim!r}")
+        if not isinstance(rng, np.random.Generator):
+            raise TypeError("rng must be a numpy.random.Generator")
+        self.capacity = int(capacity)
+        self.dim = int(dim)
+        self.rng = rng
+        self.seen = 0
+        self._vectors = np.empty((self.capacity, self.dim), dtype=np.float32)
+        self._ids = np.full(self.capacity, None, dtype=object)
+
+    @property
+    def size(self) -> int:
+        """Number of rows currently held: min(seen, capacity)."""
+        return min(self.seen, self.capacity)
+
+    @property
+    def vectors(self) -> np.ndarray:
+        """The held rows, float32 (size, dim); a view, valid until the next ``add``."""
+        return self._vectors[: self.size]
+
+    @property
+    def ids(self) -> tuple[str | None, ...]:
+        """Ids of the held rows, aligned with ``vectors`` (``None`` where a row had none)."""
+        return tuple(self._ids[: self.size])
+
+    def add(self, vectors: np.ndarray, ids: Sequence[str | None] | None = None) -> int:
+        """Offer a batch of rows; return how many entered the sample.
+
+        A row that entered and was replaced later in the same batch still counts, so the
+        return value can exceed ``capacity`` (it is Algorithm R's acceptance count).
+        """
+        x = np.asarray(vectors)
+        if x.ndim != 2 or x.shape[1] != self.dim:
+            raise ValueError(f"expected vectors of shape (n, {self.dim}), got {x.shape}")
+        n = x.shape[0]
+        if ids is not None and len(ids) != n:
+            raise ValueError(f"got {len(ids)} ids for {n} rows")
+        if n == 0:
+            return 0
+
+        first = self.seen
+        self.seen += n
+        accepted = 0
+
+        # Phase 1: rows that land in still-empty slots are always kept.
+        fill = max(0, min(n, self.capacity - first))
+        if fill:
+            self._vectors[first : first + fill] = x[:fill]
+            self._ids[first : first + fill] = list(ids[:fill]) if ids is not None else None
+            accepted += fill
+        if fill == n:
+            return accepted
+
+        # Phase 2: row with global index t draws j ~ U{0..t}; j < capacity replaces slot j.
+        rest = np.arange(fill, n)
+        slots = self.rng.integers(0, first + rest + 1)
+        keep = slots < self.capacity
+        rows, slots = rest[keep], slots[keep]
+        if rows.size == 0:
+            return accepted
+        # A slot hit twice keeps the later row, as the sequential algorithm would.
+        last_rows, last_slots = _last_write_per_slot(rows, slots)
+        self._vectors[last_slots] = x[last_rows]
+        if ids is None:
+            self._ids[last_slots] = None
+        else:
+            self._ids[last_slots] = [ids[i] for i in last_rows]
+        return accepted + int(rows.size)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Held rows, ids, counters and the RNG state (so sampling continues identically)."""
+        return {
+            "capacity": self.capacity,
+            "dim": self.dim,
+            "seen": self.seen,
+            "vectors": self.vectors.copy(),
+            "ids": list(self.ids),
+            "rng_state": self.rng.bit_generator.state,
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> Reservoir:
+        """Rebuild from ``state_dict()`` output."""
+        reservoir = cls(int(state["capacity"]), int(state["dim"]), generator_from_state(state["rng_state"]))
+        seen = int(state["seen"])
+        vectors = np.asarray(state["vectors"], dtype=np.float32)
+        ids = list(state["ids"])
+        size = min(seen, reservoir.capacity)
+        if seen < 0 or vectors.shape != (size, reservoir.dim) or len(ids) != size:
+            raise ValueError("reservoir state is inconsistent with its capacity, dim and seen")
+        reservoir.seen = seen
+        reservoir._vectors[:size] = vectors
+        reservoir._ids[:size] = ids if size else None
+        return reservoir
+
+    def __repr__(self) -> str:
+        return f"Reservoir(capacity={self.capacity}, dim={self.dim}, seen={self.seen})"
+
+
+def _last_write_per_slot(rows: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each distinct slot, the last row (in stream order) written to it."""
+    reversed_slots = slots[::-1]
+    unique_slots, first_in_reversed = np.unique(reversed_slots, return_index=True)
+    return rows[::-1][first_in_reversed], unique_slots
