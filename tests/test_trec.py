@@ -1,0 +1,103 @@
+"""TREC qrels/run files: round trips, trec_eval's ordering on write, file:line errors on bad lines."""
+
+from __future__ import annotations
+
+import gzip
+
+import pytest
+
+from monitor.retrieval.trec import TrecFormatError, read_qrels, read_run, write_qrels, write_run
+
+
+def test_qrels_round_trip(tmp_path):
+    qrels = {"q1": {"d1": 2, "d2": 0}, "q_2": {"d9": 1}}
+    path = tmp_path / "qrels.txt"
+    write_qrels(path, qrels)
+    assert path.read_text() == "q1 0 d1 2\nq1 0 d2 0\nq_2 0 d9 1\n"
+    assert read_qrels(path) == qrels
+
+
+def test_run_is_written_in_trec_eval_order_and_reads_back_the_same_doubles(tmp_path):
+    run = {"q1": {"a": 0.1, "b": 1 / 3, "c": 1 / 3, "d": -2.5e-17}}
+    path = tmp_path / "run.txt"
+    write_run(path, run, tag="sys")
+    lines = path.read_text().splitlines()
+    assert [line.split()[2] for line in lines] == ["c", "b", "a", "d"]  # ties: docid descending
+    assert [line.split()[3] for line in lines] == ["1", "2", "3", "4"]
+    assert {line.split()[5] for line in lines} == {"sys"}
+    assert read_run(path) == {"q1": {"c": 1 / 3, "b": 1 / 3, "a": 0.1, "d": -2.5e-17}}
+
+
+def test_whitespace_blank_lines_and_ignored_columns(tmp_path):
+    path = tmp_path / "run.txt"
+    path.write_text("q1\tQ0  d1 7 2.5 tag\n\n   \nq1 Q0 d2 1 1e-3 other\n")
+    assert read_run(path) == {"q1": {"d1": 2.5, "d2": 0.001}}
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text("q1 iter7 d1 -1\r\nq1 0 d2 3\r\n")
+    assert read_qrels(qrels) == {"q1": {"d1": -1, "d2": 3}}
+
+
+def test_gzip_files(tmp_path):
+    path = tmp_path / "run.txt.gz"
+    write_run(path, {"q": {"d": 1.5}})
+    with gzip.open(path, "rt") as handle:
+        assert handle.read() == "q Q0 d 1 1.5 embmon\n"
+    assert read_run(path) == {"q": {"d": 1.5}}
+
+
+@pytest.mark.parametrize(
+    ("content", "line", "reason"),
+    [
+        ("q1 0 d1 1\nq1 0 d2\n", 2, "expected 4 fields"),
+        ("q1 0 d1 1\n\nq1 0 d2 1 extra\n", 3, "found 5"),
+        ("q1 0 d1 high\n", 1, "grade 'high' is not an integer"),
+        ("q1 0 d1 1.5\n", 1, "not an integer"),
+        ("q1 0 d1 1\nq1 0 d1 2\n", 2, "judged twice"),
+    ],
+)
+def test_malformed_qrels_name_file_and_line(tmp_path, content, line, reason):
+    path = tmp_path / "qrels.txt"
+    path.write_text(content)
+    with pytest.raises(TrecFormatError) as caught:
+        read_qrels(path)
+    assert str(caught.value).startswith(f"{path}:{line}: ")
+    assert reason in str(caught.value)
+    assert (caught.value.path, caught.value.line_number) == (str(path), line)
+
+
+@pytest.mark.parametrize(
+    ("content", "line", "reason"),
+    [
+        ("q1 Q0 d1 1 0.5\n", 1, "expected 6 fields"),
+        ("q1 Q0 d1 1 0.5 t\nq1 Q0 d2 first 0.4 t\n", 2, "rank 'first' is not an integer"),
+        ("q1 Q0 d1 1 high t\n", 1, "score 'high' is not a number"),
+        ("q1 Q0 d1 1 nan t\n", 1, "not finite"),
+        ("q1 Q0 d1 1 inf t\n", 1, "not finite"),
+        ("q1 Q0 d1 1 0.5 t\nq2 Q0 d1 1 0.5 t\nq1 Q0 d1 2 0.4 t\n", 3, "listed twice"),
+    ],
+)
+def test_malformed_runs_name_file_and_line(tmp_path, content, line, reason):
+    path = tmp_path / "run.txt"
+    path.write_text(content)
+    with pytest.raises(TrecFormatError, match=f":{line}: .*{reason}"):
+        read_run(path)
+
+
+def test_binary_garbage_is_a_format_error_not_a_crash(tmp_path):
+    path = tmp_path / "run.txt"
+    path.write_bytes(b"q1 Q0 d1 1 0.5 t\n\xff\xfe\x00garbage\n")
+    with pytest.raises(TrecFormatError, match="not UTF-8"):
+        read_run(path)
+
+
+def test_missing_file_is_an_os_error(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        read_qrels(tmp_path / "absent.txt")
+
+
+@pytest.mark.parametrize("bad", ["", "two words", "tab\tin"])
+def test_writers_refuse_ids_that_would_break_the_format(tmp_path, bad):
+    with pytest.raises(ValueError, match="whitespace"):
+        write_run(tmp_path / "run.txt", {"q": {bad: 1.0}})
+    with pytest.raises(ValueError, match="whitespace"):
+        write_qrels(tmp_path / "qrels.txt", {bad: {"d": 1}})
