@@ -125,6 +125,9 @@ def _optional_subcommands() -> list[Any]:
     from monitor.retrieval.evaluate import add_evaluate_parser
 
     registrars.append(add_evaluate_parser)
+    from monitor.artifacts import add_artifacts_parser
+
+    registrars.append(add_artifacts_parser)
     return registrars
 
 

@@ -1,0 +1,56 @@
+# syntax=docker/dockerfile:1
+# embedding-monitor: small, non-root, CPU-only torch, read-only-root friendly.
+#   docker build -t embedding-monitor .
+#   docker run --read-only --tmpfs /tmp -v embmon-state:/var/lib/embedding-monitor -p 9464:9464 \
+#     embedding-monitor run --bootstrap-servers kafka:9092 --embeddings-topic embeddings
+# What was and was not verified without a Docker engine: docs/deployment.md.
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+WORKDIR /src
+
+# 1. torch first, the CPU build from its own index: from PyPI it would pull GBs of CUDA libraries.
+RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+
+# 2. the other dependencies, in their own layer: only a pyproject.toml change rebuilds it.
+COPY pyproject.toml ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+        > /tmp/requirements.txt \
+    && pip install --no-cache-dir -r /tmp/requirements.txt
+
+# 3. the project itself, without touching the dependencies installed above.
+COPY README.md ./
+COPY monitor ./monitor
+RUN pip install --no-cache-dir --no-deps . \
+    && embedding-monitor --version
+
+FROM ${PYTHON_IMAGE}
+LABEL org.opencontainers.image.title="embedding-monitor" \
+      org.opencontainers.image.description="Watches production embedding quality and exports Prometheus metrics" \
+      org.opencontainers.image.licenses="Apache-2.0"
+RUN groupadd --system --gid 10001 embmon \
+    && useradd --system --uid 10001 --gid embmon --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin embmon \
+    && mkdir -p /var/lib/embedding-monitor \
+    && chown embmon:embmon /var/lib/embedding-monitor
+COPY --from=build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    HOME=/tmp \
+    EMBMON_STATE_DIR=/var/lib/embedding-monitor \
+    EMBMON_HTTP__PORT=9464
+# the only writable paths: the state directory (references, checkpoints) and /tmp
+VOLUME ["/var/lib/embedding-monitor"]
+WORKDIR /var/lib/embedding-monitor
+USER 10001:10001
+EXPOSE 9464
+HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9464/healthz', timeout=4)"]
+ENTRYPOINT ["embedding-monitor"]
+CMD ["run"]

@@ -1,0 +1,463 @@
+"""Grafana dashboards, built as plain JSON models.
+
+Five dashboards, each with a stable ``uid``, the ``embedding-monitor`` tag, a datasource variable
+(every panel and target uses ``${datasource}``), ``model`` and ``stream`` variables (label_values
+queries; retrieval adds ``probe``, ``slice`` and ``k``), a unit on every panel, and drift change
+points as annotations (increases of ``embmon_drift_change_points_total``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from monitor.artifacts.catalog import RETRIEVAL_METRICS, m
+from monitor.artifacts.rules import RuleSet
+
+DS = {"type": "prometheus", "uid": "${datasource}"}
+TAG = "embedding-monitor"
+SCHEMA_VERSION = 39
+MS = 'model=~"$model", stream=~"$stream"'
+SUITE = 'test="suite"'
+RET = 'probe=~"$probe", model=~"$model", slice=~"$slice", k=~"$k"'
+
+
+@dataclass
+class Target:
+    expr: str
+    legend: str = ""
+    instant: bool = False
+
+
+@dataclass
+class Panel:
+    title: str
+    unit: str
+    targets: list[Target]
+    description: str = ""
+    kind: str = "timeseries"  # timeseries | stat | table
+    width: int = 12
+    height: int = 8
+    overrides: list[dict[str, Any]] = field(default_factory=list)
+    mappings: list[dict[str, Any]] = field(default_factory=list)
+    thresholds: list[tuple[float | None, str]] | None = None
+    min: float | None = None
+    max: float | None = None
+
+
+def _variable_query(name: str, label: str, query: str, *, multi: bool = True) -> dict[str, Any]:
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DS,
+        "query": {"query": query, "refId": f"{name}-variable"},
+        "definition": query,
+        "refresh": 2,
+        "sort": 1,
+        "multi": multi,
+        "includeAll": True,
+        "allValue": ".+",
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "options": [],
+        "hide": 0,
+        "regex": "",
+    }
+
+
+def variables(retrieval: bool = False) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [
+        {
+            "name": "datasource",
+            "label": "Prometheus",
+            "type": "datasource",
+            "query": "prometheus",
+            "current": {},
+            "hide": 0,
+            "options": [],
+            "refresh": 1,
+            "regex": "",
+        },
+        _variable_query("model", "Model", f"label_values({m('embmon_records_total')}, model)"),
+        _variable_query(
+            "stream", "Stream", f'label_values({m("embmon_records_total")}{{model=~"$model"}}, stream)'
+        ),
+    ]
+    if retrieval:
+        q = m("embmon_retrieval_queries")
+        out += [
+            _variable_query("probe", "Probe", f'label_values({q}{{model=~"$model"}}, probe)'),
+            _variable_query("slice", "Slice", f'label_values({q}{{model=~"$model", probe=~"$probe"}}, slice)'),
+            _variable_query(
+                "k", "k", f'label_values({m("embmon_retrieval_ndcg")}{{model=~"$model", probe=~"$probe"}}, k)'
+            ),
+        ]
+    return out
+
+
+def change_point_annotation() -> dict[str, Any]:
+    cp = m("embmon_drift_change_points_total")
+    return {
+        "name": "Drift change points",
+        "datasource": DS,
+        "enable": True,
+        "iconColor": "orange",
+        "expr": f"increase({cp}{{{MS}}}[2m]) > 0",
+        "step": "1m",
+        "titleFormat": "Change point: {{signal}} ({{detector}})",
+        "textFormat": "{{model}} / {{stream}}",
+        "tagKeys": "model,stream,signal,detector",
+        "useValueForTime": False,
+    }
+
+
+def _builtin_annotation() -> dict[str, Any]:
+    return {
+        "builtIn": 1,
+        "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+        "enable": True,
+        "hide": True,
+        "iconColor": "rgba(0, 211, 255, 1)",
+        "name": "Annotations & Alerts",
+        "type": "dashboard",
+    }
+
+
+def _panel_json(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
+    defaults: dict[str, Any] = {"unit": panel.unit}
+    if panel.min is not None:
+        defaults["min"] = panel.min
+    if panel.max is not None:
+        defaults["max"] = panel.max
+    if panel.mappings:
+        defaults["mappings"] = panel.mappings
+    if panel.thresholds:
+        defaults["thresholds"] = {
+            "mode": "absolute",
+            "steps": [{"color": color, "value": value} for value, color in panel.thresholds],
+        }
+    if panel.kind == "timeseries":
+        defaults["custom"] = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 0, "showPoints": "never", "spanNulls": False}
+    options: dict[str, Any] = {}
+    if panel.kind == "timeseries":
+        options = {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+                   "tooltip": {"mode": "multi", "sort": "none"}}
+    elif panel.kind == "stat":
+        options = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                   "colorMode": "background", "graphMode": "none", "textMode": "value_and_name",
+                   "orientation": "auto", "justifyMode": "auto"}
+    else:
+        options = {"showHeader": True}
+    return {
+        "id": pid,
+        "type": panel.kind,
+        "title": panel.title,
+        "description": panel.description,
+        "datasource": DS,
+        "gridPos": {"h": panel.height, "w": panel.width, "x": x, "y": y},
+        "fieldConfig": {"defaults": defaults, "overrides": panel.overrides},
+        "options": options,
+        "targets": [
+            {
+                "refId": chr(ord("A") + i),
+                "datasource": DS,
+                "expr": t.expr,
+                "legendFormat": t.legend or "__auto",
+                "instant": t.instant or panel.kind != "timeseries",
+                "range": panel.kind == "timeseries",
+                "editorMode": "code",
+            }
+            for i, t in enumerate(panel.targets)
+        ],
+    }
+
+
+def dashboard(uid: str, title: str, description: str, panels: list[Panel], *, retrieval: bool = False,
+              tags: tuple[str, ...] = ()) -> dict[str, Any]:
+    laid: list[dict[str, Any]] = []
+    x = y = row_h = 0
+    for pid, panel in enumerate(panels, start=1):
+        if x + panel.width > 24:
+            x, y, row_h = 0, y + row_h, 0
+        laid.append(_panel_json(panel, pid, x, y))
+        x += panel.width
+        row_h = max(row_h, panel.height)
+    return {
+        "uid": uid,
+        "title": title,
+        "description": description,
+        "tags": [TAG, *tags],
+        "timezone": "",
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": SCHEMA_VERSION,
+        "version": 1,
+        "refresh": "1m",
+        "time": {"from": "now-6h", "to": "now"},
+        "timepicker": {},
+        "fiscalYearStartMonth": 0,
+        "liveNow": False,
+        "weekStart": "",
+        "links": [
+            {"type": "dashboards", "tags": [TAG], "asDropdown": True, "title": "Embedding monitor",
+             "includeVars": True, "keepTime": True}
+        ],
+        "annotations": {"list": [_builtin_annotation(), change_point_annotation()]},
+        "templating": {"list": variables(retrieval)},
+        "panels": laid,
+    }
+
+
+_OK_BAD = [{"type": "value", "options": {"0": {"text": "OK", "color": "green"}, "1": {"text": "FIRING", "color": "red"}}}]
+_RED_ABOVE_0 = [(None, "green"), (0.5, "red")]
+
+
+def _ms(metric: str, extra: str = "") -> str:
+    sel = MS + (f", {extra}" if extra else "")
+    return f"{m(metric)}{{{sel}}}"
+
+
+def overview(rules: RuleSet) -> dict[str, Any]:
+    w = rules.thresholds.baseline_window
+    job = rules.thresholds.job
+    rec = lambda metric, op: f"model_stream:{m(metric)}:{op}{{{MS}}}"  # noqa: E731
+    panels = [
+        Panel("Firing embedding-monitor alerts", "none",
+              [Target('count(ALERTS{alertname=~"EmbeddingMonitor.+", alertstate="firing"}) or vector(0)', "firing")],
+              "Alerts from the generated rules that are firing now (Alertmanager has the details).",
+              kind="stat", width=6, height=5, thresholds=[(None, "green"), (1, "red")]),
+        Panel("Monitor targets up", "none", [Target(f'sum(up{{job="{job}"}})', "up")],
+              "Scrape targets of the monitor that answer.", kind="stat", width=6, height=5,
+              thresholds=[(None, "red"), (1, "green")]),
+        Panel("Records / s", "cps", [Target(f"sum(rate({_ms('embmon_records_total')}[$__rate_interval]))", "records/s")],
+              "Valid embedding records ingested per second, all selected models.", kind="stat", width=6, height=5),
+        Panel("Invalid records", "percentunit",
+              [Target(f'max(stream:embmon_records_invalid:ratio_rate10m{{stream=~"$stream"}})', "worst stream")],
+              "Worst share of rejected records over 10 minutes.", kind="stat", width=6, height=5,
+              thresholds=[(None, "green"), (0.05, "red")]),
+        Panel("Collapse / drift verdict per model", "none",
+              [Target(f"max by (model, stream) ({_ms('embmon_collapse_detected')})", "collapse {{model}} / {{stream}}"),
+               Target(f"max by (model, stream) ({_ms('embmon_drift_detected', SUITE)})", "drift {{model}} / {{stream}}")],
+              "1 means the daemon's collapse check or the combined drift verdict flags the model.",
+              kind="stat", width=24, height=5, mappings=_OK_BAD, thresholds=_RED_ABOVE_0),
+        Panel(f"Effective-dimension ratio vs {w} baseline", "percentunit",
+              [Target(rec("embmon_effective_dimension_ratio", f"ratio_median{w}"), "{{model}} / {{stream}}")],
+              "Current effective-dimension ratio as a share of the model's own median; 100 % is normal.",
+              min=0),
+        Panel(f"Mean cosine vs {w} baseline", "none",
+              [Target(rec("embmon_mean_cosine_similarity", f"delta_median{w}"), "{{model}} / {{stream}}")],
+              "Mean pairwise cosine minus the model's own median; 0 is normal, a rise means vectors bunch up."),
+        Panel("Retrieval quality (nDCG)", "percentunit",
+              [Target(f'min by (model, k) ({m("embmon_retrieval_ndcg")}{{model=~"$model"}})', "{{model}} nDCG@{{k}}")],
+              "Worst nDCG across probes and slices per model.", min=0, max=1),
+        Panel("Records / s per model", "cps",
+              [Target(f"sum by (model, stream) (rate({_ms('embmon_records_total')}[$__rate_interval]))", "{{model}} / {{stream}}")],
+              "Throughput per (model, stream)."),
+    ]
+    return dashboard("embmon-overview", "Embedding monitor / Overview",
+                     "Is anything wrong, per model? Start here.", panels, tags=("overview",))
+
+
+def intrinsic(rules: RuleSet) -> dict[str, Any]:
+    w = rules.thresholds.baseline_window
+
+    def with_baseline(title: str, metric: str, unit: str, desc: str) -> Panel:
+        return Panel(title, unit, [
+            Target(f"avg by (model, stream) ({_ms(metric)})", "{{model}} / {{stream}}"),
+            Target(f"model_stream:{m(metric)}:median{w}{{{MS}}}", "{{model}} / {{stream}} baseline"),
+        ], desc, overrides=[{"matcher": {"id": "byFrameRefID", "options": "B"},
+                             "properties": [{"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}}]}])
+
+    def plain(title: str, metric: str, unit: str, desc: str, **kw: Any) -> Panel:
+        return Panel(title, unit, [Target(f"avg by (model, stream) ({_ms(metric)})", "{{model}} / {{stream}}")], desc, **kw)
+
+    panels = [
+        with_baseline("Partition isotropy", "embmon_partition_isotropy", "none",
+                      "min/max of the partition function over the principal directions (1 = isotropic). Dashed: the model's median baseline."),
+        with_baseline("Effective-dimension ratio", "embmon_effective_dimension_ratio", "percentunit",
+                      "Participation ratio of the covariance spectrum over the dimension. Dashed: baseline."),
+        with_baseline("Mean cosine similarity", "embmon_mean_cosine_similarity", "none",
+                      "Mean pairwise cosine of the window. Dashed: baseline."),
+        with_baseline("Top-10 variance ratio", "embmon_top10_variance_ratio", "percentunit",
+                      "Share of the variance in the 10 largest principal directions. Dashed: baseline."),
+        with_baseline("Effective rank", "embmon_effective_rank", "short",
+                      "exp(entropy of the normalised singular values). Dashed: baseline."),
+        plain("Stable rank", "embmon_stable_rank", "short", "(sum of singular values)^2 / sum of squares."),
+        plain("Dead dimensions", "embmon_dead_dimensions", "short", "Dimensions with near-zero variance."),
+        plain("Collapse detected", "embmon_collapse_detected", "none", "1 when the daemon's collapse check fires.",
+              mappings=_OK_BAD, min=0, max=1),
+        plain("Uniformity", "embmon_uniformity", "none", "log E[exp(-2 |x - y|^2)]; lower is more spread out."),
+        plain("Alignment", "embmon_alignment", "none", "E |x - x+|^2 over positive pairs; lower is better."),
+        plain("Vector norm mean", "embmon_vector_norm_mean", "none", "Mean L2 norm of the window's vectors."),
+        plain("Vector norm stddev", "embmon_vector_norm_stddev", "none", "Standard deviation of the L2 norms."),
+        plain("Records in window", "embmon_window_records", "short", "Records in the sliding window the metrics use."),
+        plain("Sample size", "embmon_sample_records", "short", "Reservoir sample used for the pairwise metrics."),
+        plain("Effective dimension", "embmon_effective_dimension", "short", "Participation ratio, in dimensions."),
+        plain("Dimension", "embmon_dimension", "short", "Nominal embedding dimension."),
+    ]
+    return dashboard("embmon-intrinsic", "Embedding monitor / Intrinsic health",
+                     "Isotropy, dimension use and collapse per model and stream, against each model's own baseline.",
+                     panels, tags=("intrinsic",))
+
+
+def drift(rules: RuleSet) -> dict[str, Any]:
+    del rules
+    dd, pv, th = m("embmon_drift_detected"), m("embmon_drift_p_value"), m("embmon_drift_threshold")
+    panels = [
+        Panel("Drift verdict per test", "none",
+              [Target(f"max by (model, stream, test) ({dd}{{{MS}}})", "{{model}} / {{stream}} {{test}}")],
+              "1 = drifted; `suite` is the combined verdict the alerts use.", mappings=_OK_BAD, min=0, max=1),
+        Panel("p-values and thresholds", "none",
+              [Target(f"max by (model, stream, test) ({pv}{{{MS}}})", "{{model}} / {{stream}} {{test}} p"),
+               Target(f"max by (model, stream, test) ({th}{{{MS}}})", "{{model}} / {{stream}} {{test}} threshold")],
+              "Per-test p-value against its (corrected) threshold; below the threshold means drift.",
+              min=0, max=1,
+              overrides=[{"matcher": {"id": "byFrameRefID", "options": "B"},
+                          "properties": [{"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}}]}]),
+        Panel("MMD²", "none", [Target(f"avg by (model, stream) ({_ms('embmon_drift_mmd2')})", "{{model}} / {{stream}}")],
+              "Squared maximum mean discrepancy between the window and the reference."),
+        Panel("Drifted components", "percentunit",
+              [Target(f"avg by (model, stream) ({_ms('embmon_drift_drifted_components_ratio')})", "{{model}} / {{stream}}")],
+              "Share of (projected) components whose KS test rejects.", min=0, max=1),
+        Panel("Centroid cosine distance", "none",
+              [Target(f"avg by (model, stream) ({_ms('embmon_drift_centroid_cosine_distance')})", "{{model}} / {{stream}}")],
+              "Cosine distance between window and reference centroids."),
+        Panel("Domain-classifier AUC", "none",
+              [Target(f"avg by (model, stream) ({_ms('embmon_drift_classifier_auc')})", "{{model}} / {{stream}}")],
+              "0.5 = indistinguishable from the reference; near 1 = clearly different.", min=0.4, max=1),
+        Panel("Change points (per hour)", "short",
+              [Target(f"sum by (model, stream, signal) (increase({_ms('embmon_drift_change_points_total')}[1h]))",
+                      "{{model}} / {{stream}} {{signal}}")],
+              "Streaming change-point detections; each one is also an annotation."),
+        Panel("Reference window", "short",
+              [Target(f"max by (model, stream) ({_ms('embmon_reference_records')})", "{{model}} / {{stream}} records")],
+              "Records in the pinned reference."),
+        Panel("Reference age", "s",
+              [Target(f"time() - max by (model, stream) ({_ms('embmon_reference_timestamp_seconds')})", "{{model}} / {{stream}}")],
+              "How long ago the reference was pinned (re-pin: see the runbook)."),
+    ]
+    return dashboard("embmon-drift", "Embedding monitor / Drift",
+                     "Distribution drift of each model's embeddings against its pinned reference.", panels,
+                     tags=("drift",))
+
+
+def _band(metric: str, title: str, desc: str) -> Panel:
+    base = m(metric)
+    hide = [{"id": "custom.lineWidth", "value": 0},
+            {"id": "custom.hideFrom", "value": {"legend": True, "tooltip": False, "viz": False}}]
+    return Panel(title, "percentunit", [
+        Target(f"{base}{{{RET}}}", "{{probe}} {{model}} {{slice}} @{{k}}"),
+        Target(f"{m(base + '_ci_lower')}{{{RET}}}", "lower"),
+        Target(f"{m(base + '_ci_upper')}{{{RET}}}", "upper"),
+    ], desc + " Shaded: the probe's confidence interval (the band is drawn when one probe, model,"
+       " slice and k are selected).",
+        min=0, max=1,
+        overrides=[
+            {"matcher": {"id": "byName", "options": "lower"}, "properties": hide},
+            {"matcher": {"id": "byName", "options": "upper"},
+             "properties": [*hide, {"id": "custom.fillOpacity", "value": 20},
+                            {"id": "custom.fillBelowTo", "value": "lower"}]},
+        ])
+
+
+def retrieval(rules: RuleSet) -> dict[str, Any]:
+    del rules
+    titles = {"recall": "Recall@k", "precision": "Precision@k", "map": "MAP@k", "mrr": "MRR@k",
+              "ndcg": "nDCG@k", "err": "ERR@k", "hit_rate": "Hit rate@k"}
+    panels = [_band(f"embmon_retrieval_{metric}", titles[metric], f"{titles[metric]} from the probe's labelled queries.")
+              for metric in RETRIEVAL_METRICS]
+    panels.append(_band("embmon_retrieval_ann_recall", "ANN recall@k",
+                        "Share of the exact k nearest neighbours the ANN index returns (targets 0.90-0.95)."))
+    pm = 'probe=~"$probe", model=~"$model"'
+    panels += [
+        Panel("Queries per probe run", "short",
+              [Target(f'{m("embmon_retrieval_queries")}{{{pm}, slice=~"$slice"}}', "{{probe}} {{model}} {{slice}}")],
+              "Labelled queries behind the estimates (the CI narrows with more)."),
+        Panel("Click-through rate", "percentunit",
+              [Target(f"{m('embmon_retrieval_click_through_rate')}{{{RET}}}", "{{probe}} {{model}} {{slice}} @{{k}}")],
+              "Clicks per impression at k, from interaction events.", min=0, max=1),
+        Panel("Zero-result queries", "percentunit",
+              [Target(f'{m("embmon_retrieval_zero_result_ratio")}{{{pm}, slice=~"$slice"}}', "{{probe}} {{model}} {{slice}}")],
+              "Share of queries that returned nothing.", min=0, max=1),
+        Panel("Catalog coverage", "percentunit",
+              [Target(f"{m('embmon_retrieval_catalog_coverage_ratio')}{{{pm}}}", "{{probe}} {{model}}")],
+              "Share of the catalog that appears in any result list.", min=0, max=1),
+        Panel("Exposure Gini", "none", [Target(f"{m('embmon_retrieval_gini')}{{{pm}}}", "{{probe}} {{model}}")],
+              "Inequality of item exposure (0 = even, 1 = one item gets everything).", min=0, max=1),
+        Panel("Popularity bias", "none", [Target(f"{m('embmon_retrieval_popularity_bias')}{{{pm}}}", "{{probe}} {{model}}")],
+              "Mean popularity of recommended items relative to the catalog."),
+    ]
+    return dashboard("embmon-retrieval", "Embedding monitor / Retrieval quality",
+                     "Retrieval probes: accuracy with confidence bands, ANN recall, beyond-accuracy metrics.",
+                     panels, retrieval=True, tags=("retrieval",))
+
+
+def monitor_health(rules: RuleSet) -> dict[str, Any]:
+    job = rules.thresholds.job
+    runs = m("embmon_probe_runs_total")
+    panels = [
+        Panel("Records / s", "cps",
+              [Target(f"sum by (model, stream) (rate({_ms('embmon_records_total')}[$__rate_interval]))", "{{model}} / {{stream}}")],
+              "Valid records ingested per second."),
+        Panel("Invalid records / s by reason", "cps",
+              [Target(f'sum by (stream, reason) (rate({m("embmon_records_invalid_total")}{{stream=~"$stream"}}[$__rate_interval]))',
+                      "{{stream}} {{reason}}")],
+              "Rejected records per second, by rejection reason."),
+        Panel("Invalid-record ratio", "percentunit",
+              [Target('stream:embmon_records_invalid:ratio_rate10m{stream=~"$stream"}', "{{stream}}")],
+              "Share of rejected records over 10 minutes (alert: EmbeddingMonitorInvalidRecordsHigh).", min=0),
+        Panel("Consumer lag", "short",
+              [Target(f"sum by (instance, topic) ({m('embmon_consumer_lag_records')})", "{{instance}} {{topic}}")],
+              "Records behind the end of each topic."),
+        Panel("Source up", "none", [Target(f"{m('embmon_source_up')}", "{{instance}}")],
+              "1 while the source (Kafka, file, synthetic) is readable.", mappings=[
+                  {"type": "value", "options": {"0": {"text": "DOWN", "color": "red"}, "1": {"text": "UP", "color": "green"}}}],
+              min=0, max=1),
+        Panel("Scrape targets up", "none", [Target(f'up{{job="{job}"}}', "{{instance}}")],
+              "Prometheus' view of the monitor targets.", min=0, max=1),
+        Panel("Refresh duration", "s", [
+            Target(f"histogram_quantile(0.5, sum by (le) (rate({m('embmon_refresh_duration_seconds_bucket')}[$__rate_interval])))", "p50"),
+            Target(f"histogram_quantile(0.99, sum by (le) (rate({m('embmon_refresh_duration_seconds_bucket')}[$__rate_interval])))", "p99"),
+        ], "Time to recompute the intrinsic metrics of all windows."),
+        Panel("Metrics age", "s",
+              [Target(f"time() - max by (model, stream) ({_ms('embmon_metrics_last_update_timestamp_seconds')})", "{{model}} / {{stream}}")],
+              "Seconds since the last refresh published metrics."),
+        Panel("Job runs / s by outcome", "cps",
+              [Target(f"sum by (job, outcome) (rate({m('embmon_job_runs_total')}[$__rate_interval]))", "{{job}} {{outcome}}")],
+              "Scheduled jobs (refresh, drift, probes) by outcome."),
+        Panel("Job duration p99", "s",
+              [Target(f"histogram_quantile(0.99, sum by (job, le) (rate({m('embmon_job_duration_seconds_bucket')}[$__rate_interval])))", "{{job}}")],
+              "99th percentile duration of each scheduled job."),
+        Panel("Probe runs / s by outcome", "cps",
+              [Target(f"sum by (probe, outcome) (rate({runs}[$__rate_interval]))", "{{probe}} {{outcome}}")],
+              "Retrieval probe runs by outcome (success, failure, timeout)."),
+        Panel("Probe duration", "s", [Target(f"{m('embmon_probe_duration_seconds')}", "{{probe}}")],
+              "Duration of the last run of each probe."),
+        Panel("Time since last probe success", "s",
+              [Target(f"time() - {m('embmon_probe_last_success_timestamp_seconds')}", "{{probe}}")],
+              "Age of the last successful run of each probe."),
+        Panel("Build", "none", [Target(f"{m('embmon_build_info')}", "{{instance}} {{version}}", instant=True)],
+              "Running versions.", kind="table"),
+    ]
+    return dashboard("embmon-self", "Embedding monitor / Monitor health",
+                     "The monitor's own health: throughput, invalid records, lag, refresh and probe durations.",
+                     panels, tags=("self",))
+
+
+BUILDERS = {
+    "overview": overview,
+    "intrinsic": intrinsic,
+    "drift": drift,
+    "retrieval": retrieval,
+    "monitor-health": monitor_health,
+}
+
+
+def all_dashboards(rules: RuleSet) -> dict[str, dict[str, Any]]:
+    """File stem -> dashboard JSON model."""
+    return {f"embedding-monitor-{name}": build(rules) for name, build in BUILDERS.items()}
+
+
+def panel_queries(dash: dict[str, Any]) -> list[tuple[str, str]]:
+    """(panel title, expr) for every target of every panel."""
+    return [(p["title"], t["expr"]) for p in dash["panels"] for t in p["targets"]]

@@ -1,0 +1,149 @@
+"""Render every generated artifact and write (or check) them; the ``artifacts`` CLI subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import logging
+from pathlib import Path
+from typing import Any
+
+from monitor.artifacts import dashboards as dash
+from monitor.artifacts import grafana_alerts, kubernetes, prometheus, unittests
+from monitor.artifacts._io import to_json, to_yaml
+from monitor.artifacts.rules import DEFAULT_RUNBOOK, RULES_FILE, RuleSet, build_rules
+from monitor.artifacts.thresholds import Thresholds, load_thresholds
+
+logger = logging.getLogger(__name__)
+
+GRAFANA_ALERTS = "alerts/grafana/embedding-monitor-alerts.yaml"
+PROMETHEUS_RULES = f"alerts/{RULES_FILE}"
+PROMETHEUS_RULE_CR = "deploy/kubernetes/generated/prometheusrule.yaml"
+DASHBOARDS_CONFIGMAP = "deploy/kubernetes/generated/grafana-dashboards-configmap.yaml"
+THRESHOLDS_DEFAULTS = "alerts/thresholds.defaults.yaml"
+# (folder, suffix) pairs the generator owns: stale files there are removed on write
+MANAGED = (("alerts/tests", ".yaml"), ("alerts/grafana", ".yaml"), ("dashboards", ".json"),
+           ("deploy/kubernetes/generated", ".yaml"))
+
+
+def thresholds_defaults(rules: RuleSet) -> dict[str, Any]:
+    """A thresholds file listing every knob at its current value (loading it changes nothing)."""
+    th = rules.thresholds
+    data = th.model_dump(mode="json", by_alias=True, exclude={"alerts"})
+    data["alerts"] = {
+        a.name: {
+            "enabled": a.enabled,
+            "threshold": a.condition.threshold,
+            "for": a.for_,
+            "severity": a.severity,
+        }
+        for a in rules.all_alerts
+    }
+    return data
+
+
+def render(th: Thresholds | None = None, runbook_url: str = DEFAULT_RUNBOOK) -> dict[str, str]:
+    """Relative path -> file text, for every generated artifact."""
+    rules = build_rules(th, runbook_url)
+    files: dict[str, str] = {
+        PROMETHEUS_RULES: to_yaml(prometheus.rule_file(rules)),
+        GRAFANA_ALERTS: to_yaml(grafana_alerts.provisioning_file(rules)),
+        "alerts/tests/recording-rules.yaml": to_yaml(unittests.recording_test_file(rules)),
+        THRESHOLDS_DEFAULTS: to_yaml(
+            thresholds_defaults(rules),
+            header="Every alert threshold at its current value; copy, edit, then run "
+            "`embedding-monitor artifacts --thresholds FILE --out DIR`.",
+        ),
+    }
+    for alert in rules.alerts:
+        files[f"alerts/tests/{unittests.test_file_name(alert)}"] = to_yaml(unittests.alert_test_file(rules, alert))
+    boards = dash.all_dashboards(rules)
+    for stem, model in boards.items():
+        files[f"dashboards/{stem}.json"] = to_json(model)
+    files[PROMETHEUS_RULE_CR] = to_yaml(kubernetes.prometheus_rule(rules))
+    files[DASHBOARDS_CONFIGMAP] = to_yaml(kubernetes.dashboards_configmap(boards))
+    return dict(sorted(files.items()))
+
+
+def _stale(out: Path, files: dict[str, str]) -> list[Path]:
+    stale = []
+    for folder, suffix in MANAGED:
+        for path in sorted((out / folder).glob(f"*{suffix}")):
+            if path.relative_to(out).as_posix() not in files:
+                stale.append(path)
+    return stale
+
+
+def write(out: Path, files: dict[str, str]) -> list[Path]:
+    """Write ``files`` under ``out``; remove stale files in the managed folders. Returns changed paths."""
+    changed: list[Path] = []
+    for rel, text in files.items():
+        path = out / rel
+        if path.exists() and path.read_text(encoding="utf-8") == text:
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        changed.append(path)
+    for path in _stale(out, files):
+        path.unlink()
+        changed.append(path)
+    return changed
+
+
+def check(out: Path, files: dict[str, str]) -> list[str]:
+    """Differences between ``files`` and what is under ``out`` (unified diffs / stale notes)."""
+    problems: list[str] = []
+    for rel, text in files.items():
+        path = out / rel
+        current = path.read_text(encoding="utf-8") if path.exists() else ""
+        if current != text:
+            problems.append("".join(difflib.unified_diff(
+                current.splitlines(True), text.splitlines(True), f"{rel} (committed)", f"{rel} (generated)", n=1)))
+    problems += [f"{p.relative_to(out)}: stale generated file" for p in _stale(out, files)]
+    return problems
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        th = load_thresholds(args.thresholds)
+        files = render(th, args.runbook_url)
+    except ValueError as exc:
+        logger.error("%s", exc)
+        return 2
+    out = Path(args.out)
+    if args.check:
+        problems = check(out, files)
+        for problem in problems:
+            print(problem)
+        return 1 if problems else 0
+    changed = write(out, files)
+    logger.info("wrote %d generated files under %s (%d changed)", len(files), out, len(changed))
+    return 0
+
+
+def add_artifacts_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``artifacts`` on an ``argparse`` subparsers object; sets ``func``."""
+    parser = subparsers.add_parser(
+        "artifacts",
+        help="generate alert rules, promtool tests, Grafana alerts and dashboards, Kubernetes objects",
+        description="Generate the Prometheus rules, their promtool tests, Grafana alert rules and "
+        "dashboards, and the PrometheusRule/ConfigMap objects from one source.",
+    )
+    parser.add_argument("--thresholds", metavar="FILE", help="thresholds YAML (see alerts/thresholds.defaults.yaml)")
+    parser.add_argument("--out", metavar="DIR", default=".", help="root to write alerts/, dashboards/, deploy/ under")
+    parser.add_argument("--runbook-url", default=DEFAULT_RUNBOOK, help="URL of docs/runbook.md; alerts link to its anchors")
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if DIR differs from the output")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    parser = argparse.ArgumentParser(prog="python -m monitor.artifacts")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_artifacts_parser(sub)
+    args = parser.parse_args(["artifacts", *(argv if argv is not None else __import__("sys").argv[1:])])
+    return int(args.func(args))
+
+
+__all__ = ["add_artifacts_parser", "check", "main", "render", "run", "write"]

@@ -1,0 +1,121 @@
+"""Dashboards: committed JSON equals the generator's output, and structural conventions hold."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from monitor.artifacts import dashboards as dash
+from monitor.artifacts import generate
+from monitor.artifacts.catalog import METRICS, referenced_metrics
+from monitor.artifacts.rules import build_rules
+
+REPO = Path(__file__).resolve().parents[1]
+DIR = REPO / "dashboards"
+DS = {"type": "prometheus", "uid": "${datasource}"}
+# uids are part of the public interface (links, bookmarks, provisioning): never change them
+EXPECTED_UIDS = {
+    "embedding-monitor-overview": "embmon-overview",
+    "embedding-monitor-intrinsic": "embmon-intrinsic",
+    "embedding-monitor-drift": "embmon-drift",
+    "embedding-monitor-retrieval": "embmon-retrieval",
+    "embedding-monitor-monitor-health": "embmon-self",
+}
+
+
+def committed() -> dict[str, dict[str, Any]]:
+    return {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted(DIR.glob("*.json"))}
+
+
+def test_committed_dashboards_equal_the_generator_output() -> None:
+    generated = dash.all_dashboards(build_rules())
+    assert committed() == generated
+    for stem, model in generated.items():
+        assert (DIR / f"{stem}.json").read_text(encoding="utf-8") == generate.render()[f"dashboards/{stem}.json"]
+
+
+def test_uids_are_stable_unique_and_dashboards_tagged() -> None:
+    boards = committed()
+    assert {stem: b["uid"] for stem, b in boards.items()} == EXPECTED_UIDS
+    for board in boards.values():
+        assert "embedding-monitor" in board["tags"] and len(board["tags"]) >= 2
+        assert board["title"].startswith("Embedding monitor / ")
+
+
+@pytest.mark.parametrize("stem", sorted(EXPECTED_UIDS))
+def test_panels_have_units_and_use_the_datasource_variable(stem: str) -> None:
+    board = committed()[stem]
+    assert board["panels"], stem
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids))
+    cells: set[tuple[int, int]] = set()
+    for panel in board["panels"]:
+        assert panel["fieldConfig"]["defaults"].get("unit"), (stem, panel["title"])
+        assert panel["datasource"] == DS, panel["title"]
+        assert panel["description"], panel["title"]
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"] == DS
+            assert target["expr"].strip()
+            # every selector of a metric labelled by model/stream honours the variables
+            for name in referenced_metrics(target["expr"]):
+                labels = METRICS[name].labels if name in METRICS else ()
+                for label in ("model", "stream"):
+                    if label in labels:
+                        assert f'{label}=~"${label}"' in target["expr"], (panel["title"], target["expr"])
+        pos = panel["gridPos"]
+        assert 0 <= pos["x"] and pos["x"] + pos["w"] <= 24
+        own = {(pos["x"] + dx, pos["y"] + dy) for dx in range(pos["w"]) for dy in range(pos["h"])}
+        assert not own & cells, f"{panel['title']} overlaps another panel"
+        cells |= own
+
+
+@pytest.mark.parametrize("stem", sorted(EXPECTED_UIDS))
+def test_templating_has_datasource_model_and_stream(stem: str) -> None:
+    variables = {v["name"]: v for v in committed()[stem]["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    for name in ("model", "stream"):
+        var = variables[name]
+        assert var["type"] == "query" and var["datasource"] == DS
+        assert var["query"]["query"].startswith("label_values(") and var["query"]["query"].endswith(f", {name})")
+        assert var["includeAll"] and var["allValue"] == ".+"
+    if stem.endswith("retrieval"):
+        assert {"probe", "slice", "k"} <= set(variables)
+
+
+@pytest.mark.parametrize("stem", sorted(EXPECTED_UIDS))
+def test_drift_change_points_are_annotations(stem: str) -> None:
+    annotations = committed()[stem]["annotations"]["list"]
+    (cp,) = [a for a in annotations if a.get("name") == "Drift change points"]
+    assert cp["datasource"] == DS and cp["enable"]
+    assert cp["expr"].startswith("increase(embmon_drift_change_points_total{") and cp["expr"].endswith("> 0")
+
+
+def test_retrieval_panels_draw_confidence_bands() -> None:
+    board = committed()["embedding-monitor-retrieval"]
+    bands = [p for p in board["panels"] if any("_ci_upper" in t["expr"] for t in p["targets"])]
+    assert len(bands) == 8  # seven IR metrics and ANN recall
+    for panel in bands:
+        exprs = [t["expr"] for t in panel["targets"]]
+        assert any("_ci_lower" in e for e in exprs) and len(exprs) == 3
+        upper = [o for o in panel["fieldConfig"]["overrides"] if o["matcher"]["options"] == "upper"][0]
+        assert {"id": "custom.fillBelowTo", "value": "lower"} in upper["properties"]
+
+
+def test_overview_answers_is_anything_wrong_per_model() -> None:
+    board = committed()["embedding-monitor-overview"]
+    exprs = " ".join(t["expr"] for p in board["panels"] for t in p["targets"])
+    for needle in ("ALERTS{", "embmon_collapse_detected", "embmon_drift_detected", "ratio_median7d", "by (model"):
+        assert needle in exprs, needle
+
+
+def test_dashboards_configmap_carries_the_committed_json() -> None:
+    cm = yaml.safe_load((REPO / generate.DASHBOARDS_CONFIGMAP).read_text(encoding="utf-8"))
+    assert cm["kind"] == "ConfigMap" and cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert {k: json.loads(v) for k, v in cm["data"].items()} == {f"{s}.json": b for s, b in committed().items()}
+    # kubectl apply keeps the object in an annotation limited to 256 KiB
+    assert len(json.dumps(cm)) < 250_000

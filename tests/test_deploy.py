@@ -1,0 +1,233 @@
+"""Deployment artifacts: Kubernetes manifests validated offline, the Dockerfile linted and its
+project install step run in a clean virtual environment."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from monitor.artifacts import generate
+from monitor.artifacts.thresholds import Thresholds
+from monitor.config import load_settings
+
+REPO = Path(__file__).resolve().parents[1]
+K8S = REPO / "deploy" / "kubernetes"
+K8S_VERSION = kubernetes_validate.latest_version()
+CRD_KINDS = {"PrometheusRule", "PodMonitor", "ServiceMonitor"}
+JOB = Thresholds().job
+
+
+def documents() -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for path in sorted(K8S.rglob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            if doc:
+                out.append((path.relative_to(K8S).as_posix(), doc))
+    return out
+
+
+def by_kind(kind: str) -> list[dict[str, Any]]:
+    return [d for _, d in documents() if d["kind"] == kind]
+
+
+def pod_specs() -> list[tuple[str, dict[str, Any]]]:
+    return [(d["metadata"]["name"], d["spec"]["template"]) for _, d in documents()
+            if d["kind"] in {"Deployment", "StatefulSet"}]
+
+
+def test_the_expected_manifests_exist() -> None:
+    kinds = sorted(d["kind"] for _, d in documents())
+    assert kinds == sorted(["ConfigMap", "Deployment", "ConfigMap", "Service", "StatefulSet", "PodDisruptionBudget",
+                            "PodMonitor", "ServiceMonitor", "PrometheusRule", "ConfigMap"])
+
+
+@pytest.mark.parametrize(("path", "doc"), [(p, d) for p, d in documents() if d["kind"] not in CRD_KINDS],
+                         ids=lambda v: v if isinstance(v, str) else v["kind"])
+def test_core_manifests_validate_against_the_kubernetes_schemas(path: str, doc: dict[str, Any]) -> None:
+    # strict: unknown fields are errors too (a typo'd securityContext key would otherwise pass)
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_the_validator_rejects_a_broken_manifest() -> None:
+    (deployment, *_) = by_kind("Deployment")
+    broken = yaml.safe_load(yaml.safe_dump(deployment))
+    broken["spec"]["template"]["spec"]["containers"][1]["securityContext"]["readOnlyRootFs"] = True
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
+    # CRDs are not in its bundled schemas: they are checked structurally below
+    with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+        kubernetes_validate.validate(by_kind("PodMonitor")[0], K8S_VERSION, strict=True)
+
+
+# Structural schemas for the prometheus-operator CRDs, limited to the fields these manifests use
+# (field names and types from monitoring.coreos.com/v1).
+_STR, _DUR = str, re.compile(r"^\d+[smhdw]$")
+CRD_SPEC_FIELDS = {
+    "PodMonitor": {"jobLabel", "selector", "podMetricsEndpoints"},
+    "ServiceMonitor": {"jobLabel", "selector", "endpoints"},
+    "PrometheusRule": {"groups"},
+}
+ENDPOINT_FIELDS = {"port", "path", "interval", "scrapeTimeout"}
+
+
+def test_crds_are_structurally_valid() -> None:
+    for _, doc in documents():
+        kind = doc["kind"]
+        if kind not in CRD_KINDS:
+            continue
+        assert doc["apiVersion"] == "monitoring.coreos.com/v1"
+        assert set(doc) == {"apiVersion", "kind", "metadata", "spec"}
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", doc["metadata"]["name"])
+        spec = doc["spec"]
+        assert set(spec) <= CRD_SPEC_FIELDS[kind] and spec, kind
+        if kind == "PrometheusRule":
+            for group in spec["groups"]:
+                assert set(group) <= {"name", "interval", "rules"} and isinstance(group["name"], _STR)
+                for rule in group["rules"]:
+                    assert set(rule) <= {"record", "alert", "expr", "for", "labels", "annotations"}
+                    assert ("record" in rule) != ("alert" in rule) and isinstance(rule["expr"], _STR)
+                    assert "for" not in rule or _DUR.match(rule["for"])
+                    for key in ("labels", "annotations"):
+                        assert all(isinstance(v, _STR) for v in rule.get(key, {}).values())
+            continue
+        assert isinstance(spec["jobLabel"], _STR)
+        assert set(spec["selector"]) == {"matchLabels"}
+        endpoints = spec["podMetricsEndpoints" if kind == "PodMonitor" else "endpoints"]
+        for endpoint in endpoints:
+            assert set(endpoint) <= ENDPOINT_FIELDS and endpoint["path"] == "/metrics"
+            assert _DUR.match(endpoint["interval"]) and _DUR.match(endpoint["scrapeTimeout"])
+
+
+def test_monitors_select_the_pods_and_yield_the_job_label_the_alerts_use() -> None:
+    (pod_monitor,) = by_kind("PodMonitor")
+    (service_monitor,) = by_kind("ServiceMonitor")
+    sidecar = [t for name, t in pod_specs() if name == "embedding-service"][0]
+    labels = sidecar["metadata"]["labels"]
+    assert pod_monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert labels[pod_monitor["spec"]["jobLabel"]] == JOB
+    ports = {p["name"] for c in sidecar["spec"]["containers"] for p in c.get("ports", [])}
+    assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] in ports
+    (service,) = by_kind("Service")
+    assert service_monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert service["metadata"]["labels"][service_monitor["spec"]["jobLabel"]] == JOB
+    assert service_monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
+
+
+@pytest.mark.parametrize(("name", "template"), pod_specs(), ids=[n for n, _ in pod_specs()])
+def test_pods_are_restricted_and_the_monitor_is_probed(name: str, template: dict[str, Any]) -> None:
+    spec = template["spec"]
+    pod_sc = spec["securityContext"]
+    assert pod_sc["runAsNonRoot"] is True and pod_sc["seccompProfile"]["type"] == "RuntimeDefault"
+    assert spec["automountServiceAccountToken"] is False
+    monitors = [c for c in spec["containers"] if c["name"] == "embedding-monitor"]
+    assert len(monitors) == 1
+    for container in spec["containers"]:
+        sc = container["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"]["drop"] == ["ALL"] and "add" not in sc["capabilities"]
+        assert {"cpu", "memory"} <= set(container["resources"]["requests"])
+        assert {"cpu", "memory"} <= set(container["resources"]["limits"])
+    (monitor,) = monitors
+    assert monitor["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert monitor["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    mounts = {m["mountPath"]: m["name"] for m in monitor["volumeMounts"]}
+    state = mounts["/var/lib/embedding-monitor"]
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    assert "emptyDir" in volumes.get(state, {}) or state in _claim_names(name)
+    assert "/tmp" in mounts  # the only other writable path under a read-only root
+    env = {e["name"]: e["value"] for e in monitor["env"]}
+    assert env["EMBMON_STATE_DIR"] == "/var/lib/embedding-monitor"
+
+
+def _claim_names(workload: str) -> set[str]:
+    return {c["metadata"]["name"] for d in by_kind("StatefulSet") if d["metadata"]["name"] == workload
+            for c in d["spec"].get("volumeClaimTemplates", [])}
+
+
+@pytest.mark.parametrize("name", ["embedding-service-monitor-config", "embedding-monitor-config"])
+def test_the_monitor_configs_are_valid_daemon_settings(name: str, tmp_path: Path) -> None:
+    (cm,) = [d for d in by_kind("ConfigMap") if d["metadata"]["name"] == name]
+    path = tmp_path / "config.yaml"
+    path.write_text(cm["data"]["config.yaml"])
+    settings = load_settings(path)
+    assert settings.source == "kafka" and settings.http.port == 9464
+    if name == "embedding-monitor-config":
+        (sts,) = by_kind("StatefulSet")
+        assert sts["spec"]["replicas"] > 1  # replicas share one consumer group
+        assert settings.kafka.group_id == "embedding-monitor-central"
+
+
+def test_generated_kubernetes_objects_are_in_sync() -> None:
+    files = generate.render()
+    for rel in (generate.PROMETHEUS_RULE_CR, generate.DASHBOARDS_CONFIGMAP):
+        assert (REPO / rel).read_text(encoding="utf-8") == files[rel], rel
+
+
+# ------------------------------------------------------------------------- Dockerfile
+
+
+DOCKERFILE = REPO / "Dockerfile"
+
+
+def test_hadolint_passes() -> None:
+    exe = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    result = subprocess.run([exe, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # and it does flag a bad Dockerfile (the binary works, the test can fail)
+    bad = subprocess.run([exe, "--no-color", "-"], input="FROM python\nRUN pip install torch\n",
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "DL3006" in bad.stdout
+
+
+def test_dockerfile_structure() -> None:
+    lines = [ln.strip() for ln in DOCKERFILE.read_text().splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    text = "\n".join(lines)
+    final = text.rsplit("\nFROM ", 1)[1]
+    assert "USER 10001:10001" in final and "HEALTHCHECK" in final and "/healthz" in final
+    assert 'VOLUME ["/var/lib/embedding-monitor"]' in final and "EXPOSE 9464" in final
+    assert 'ENTRYPOINT ["embedding-monitor"]' in final
+    # torch (CPU index) -> dependencies (pyproject only) -> the project, in that order
+    torch = text.index("torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu")
+    deps = text.index("COPY pyproject.toml ./")
+    source = text.index("COPY monitor ./monitor")
+    assert torch < deps < text.index("pip install --no-cache-dir -r /tmp/requirements.txt") < source
+    assert "--no-deps ." in text[source:]
+    ignore = (REPO / ".dockerignore").read_text().split()
+    assert ignore[ignore.index("*") + 1 :][:3] == ["!pyproject.toml", "!README.md", "!monitor/"]
+
+
+def test_dockerfile_install_steps_succeed_in_a_clean_virtualenv(tmp_path: Path) -> None:
+    """The image's steps 2 and 3 offline: the requirements extraction, and the project install.
+
+    Step 2's command extracts the requirements from pyproject.toml exactly as the Dockerfile
+    does; step 3 builds the wheel and installs it with --no-deps into a fresh venv, then checks
+    the console script and the packaged modules. Downloading torch and the dependencies needs
+    the network and is not done here (docs/deployment.md says so).
+    """
+    text = DOCKERFILE.read_text()
+    extract = re.search(r'python -c "(import tomllib;.+?)"', text)
+    assert extract
+    reqs = subprocess.run([sys.executable, "-c", extract.group(1)], cwd=REPO, capture_output=True, text=True,
+                          check=True).stdout.split("\n")
+    assert "numpy>=1.26" in reqs and "prometheus-client>=0.20" in reqs and not any("pytest" in r for r in reqs)
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(wheels), str(REPO)], check=True, capture_output=True, timeout=120)
+    (wheel,) = wheels.glob("embedding_monitor-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+                   check=True, capture_output=True, timeout=120)
+    assert (venv / "bin" / "embedding-monitor").is_file()
+    listing = subprocess.run([str(py), "-c", "import importlib.util as u; print(u.find_spec('monitor.artifacts').origin)"],
+                             check=True, capture_output=True, text=True, cwd=tmp_path).stdout
+    assert str(venv) in listing
