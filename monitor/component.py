@@ -42,6 +42,9 @@ class MonitorContext:
     state_dir: Path
     # (model, stream) -> the window snapshot the last refresh computed metrics from.
     latest_windows: Callable[[], Mapping[tuple[str, str], WindowSnapshot]]
+    # Register an HTTP route on the daemon's port: (path, handler, methods, bearer_token).
+    # handler(environ) -> (status, content type, body); see monitor/exporter.py.
+    add_route: Callable[..., None] | None = None
 
 
 class Component:

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from monitor.collector import MonitorCollector
 from monitor.component import Component, MonitorContext, ScheduledJob
+from monitor.components import ComponentFactory, default_component_factories
 from monitor.config import Settings
 from monitor.decoding import Decoder, DecodeResult
 from monitor.exporter import HttpServer
@@ -76,7 +77,7 @@ class Monitor:
         settings: Settings,
         source: Source | None = None,
         clock: Callable[[], float] = time.time,
-        component_factories: list[Callable[[MonitorContext], Component]] | None = None,
+        component_factories: list[ComponentFactory] | None = None,
     ):
         self.settings = settings
         self.clock = clock
@@ -123,15 +124,6 @@ class Monitor:
             executors={"default": ThreadPoolExecutor(4)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
         )
-        self.context = MonitorContext(
-            settings=settings,
-            registry=self.registry,
-            clock=clock,
-            state_dir=settings.state_dir,
-            latest_windows=lambda: self.published.windows,
-        )
-        self.components: list[Component] = [factory(self.context) for factory in (component_factories or [])]
-        self.metrics_registry.register(MonitorCollector(self))
         self.http = HttpServer(
             self.metrics_registry,
             settings.http.host,
@@ -139,6 +131,18 @@ class Monitor:
             health=self.health,
             readiness=self.readiness,
         )
+        self.context = MonitorContext(
+            settings=settings,
+            registry=self.registry,
+            clock=clock,
+            state_dir=settings.state_dir,
+            latest_windows=lambda: self.published.windows,
+            add_route=self.http.add_route,
+        )
+        if component_factories is None:
+            component_factories = default_component_factories(settings)
+        self.components: list[Component] = [factory(self.context) for factory in component_factories]
+        self.metrics_registry.register(MonitorCollector(self))
         self._started = False
 
     # ------------------------------------------------------------------ lifecycle

@@ -1,0 +1,20 @@
+"""Which components the daemon runs, from the settings.
+
+Feature packages (drift, retrieval probes) add their factory here; the daemon itself never
+imports them, so a feature that is switched off costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from monitor.component import Component, MonitorContext
+from monitor.config import Settings
+
+ComponentFactory = Callable[[MonitorContext], Component]
+
+
+def default_component_factories(settings: Settings) -> list[ComponentFactory]:
+    """Factories for every component the settings enable, in the order hooks should run."""
+    factories: list[ComponentFactory] = []
+    return factories
