@@ -36,7 +36,7 @@ ROWS_PER_BINARY_MESSAGE = 256
 
 def produce(broker: Broker, topic: str, fmt: str, dim: int, rows: int, rng: np.random.Generator) -> None:
     broker.create_topics(topic)
-    producer = broker.producer(batch_size=1 << 20, max_request_size=16 << 20, buffer_memory=256 << 20)
+    producer = broker.producer(batch_size=1 << 20, max_request_size=16 << 20)
     block = rng.standard_normal((ROWS_PER_BINARY_MESSAGE, dim)).astype(np.float32)
     if fmt == "binary":
         headers = [("model", b"bench"), ("dim", str(dim).encode()), ("stream", b"docs")]
@@ -50,6 +50,9 @@ def produce(broker: Broker, topic: str, fmt: str, dim: int, rows: int, rng: np.r
     producer.close()
 
 
+STEADY_FROM = 0.1  # rates are measured from 10 % to 100 % of the topic: steady state, no start-up
+
+
 def bare_rate(broker: Broker, topic: str, fmt: str, dim: int, rows: int) -> float:
     """Rows/s of a plain consume loop that touches every value and nothing more."""
     consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False, max_poll_records=2000)
@@ -57,19 +60,20 @@ def bare_rate(broker: Broker, topic: str, fmt: str, dim: int, rows: int) -> floa
     consumer.assign([tp])
     consumer.seek_to_beginning(tp)
     seen = 0
-    first = None
+    mark = None
     while seen < rows:
         for records in consumer.poll(timeout_ms=500).values():
-            if first is None:
-                first = time.perf_counter()
             for record in records:
                 seen += len(record.value) // (4 * dim) if fmt == "binary" else 1
-    elapsed = time.perf_counter() - first
+        if mark is None and seen >= STEADY_FROM * rows:
+            mark = (time.perf_counter(), seen)
+    elapsed = time.perf_counter() - mark[0]
     consumer.close()
-    return rows / elapsed
+    return (rows - mark[1]) / elapsed
 
 
 def daemon_rate(broker: Broker, topic: str, rows: int, state_dir: Path) -> float:
+    """Rows/s the daemon folds into its windows (decoded, validated, statistics updated)."""
     settings = load_settings(
         overrides={
             "kafka": {
@@ -87,15 +91,17 @@ def daemon_rate(broker: Broker, topic: str, rows: int, state_dir: Path) -> float
     monitor = Monitor(settings)
     monitor.start()
     try:
-        first = None
-        while True:
+        mark = None
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
             state = monitor.registry.get("bench", "docs")
             done = state.records_total if state else 0
-            if first is None and done > 0:
-                first, first_count = time.perf_counter(), done
+            if mark is None and done >= STEADY_FROM * rows:
+                mark = (time.perf_counter(), done)
             if done >= rows:
-                return (rows - first_count) / (time.perf_counter() - first)
-            time.sleep(0.005)
+                return (rows - mark[1]) / (time.perf_counter() - mark[0])
+            time.sleep(0.002)
+        raise RuntimeError(f"daemon consumed only {done} of {rows} rows in 600 s")
     finally:
         monitor.stop()
 
@@ -170,7 +176,8 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 ours = daemon_rate(with_broker, topic, rows, Path(tmp))
             results.append((fmt, dim, rows, bare, ours))
-            print(f"{fmt:>6} d={dim:<4} rows={rows:<7} bare={bare:>10,.0f}/s daemon={ours:>10,.0f}/s ratio={ours / bare:.2f}", flush=True)
+            print(f"{fmt:>6} d={dim:<4} rows={rows:<7} bare={bare:>10,.0f}/s daemon={ours:>10,.0f}/s ratio={ours / bare:.2f}",
+                  flush=True)
             threading.Event().wait(0.5)
     finally:
         with_broker.stop()

@@ -113,6 +113,7 @@ class Decoder:
         """Decode the (value, headers) pairs of one poll from the embeddings topic."""
         result = DecodeResult()
         pending: dict[tuple[str, str, int], _Pending] = defaultdict(_Pending)
+        binary: dict[tuple[str, str, int], list[np.ndarray]] = defaultdict(list)
         for value, headers in messages:
             if value is None:
                 result.reject(self.default_stream, "bad_json", detail="empty (tombstone) message")
@@ -122,14 +123,25 @@ class Decoder:
                 continue
             header_map = _headers(headers)
             if "dim" in header_map:
-                self._decode_binary(value, header_map, result)
+                self._collect_binary(value, header_map, binary, result)
             else:
                 self._collect_json(value, pending, result)
+        # All binary rows of a (model, stream) in this poll become one matrix: one validation pass
+        # and one rank-k statistics update instead of one per message.
+        for (model, stream, _dim), blocks in binary.items():
+            matrix = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
+            self._accept_rows(model, stream, matrix, None, None, None, None, result)
         for (model, stream, _length), rows in pending.items():
             self._finish_json_group(model, stream, rows, result)
         return result
 
-    def _decode_binary(self, value: bytes, headers: dict[str, str], result: DecodeResult) -> None:
+    def _collect_binary(
+        self,
+        value: bytes,
+        headers: dict[str, str],
+        binary: dict[tuple[str, str, int], list[np.ndarray]],
+        result: DecodeResult,
+    ) -> None:
         stream = headers.get("stream") or self.default_stream
         model = headers.get("model")
         if not is_label_value(stream):
@@ -163,7 +175,7 @@ class Decoder:
         vectors = np.frombuffer(value, dtype="<f4").reshape(n, dim)
         if vectors.dtype != np.float32:  # big-endian host
             vectors = vectors.astype(np.float32)
-        self._accept_rows(model, stream, vectors, None, None, None, None, result)
+        binary[(model, stream, dim)].append(vectors)
 
     def _collect_json(self, value: bytes, pending: dict[tuple[str, str, int], _Pending], result: DecodeResult) -> None:
         doc = _parse_json(value)

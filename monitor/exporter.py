@@ -3,14 +3,25 @@
 Scrapes never compute: the collector turns the last published snapshot and a few counters into
 metric families. Routes beyond the three built-in ones are registered by components (e.g. the
 baseline admin endpoint) with :meth:`HttpServer.add_route`.
+
+Access control (docs/operations.md, "Security"):
+
+* ``/healthz`` and ``/readyz`` are always open (kubelet probes carry no credentials);
+* every other route, ``/metrics`` included, needs HTTP basic auth when users are configured;
+* ``/admin/*`` routes (and any route registered with a ``bearer_token``) need
+  ``Authorization: Bearer <token>`` instead, compared in constant time; with no admin token
+  configured they answer 403;
+* with TLS configured, the handshake runs in the request's own thread (a slow or hostile client
+  cannot stall the accept loop).
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
+import socket
 import ssl
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +29,8 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
+
+from monitor.security import BasicAuth, bearer_matches
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +65,29 @@ class _QuietHandler(WSGIRequestHandler):
         logger.debug("http: " + format, *args)
 
 
+class _Server(ThreadingWSGIServer):
+    """ThreadingWSGIServer that, with TLS, wraps each connection in its handler thread."""
+
+    ssl_context: ssl.SSLContext | None = None
+    handshake_timeout = 10.0
+
+    def finish_request(self, request: socket.socket, client_address: Any) -> None:  # type: ignore[override]
+        if self.ssl_context is None:
+            super().finish_request(request, client_address)
+            return
+        request.settimeout(self.handshake_timeout)
+        try:
+            tls = self.ssl_context.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError) as exc:
+            logger.debug("TLS handshake with %s failed: %s", client_address, exc)
+            return
+        try:
+            tls.settimeout(None)
+            super().finish_request(tls, client_address)  # type: ignore[arg-type]
+        finally:
+            tls.close()
+
+
 class HttpServer:
     """A threaded WSGI server with the metrics app and a small route table."""
 
@@ -63,16 +99,22 @@ class HttpServer:
         health: Callable[[], tuple[bool, str]],
         readiness: Callable[[], tuple[bool, str]],
         ssl_context: ssl.SSLContext | None = None,
+        basic_auth_users: dict[str, str] | None = None,
+        admin_token: str | None = None,
     ):
         self._metrics_app = make_wsgi_app(registry)
         self._routes: dict[str, Route] = {}
         self._health = health
         self._readiness = readiness
+        self._basic = BasicAuth(basic_auth_users) if basic_auth_users else None
+        self._admin_token = admin_token
+        self._auth_failures: Counter[str] = Counter()
+        self._auth_lock = threading.Lock()
+        self.tls = ssl_context is not None
         self.add_route("/healthz", lambda env: _probe(self._health()), methods=("GET", "HEAD"))
         self.add_route("/readyz", lambda env: _probe(self._readiness()), methods=("GET", "HEAD"))
-        self._server = make_server(host, port, self._app, ThreadingWSGIServer, handler_class=_QuietHandler)
-        if ssl_context is not None:
-            self._server.socket = ssl_context.wrap_socket(self._server.socket, server_side=True)
+        self._server = make_server(host, port, self._app, _Server, handler_class=_QuietHandler)
+        self._server.ssl_context = ssl_context
         self._thread = threading.Thread(target=self._server.serve_forever, name="embmon-http", daemon=True)
 
     @property
@@ -88,21 +130,47 @@ class HttpServer:
         self._thread.start()
 
     def stop(self) -> None:
-        self._server.shutdown()
+        if self._thread.is_alive():
+            self._server.shutdown()
+            self._thread.join(timeout=5)
         self._server.server_close()
-        self._thread.join(timeout=5)
+
+    def auth_failure_counts(self) -> dict[str, int]:
+        """Rejected requests by endpoint kind (``metrics``, ``admin``, ``other``)."""
+        with self._auth_lock:
+            return dict(self._auth_failures)
+
+    def _deny(self, kind: str, start_response: StartResponse, status: int, scheme: str) -> list[bytes]:
+        with self._auth_lock:
+            self._auth_failures[kind] += 1
+        body = b"unauthorized\n" if status == 401 else b"forbidden: admin endpoints need http.admin_token\n"
+        headers = [("WWW-Authenticate", scheme)] if status == 401 else []
+        return _respond(start_response, status, "text/plain", body, headers)
 
     def _app(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
-        if path == "/metrics":
-            return self._metrics_app(environ, start_response)
-        route = self._routes.get(path)
+        if path in ("/healthz", "/readyz"):
+            route = self._routes[path]
+        else:
+            route = self._routes.get(path)
+            token = route.bearer_token if route is not None else None
+            if token is None and path.startswith("/admin/"):
+                if self._admin_token is None:
+                    return self._deny("admin", start_response, 403, "Bearer")
+                token = self._admin_token
+            header = environ.get("HTTP_AUTHORIZATION", "")
+            if token is not None:
+                if not bearer_matches(header, token):
+                    return self._deny("admin", start_response, 401, "Bearer")
+            elif self._basic is not None and not self._basic.check(header):
+                kind = "metrics" if path == "/metrics" else "other"
+                return self._deny(kind, start_response, 401, 'Basic realm="embedding-monitor", charset="UTF-8"')
+            if path == "/metrics":
+                return self._metrics_app(environ, start_response)
         if route is None:
             return _respond(start_response, 404, "text/plain", b"not found\n")
         if environ.get("REQUEST_METHOD", "GET") not in route.methods:
             return _respond(start_response, 405, "text/plain", b"method not allowed\n")
-        if route.bearer_token is not None and not _bearer_ok(environ, route.bearer_token):
-            return _respond(start_response, 401, "text/plain", b"unauthorized\n", [("WWW-Authenticate", "Bearer")])
         try:
             status, content_type, body = route.handler(environ)
         except Exception:  # noqa: BLE001 - a handler bug must not take the server down
@@ -114,15 +182,6 @@ class HttpServer:
 def _probe(result: tuple[bool, str]) -> tuple[int, str, bytes]:
     ok, detail = result
     return (200 if ok else 503), "text/plain; charset=utf-8", (detail + "\n").encode()
-
-
-def _bearer_ok(environ: Environ, token: str) -> bool:
-    header = environ.get("HTTP_AUTHORIZATION", "")
-    scheme, _, presented = header.partition(" ")
-    if scheme.lower() != "bearer" or not presented:
-        return False
-    # Constant-time comparison: response timing must not reveal how much of the token matched.
-    return hmac.compare_digest(presented.strip().encode(), token.encode())
 
 
 def _respond(
