@@ -161,6 +161,6 @@ def test_state_dict_round_trip(n: int, d: int, seed: int) -> None:
 
 def test_state_dict_with_wrong_shapes_is_rejected() -> None:
     state = SufficientStats(3).state_dict()
-    state["gram"] = np.zeros((2, 2))
+    state["gram_packed"] = np.zeros(5)
     with pytest.raises(ValueError, match="dim 3"):
         SufficientStats.from_state_dict(state)
