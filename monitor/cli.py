@@ -41,11 +41,31 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
         help="any kafka-python consumer setting, repeatable (e.g. security_protocol=SASL_SSL)",
     )
     g.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    g.add_argument(
+        "--reference",
+        action="append",
+        default=[],
+        metavar="[MODEL[/STREAM]=]FILE",
+        help="pin a drift reference (.npz from `baseline capture`, or an .npy (n, d) matrix): FILE for every "
+        "(model, stream) of its dimension, MODEL[/STREAM]=FILE for one model or stream; repeatable",
+    )
+    g.add_argument(
+        "--reference-records",
+        type=int,
+        metavar="N",
+        help="when no reference is pinned or stored, the first N records of each (model, stream) form it (default 5000)",
+    )
 
 
 def settings_from_args(args: argparse.Namespace, defaults: dict[str, Any] | None = None) -> Settings:
     """Settings from ``defaults`` < --config < the environment < the flags; raises ConfigError."""
     options = dict(parse_kafka_option(text) for text in args.kafka_option)
+    from monitor.drift.references import reference_overrides
+
+    try:
+        reference = reference_overrides(getattr(args, "reference", None), getattr(args, "reference_records", None))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     overrides = nested_override(
         [
             ("source", args.source),
@@ -60,6 +80,7 @@ def settings_from_args(args: argparse.Namespace, defaults: dict[str, Any] | None
             ("refresh_seconds", args.refresh_seconds),
             ("window.reservoir_size", args.reservoir_size),
             ("log_level", args.log_level),
+            ("drift.reference", reference or None),
         ]
     )
     return load_settings(args.config, overrides, defaults=defaults)
@@ -128,6 +149,9 @@ def _optional_subcommands() -> list[Any]:
     from monitor.artifacts import add_artifacts_parser
 
     registrars.append(add_artifacts_parser)
+    from monitor.baseline import add_baseline_parser
+
+    registrars.append(add_baseline_parser)
     return registrars
 
 

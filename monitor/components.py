@@ -17,4 +17,12 @@ ComponentFactory = Callable[[MonitorContext], Component]
 def default_component_factories(settings: Settings) -> list[ComponentFactory]:
     """Factories for every component the settings enable, in the order hooks should run."""
     factories: list[ComponentFactory] = []
+    if settings.drift.enabled:
+        from monitor.drift.component import DriftComponent
+
+        factories.append(DriftComponent)
+    if settings.probes.enabled:
+        from monitor.retrieval.probes.component import ProbeComponent
+
+        factories.append(ProbeComponent)
     return factories

@@ -16,10 +16,12 @@ from typing import Any, Literal
 
 import yaml
 from kafka import KafkaConsumer
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from monitor.drift.references import DaemonDriftSettings
 from monitor.quality.intrinsic import IntrinsicSettings
+from monitor.retrieval.settings import ProbeSettings
 
 ENV_PREFIX = "EMBMON_"
 # Settings the daemon owns itself; passing them as --kafka-option would break offset handling.
@@ -121,6 +123,24 @@ class SyntheticPhase(_Section):
     seconds: float = Field(30.0, gt=0)
 
 
+class SyntheticInteractions(_Section):
+    """Interaction events over a synthetic catalog, so the retrieval probes have evidence (demo, tests).
+
+    The catalog's documents (healthy draws, fixed at start) are re-emitted as JSON events with ids
+    on ``catalog_stream``; each query is served the exact top ``k`` of the catalog with a share
+    ``ann_miss_ratio`` of the results replaced (a known ANN recall), and clicks fall on results
+    with a position bias.
+    """
+
+    rate: float = Field(20.0, gt=0, le=100_000, description="interaction events per second per model")
+    catalog_size: int = Field(500, ge=20, le=100_000)
+    catalog_stream: str = "catalog"
+    catalog_period_seconds: float = Field(2.0, gt=0, description="every catalog document is re-emitted this often")
+    k: int = Field(10, ge=1, le=100)
+    ann_miss_ratio: float = Field(0.05, ge=0, le=1)
+    zero_result_ratio: float = Field(0.02, ge=0, le=1)
+
+
 class SyntheticSourceSettings(_Section):
     """A generator of realistic-looking embeddings with scripted incidents (the demo)."""
 
@@ -131,6 +151,7 @@ class SyntheticSourceSettings(_Section):
     phases: list[SyntheticPhase] = Field(default_factory=lambda: [SyntheticPhase()])
     loop: bool = True
     seed: int = 0
+    interactions: SyntheticInteractions | None = None  # off: embeddings only
 
 
 class WindowSettings(_Section):
@@ -152,8 +173,48 @@ class LimitSettings(_Section):
 
 
 class HttpSettings(_Section):
+    """The HTTP port. TLS, basic auth and the admin token are described in docs/operations.md."""
+
     host: str = "0.0.0.0"
     port: int = Field(9464, ge=0, le=65535)
+    tls_certfile: Path | None = None
+    tls_keyfile: Path | None = None
+    tls_client_cafile: Path | None = None  # when set, clients must present a certificate it signed
+    # user -> "pbkdf2_sha256$<iterations>$<salt>$<base64 sha256 key>" (python -m monitor.security hash)
+    basic_auth_users: dict[str, SecretStr] = Field(default_factory=dict)
+    admin_token: SecretStr | None = None  # bearer token for /admin/* routes
+    admin_token_file: Path | None = None  # or a file holding it (Kubernetes secret volume)
+
+    @model_validator(mode="after")
+    def _check_security(self) -> HttpSettings:
+        from monitor.security import check_password_hash_format
+
+        if (self.tls_certfile is None) != (self.tls_keyfile is None):
+            raise ValueError("tls_certfile and tls_keyfile must be set together")
+        if self.tls_client_cafile is not None and self.tls_certfile is None:
+            raise ValueError("tls_client_cafile needs tls_certfile and tls_keyfile")
+        for name in ("tls_certfile", "tls_keyfile", "tls_client_cafile", "admin_token_file"):
+            path = getattr(self, name)
+            if path is not None and not Path(path).is_file():
+                raise ValueError(f"{name}: file {str(path)!r} does not exist")
+        for user, hashed in self.basic_auth_users.items():
+            if not user or ":" in user:
+                raise ValueError(f"basic_auth_users: user name {user!r} must be non-empty and without ':'")
+            problem = check_password_hash_format(hashed.get_secret_value())
+            if problem:
+                raise ValueError(f"basic_auth_users.{user}: {problem}")
+        if self.admin_token is not None and self.admin_token_file is not None:
+            raise ValueError("set admin_token or admin_token_file, not both")
+        if self.admin_token is not None and len(self.admin_token.get_secret_value()) < 16:
+            raise ValueError("admin_token must be at least 16 characters")
+        return self
+
+
+class CheckpointSettings(_Section):
+    """Periodic, atomic checkpoints of all state plus the Kafka offsets it reflects (docs/operations.md)."""
+
+    enabled: bool | None = None  # None: on for the Kafka source, off for file/synthetic replays
+    interval_seconds: float = Field(30.0, gt=0, le=86_400)
 
 
 class ModelSettings(_Section):
@@ -175,8 +236,11 @@ class Settings(BaseSettings):
     synthetic: SyntheticSourceSettings = Field(default_factory=SyntheticSourceSettings)
     window: WindowSettings = Field(default_factory=WindowSettings)
     quality: IntrinsicSettings = Field(default_factory=IntrinsicSettings)
+    probes: ProbeSettings = Field(default_factory=ProbeSettings)
+    drift: DaemonDriftSettings = Field(default_factory=DaemonDriftSettings)  # docs/drift.md
     limits: LimitSettings = Field(default_factory=LimitSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
+    checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     models: dict[str, ModelSettings] = Field(default_factory=dict)
     refresh_seconds: float = Field(15.0, gt=0, le=3600)
     state_dir: Path = Path("embmon-state")

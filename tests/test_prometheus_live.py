@@ -29,7 +29,7 @@ import yaml
 
 from monitor.artifacts import dashboards as dash
 from monitor.artifacts import grafana_alerts, prometheus
-from monitor.artifacts.catalog import METRICS, exported_names, referenced_metrics
+from monitor.artifacts.catalog import RETRIEVAL_METRICS, exported_names, referenced_metrics
 from monitor.artifacts.rules import build_rules
 from monitor.artifacts.thresholds import Thresholds
 from tests.support.prometheus import (
@@ -52,10 +52,11 @@ NOT_FROM_SYNTHETIC = {
     "embmon_consumer_lag_records": "Kafka source only",
     "embmon_alignment": "needs records sharing a pair_id",
 }
-# Metrics of features the daemon does not export yet (drift, retrieval probes). When one of them
-# starts being exported this test fails: remove it here, and its queries are then held to
-# "returns at least one series" like all the others.
-AWAITING_DAEMON = {name for name, spec in METRICS.items() if spec.area in {"drift", "retrieval"}}
+# Metrics of features the daemon does not export yet (none left). When one of them starts being
+# exported this test fails: remove it here, and its queries are then held to "returns at least
+# one series" like all the others. The retrieval probes run below on the synthetic interactions;
+# drift compares each stream with its first 1,000 records, and the collapse is a drift.
+AWAITING_DAEMON: set[str] = set()
 
 DAEMON_CONFIG = {
     "source": "synthetic",
@@ -71,9 +72,20 @@ DAEMON_CONFIG = {
             {"kind": "collapsed", "seconds": 600.0},
         ],
         "loop": False,
+        # a small search system: catalog documents with ids, served results, clicks
+        "interactions": {"rate": 20.0, "catalog_size": 200, "catalog_period_seconds": 1.0},
     },
     "window": {"seconds": 4.0, "subwindows": 2, "reservoir_size": 500},
     "refresh_seconds": 1.0,
+    "probes": {
+        "statistics": {"resamples": 200},
+        "clicks": [{"name": "clicks", "model": MODEL, "k": [5, 10], "metrics": list(RETRIEVAL_METRICS),
+                    "window_seconds": 60, "catalog_stream": "catalog", "interval_seconds": 1.0}],
+        "ann_recall": [{"name": "ann", "model": MODEL, "stream": "catalog", "k": [10], "window_seconds": 30,
+                        "interval_seconds": 1.0}],
+    },
+    "drift": {"interval_seconds": 2.0, "false_alarm_every": "1h", "window_sample_size": 300,
+              "reference_sample_size": 300, "threads": 1, "reference": {"records": 1000}},
 }
 
 
@@ -206,8 +218,10 @@ def test_every_metric_used_by_the_artifacts_is_exported(stack: Stack) -> None:
     used = set().union(*(referenced_metrics(t) for t in texts))
     assert used <= exported_names()
     # the invalid-record burst happens 8 s in: wait for its counter like for the gauges
-    wait_for(lambda: {"embmon_records_invalid_total", "embmon_effective_rank"} <= exported_now(stack),
-             timeout=40, message="invalid-record counter and intrinsic gauges",
+    wait_for(lambda: {"embmon_records_invalid_total", "embmon_effective_rank", "embmon_retrieval_ndcg",
+                      "embmon_retrieval_ann_recall", "embmon_retrieval_catalog_coverage_ratio",
+                      "embmon_drift_detected", "embmon_drift_last_change_timestamp_seconds"} <= exported_now(stack),
+             timeout=40, message="invalid-record counter, intrinsic, retrieval and drift gauges",
              on_timeout=lambda: stack.daemon_tail() + stack.prom.log_tail())
     missing = used - exported_now(stack)
     expected = (set(NOT_FROM_SYNTHETIC) | AWAITING_DAEMON) & used

@@ -26,7 +26,7 @@ class MetricSpec:
 
 MS = ("model", "stream")
 RETRIEVAL_METRICS = ("recall", "precision", "map", "mrr", "ndcg", "err", "hit_rate")
-DRIFT_TESTS = ("mmd", "ks", "centroid", "classifier", "suite")
+DRIFT_TESTS = ("mmd", "ks", "centroid", "classifier", "suite", "sustained")  # embmon_drift_detected{test}
 PROBE_OUTCOMES = ("success", "failure", "timeout")
 
 
@@ -41,6 +41,18 @@ def _specs() -> dict[str, MetricSpec]:
         ("embmon_build_info", "gauge", ("version",), "core"),
         ("embmon_job_runs_total", "counter", ("job", "outcome"), "core"),
         ("embmon_job_duration_seconds", "histogram", ("job",), "core"),
+        # operations: checkpoints, backpressure, access control (docs/operations.md)
+        ("embmon_checkpoint_last_success_timestamp_seconds", "gauge", (), "core"),
+        ("embmon_checkpoint_age_seconds", "gauge", (), "core"),
+        ("embmon_checkpoint_size_bytes", "gauge", (), "core"),
+        ("embmon_checkpoint_duration_seconds", "histogram", (), "core"),
+        ("embmon_checkpoint_write_failures_total", "counter", ("stage",), "core"),
+        ("embmon_checkpoint_restore_failures_total", "counter", ("reason",), "core"),
+        ("embmon_ingest_queue_polls", "gauge", (), "core"),
+        ("embmon_ingest_paused", "gauge", (), "core"),
+        ("embmon_ingest_backpressure_seconds_total", "counter", (), "core"),
+        ("embmon_consumer_lag_timestamp_seconds", "gauge", (), "core"),
+        ("embmon_http_auth_failures_total", "counter", ("endpoint",), "core"),
     ]
     for gauge in (
         "partition_isotropy",
@@ -94,6 +106,10 @@ def _specs() -> dict[str, MetricSpec]:
         ("embmon_retrieval_popularity_bias", "gauge", ("probe", "model"), "retrieval"),
         ("embmon_retrieval_click_through_rate", "gauge", pmsk, "retrieval"),
         ("embmon_retrieval_zero_result_ratio", "gauge", ("probe", "model", "slice"), "retrieval"),
+        ("embmon_retrieval_similarity_spearman", "gauge", ("probe", "model"), "retrieval"),
+        ("embmon_retrieval_ann_known_results_ratio", "gauge", ("probe", "model"), "retrieval"),
+        ("embmon_retrieval_slice_warnings", "gauge", ("probe", "model", "kind"), "retrieval"),
+        ("embmon_probe_events_dropped_total", "counter", ("probe",), "retrieval"),
     ]
     return {name: MetricSpec(name, kind, labels, area) for name, kind, labels, area in rows}
 

@@ -1,19 +1,31 @@
 """Kafka consumer-group source (kafka-python) with manual offset commits.
 
-Offsets are committed only for records the state already reflects (the daemon calls ``commit``
-after applying a poll), so a crash replays rather than loses. A broker that is unreachable at
-start-up or goes away later is not fatal: ``poll`` keeps retrying with bounded backoff and ``up``
-reports the connection state for ``/readyz`` and ``embmon_source_up``.
+Offsets are committed only for records the state already reflects, and, with checkpointing on,
+only once a checkpoint holding that state is on disk (the daemon decides what ``commit`` gets).
+A broker that is unreachable at start-up or goes away later is not fatal: ``poll`` keeps
+retrying with bounded backoff and ``up`` reports the connection state for ``/readyz`` and
+``embmon_source_up``.
+
+Rebalances (docs/operations.md, "Rebalances"): kafka-python 3 runs the rebalance listener on its
+IO thread, where blocking consumer calls are forbidden, so the listener is asynchronous:
+
+* revoked: the daemon's hand-off (apply what was polled, checkpoint) runs in a worker thread
+  while the listener awaits it without blocking heartbeats; then the offsets it returns are
+  committed before the partitions go to their new owner;
+* assigned: for every partition the checkpoint knows, the consumer seeks to
+  ``max(checkpoint offset + 1, group committed offset)`` and that position is committed for
+  visibility on the next poll.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
+from kafka import AsyncConsumerRebalanceListener, KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
@@ -23,22 +35,140 @@ from monitor.sources import MessageKind, Source, SourceMessage
 
 logger = logging.getLogger(__name__)
 
-LAG_REFRESH_SECONDS = 15.0
+LAG_REFRESH_SECONDS = 5.0
 MAX_BACKOFF_SECONDS = 30.0
+HANDOFF_TIMEOUT_SECONDS = 60.0
+Key = tuple[str, int]
 
 
-class _Rebalance(ConsumerRebalanceListener):
+def seek_position(checkpoint_offset: int | None, committed: int | None) -> int | None:
+    """Where to resume a partition: after what the checkpoint reflects, unless the group moved on.
+
+    ``checkpoint_offset`` is the last offset the restored state reflects; ``committed`` the
+    group's committed position (the next offset to read). The checkpoint is ahead after a crash
+    between a checkpoint and its commit; the group is ahead when another replica consumed the
+    partition after this state was saved (its records are in that replica's state, not ours).
+
+    >>> seek_position(99, 80), seek_position(99, 250), seek_position(99, None), seek_position(None, 7)
+    (100, 250, 100, None)
+    """
+    if checkpoint_offset is None:
+        return None
+    return max(checkpoint_offset + 1, committed if committed is not None and committed >= 0 else 0)
+
+
+def _close_failed_connect_sockets() -> None:
+    """kafka-python 3.0 leaks the socket of every failed connection attempt (closed only when
+    the garbage collector finds it), so a long broker outage piles up file descriptors. Close it
+    on failure instead. Applied once, only to the version whose ``connect`` has the leak."""
+    import kafka
+    from kafka.net.inet import KafkaNetSocket
+
+    if not str(kafka.__version__).startswith("3.0.") or getattr(KafkaNetSocket.connect, "_embmon", False):
+        return
+
+    async def connect(self: Any, net: Any, addrinfo: Any, socket_options: Any = (), timeout_at: Any = None) -> Any:
+        family, sock_type, proto, _canonname, sockaddr = addrinfo
+        sock = self.socket(family, sock_type, proto)
+        try:
+            sock.setblocking(False)
+            for option in socket_options:
+                sock.setsockopt(*option)
+            return await self.sock_connect(net, sock, sockaddr, timeout_at=timeout_at)
+        except BaseException:
+            sock.close()
+            raise
+
+    connect._embmon = True  # type: ignore[attr-defined]
+    KafkaNetSocket.connect = connect  # type: ignore[method-assign]
+
+
+class _Rebalance(AsyncConsumerRebalanceListener):
     def __init__(self, source: KafkaSource):
         self._source = source
 
-    def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        if self._source.on_revoked is not None and revoked:
-            self._source.on_revoked([(tp.topic, tp.partition) for tp in revoked])
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self._handoff(revoked, commit=True)
 
-    def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        logger.info("assigned partitions: %s", sorted((tp.topic, tp.partition) for tp in assigned))
-        if self._source.on_assigned is not None and assigned:
-            self._source.on_assigned([(tp.topic, tp.partition) for tp in assigned])
+    async def on_partitions_lost(self, lost: Any) -> None:
+        # The group already gave these away: a commit would fail, but the state must still be
+        # made consistent (the queued records applied and checkpointed) before new ones arrive.
+        await self._handoff(lost, commit=False)
+
+    async def _handoff(self, partitions: Any, commit: bool) -> None:
+        source = self._source
+        keys = sorted((tp.topic, tp.partition) for tp in partitions)
+        if not keys:
+            return
+        logger.info("partitions %s: %s", "revoked" if commit else "lost", keys)
+        offsets: dict[Key, int] = {}
+        if source.on_revoked is not None:
+            offsets = await self._in_worker(lambda: source.on_revoked(keys) if source.on_revoked else {})
+        if commit and offsets and source._consumer is not None:
+            payload = {TopicPartition(t, p): OffsetAndMetadata(o + 1, "", -1) for (t, p), o in offsets.items()}
+            try:
+                await source._consumer._coordinator._commit_offsets_sync_async(payload, 10_000)
+                source._note_committed(offsets)
+            except KafkaError as exc:
+                logger.warning("commit on revocation failed (%s); the next owner resumes from the last commit", exc)
+
+    async def _in_worker(self, work: Callable[[], dict[Key, int] | None]) -> dict[Key, int]:
+        """Run blocking ``work`` in a thread while yielding to kafka-python's IO loop."""
+        done = threading.Event()
+        result: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                result["value"] = work() or {}
+            except Exception:  # noqa: BLE001 - reported, never raised into kafka-python's loop
+                logger.exception("partition hand-off failed")
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name="embmon-handoff", daemon=True).start()
+        net = self._source._consumer._net if self._source._consumer is not None else None
+        deadline = time.monotonic() + HANDOFF_TIMEOUT_SECONDS
+        while not done.is_set() and time.monotonic() < deadline:
+            if net is not None:
+                await net.sleep(0.02)
+            else:  # pragma: no cover - the consumer exists whenever its listener runs
+                done.wait(0.02)
+        if not done.is_set():
+            logger.error("partition hand-off took over %.0fs; continuing without it", HANDOFF_TIMEOUT_SECONDS)
+        return dict(result.get("value") or {})
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        source = self._source
+        consumer = source._consumer
+        keys = sorted((tp.topic, tp.partition) for tp in assigned)
+        logger.info("assigned partitions: %s", keys)
+        if consumer is None or not keys:
+            return
+        known = source.checkpoint_offsets() if source.checkpoint_offsets is not None else {}
+        restore = [tp for tp in assigned if (tp.topic, tp.partition) in known]
+        committed: dict[Any, Any] = {}
+        if restore:
+            try:
+                committed = await consumer._coordinator.fetch_committed_offsets_async(restore, 10_000)
+            except KafkaError as exc:
+                logger.warning("cannot read committed offsets (%s); resuming from the checkpoint", exc)
+        positions: dict[Key, int] = {}
+        for tp in restore:
+            key = (tp.topic, tp.partition)
+            meta = committed.get(tp)
+            group = meta.offset if meta is not None and meta.offset is not None and meta.offset >= 0 else None
+            position = seek_position(known[key], group)
+            assert position is not None
+            consumer.seek(tp, position)
+            positions[key] = position
+            if group is None or position > group:
+                source._pending_commit[key] = position - 1
+            logger.info(
+                "partition %s: resuming at %d (checkpoint reflects up to %d, group committed %s)",
+                key, position, known[key], group,
+            )
+        if source.on_assigned is not None:
+            source.on_assigned(positions)
 
 
 class KafkaSource(Source):
@@ -56,9 +186,19 @@ class KafkaSource(Source):
         self._up = False
         self._lag: dict[str, int] | None = None
         self._lag_at = -LAG_REFRESH_SECONDS
-        # Set by the daemon: called on the polling thread during a rebalance.
-        self.on_revoked: Callable[[list[tuple[str, int]]], None] | None = None
-        self.on_assigned: Callable[[list[tuple[str, int]]], None] | None = None
+        self._lag_updated: float | None = None
+        self._paused = False
+        self._pending_commit: dict[Key, int] = {}
+        self._committed_lock = threading.Lock()
+        self._committed: dict[Key, int] = {}
+        # Set by the daemon. on_revoked runs in a worker thread during a rebalance and returns the
+        # offsets (last offset reflected) to commit for the revoked partitions; on_assigned gets
+        # the positions the consumer was sought to; checkpoint_offsets returns, per partition, the
+        # last offset the durable state reflects; applied_offsets the last offset applied.
+        self.on_revoked: Callable[[list[Key]], dict[Key, int]] | None = None
+        self.on_assigned: Callable[[dict[Key, int]], None] | None = None
+        self.checkpoint_offsets: Callable[[], dict[Key, int]] | None = None
+        self.applied_offsets: Callable[[], dict[Key, int]] | None = None
 
     def consumer_config(self) -> dict[str, Any]:
         """The kafka-python configuration: ours, then the pass-through options on top."""
@@ -77,6 +217,7 @@ class KafkaSource(Source):
         return config
 
     def start(self) -> None:
+        _close_failed_connect_sockets()
         self._connect()
 
     def _connect(self) -> bool:
@@ -85,7 +226,6 @@ class KafkaSource(Source):
             return False
         try:
             consumer = KafkaConsumer(**self.consumer_config())
-            consumer.subscribe(topics=sorted(self._kinds), listener=_Rebalance(self))
         except KafkaError as exc:
             self._next_attempt = now + self._backoff
             logger.warning(
@@ -98,6 +238,7 @@ class KafkaSource(Source):
             self._up = False
             return False
         self._consumer = consumer
+        consumer.subscribe(topics=sorted(self._kinds), listener=_Rebalance(self))
         self._backoff = 0.5
         self._up = True
         logger.info("consuming %s as group %s", sorted(self._kinds), self.settings.group_id)
@@ -109,6 +250,8 @@ class KafkaSource(Source):
             return []
         assert self._consumer is not None
         try:
+            if self._paused:  # backpressure: keep the group membership alive, fetch nothing
+                self._consumer.pause(*self._consumer.assignment())
             polled = self._consumer.poll(timeout_ms=int(timeout * 1000), max_records=self.settings.max_poll_records)
         except KafkaError as exc:
             self._up = False
@@ -128,6 +271,9 @@ class KafkaSource(Source):
                         position=SourcePosition(tp.topic, tp.partition, record.offset),
                     )
                 )
+        if self._pending_commit:
+            pending, self._pending_commit = self._pending_commit, {}
+            self.commit(pending)
         self._maybe_refresh_lag()
         return messages
 
@@ -137,19 +283,53 @@ class KafkaSource(Source):
             return True
         try:
             brokers = client.cluster.brokers()
-            return any(client.is_ready(b.nodeId) or client.connected(b.nodeId) for b in brokers)
+            if not brokers:
+                return False
+            ids = [getattr(b, "node_id", getattr(b, "nodeId", None)) for b in brokers]
+            return any(client.connected(node) for node in ids if node is not None)
         except Exception:  # noqa: BLE001 - a diagnostics probe must never break polling
-            return True
+            return self._up
 
-    def commit(self, offsets: Mapping[tuple[str, int], int]) -> None:
+    def pause(self) -> None:
+        """Stop fetching (backpressure) while polling on, so the group keeps this member."""
+        if self._consumer is not None and not self._paused:
+            self._consumer.pause(*self._consumer.assignment())
+        self._paused = True
+
+    def resume(self) -> None:
+        if self._consumer is not None and self._paused:
+            self._consumer.resume(*self._consumer.paused())
+        self._paused = False
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def commit(self, offsets: Mapping[Key, int]) -> None:
+        """Commit "state reflects up to and including" ``offsets`` for partitions assigned to us.
+
+        Partitions not assigned (any more) are skipped: committing them could move the group
+        backwards under the replica that owns them now.
+        """
         if self._consumer is None or not offsets:
             return
-        payload = {TopicPartition(t, p): OffsetAndMetadata(o + 1, "", -1) for (t, p), o in offsets.items()}
+        assigned = {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+        with self._committed_lock:
+            todo = {k: o for k, o in offsets.items() if k in assigned and self._committed.get(k) != o}
+        if not todo:
+            return
+        payload = {TopicPartition(t, p): OffsetAndMetadata(o + 1, "", -1) for (t, p), o in todo.items()}
         try:
             self._consumer.commit(offsets=payload)
         except KafkaError as exc:
-            # Not fatal: the next commit carries later offsets; at worst a restart replays a little.
+            # Not fatal: the next commit carries later offsets; a restart resumes from the checkpoint.
             logger.warning("offset commit failed (%s); will retry with the next commit", exc)
+            return
+        self._note_committed(todo)
+
+    def _note_committed(self, offsets: Mapping[Key, int]) -> None:
+        with self._committed_lock:
+            self._committed.update(offsets)
 
     def _maybe_refresh_lag(self) -> None:
         now = self._clock()
@@ -163,18 +343,32 @@ class KafkaSource(Source):
             ends = self._consumer.end_offsets(list(assigned))
         except KafkaError:
             return
+        applied = self.applied_offsets() if self.applied_offsets is not None else {}
         lag: dict[str, int] = {}
         for tp, end in ends.items():
-            try:
-                position = self._consumer.position(tp, timeout_ms=1000)
-            except KafkaError:
+            if end is None:
                 continue
-            if position is not None and end is not None:
-                lag[tp.topic] = lag.get(tp.topic, 0) + max(0, end - position)
+            done = applied.get((tp.topic, tp.partition))
+            if done is None:  # nothing applied yet from this partition: measure from the fetch position
+                try:
+                    position = self._consumer.position(tp, timeout_ms=1000)
+                except KafkaError:
+                    continue
+                if position is None:
+                    continue
+                done = position - 1
+            # Records not yet reflected in state (queued or not fetched), not just not fetched.
+            lag[tp.topic] = lag.get(tp.topic, 0) + max(0, end - (done + 1))
         self._lag = lag
+        self._lag_updated = time.time()
 
     def lag(self) -> dict[str, int] | None:
         return self._lag
+
+    @property
+    def lag_updated(self) -> float | None:
+        """Unix time of the last lag measurement."""
+        return self._lag_updated
 
     @property
     def up(self) -> bool:

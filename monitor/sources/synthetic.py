@@ -6,6 +6,12 @@ which gives an effective-dimension ratio near 0.3 and a mean cosine near 0.15 (w
 all-MiniLM-L6-v2 shows on real text). The incident phases then break it the way production
 models break: a few directions dominate (anisotropic), everything folds onto a handful of
 directions (collapsed), the distribution moves (shifted), or the producer sends garbage (invalid).
+
+With ``interactions`` set, the source also plays a small search system for the retrieval probes:
+a fixed catalog per model (healthy draws with ids, re-emitted on ``catalog_stream`` so the
+window always holds it) and interaction events whose served results are the catalog's exact top
+k with a known share replaced, clicked with a position bias. Those follow no phase: they are
+the steady evidence the probes' gauges and dashboards are read from.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
-from monitor.config import SyntheticPhase, SyntheticSourceSettings
+from monitor.config import SyntheticInteractions, SyntheticPhase, SyntheticSourceSettings
 from monitor.sources import Source, SourceMessage
 
 
@@ -61,6 +67,42 @@ class _ModelGenerator:
         return x.astype("<f4")
 
 
+@dataclass
+class _Catalog:
+    """A model's synthetic catalog and the search system the interaction events pretend to use."""
+
+    model: _ModelGenerator
+    vectors: np.ndarray  # (n, d) unit rows, fixed
+    ids: list[str]
+
+    @classmethod
+    def create(cls, model: _ModelGenerator, config: SyntheticInteractions, rng: np.random.Generator) -> _Catalog:
+        vectors = model.draw("healthy", config.catalog_size, rng)
+        return cls(model, vectors, [f"item-{i}" for i in range(config.catalog_size)])
+
+    def documents(self, rows: list[int], stream: str) -> SourceMessage:
+        events = [{"id": self.ids[r], "model": self.model.name, "stream": stream, "vector": self.vectors[r].tolist()}
+                  for r in rows]
+        return SourceMessage(orjson.dumps(events), (), "embeddings")
+
+    def interaction(self, n: int, config: SyntheticInteractions, rng: np.random.Generator) -> dict[str, object]:
+        query = self.model.draw("healthy", 1, rng)[0]
+        event: dict[str, object] = {"query_id": f"{self.model.name}-q{n}", "model": self.model.name,
+                                    "slice": "head" if rng.random() < 0.7 else "tail"}
+        if rng.random() < config.zero_result_ratio:
+            event["results"] = []
+            return event
+        k = min(config.k, len(self.ids))
+        order = np.argsort(-(self.vectors @ query), kind="stable")
+        served = order[:k].copy()
+        missed = rng.random(k) < config.ann_miss_ratio  # the "ANN index" returns a far-off item instead
+        if missed.any():
+            served[missed] = rng.choice(order[len(order) // 2 :], size=int(missed.sum()), replace=False)
+        clicks = [self.ids[r] for rank, r in enumerate(served) if rng.random() < 0.5 / (rank + 1)]
+        event.update(query_vector=query.tolist(), results=[self.ids[r] for r in served], clicks=clicks)
+        return event
+
+
 class SyntheticSource(Source):
     name = "synthetic"
 
@@ -72,6 +114,11 @@ class SyntheticSource(Source):
         self._started_at: float | None = None
         self._emitted = 0  # per model
         self._cycle = sum(p.seconds for p in settings.phases)
+        self._catalogs = [_Catalog.create(m, settings.interactions, self._rng) for m in self._models] if (
+            settings.interactions is not None
+        ) else []
+        self._interactions_emitted = 0
+        self._catalog_emitted = 0
 
     def start(self) -> None:
         self._started_at = self._clock()
@@ -110,7 +157,29 @@ class SyntheticSource(Source):
             for model in self._models:
                 messages.extend(self._messages(model, phase.kind, n))
         self._emitted += due
+        messages.extend(self._interaction_messages(elapsed))
         return messages
+
+    def _interaction_messages(self, elapsed: float) -> list[SourceMessage]:
+        config = self.settings.interactions
+        if config is None:
+            return []
+        out: list[SourceMessage] = []
+        catalog_due = int(elapsed * config.catalog_size / config.catalog_period_seconds) - self._catalog_emitted
+        catalog_due = min(catalog_due, config.catalog_size)  # after a stall, one pass is enough
+        if catalog_due > 0:
+            rows = [(self._catalog_emitted + i) % config.catalog_size for i in range(catalog_due)]
+            for catalog in self._catalogs:
+                for start in range(0, len(rows), self.settings.batch_size):
+                    out.append(catalog.documents(rows[start : start + self.settings.batch_size], config.catalog_stream))
+            self._catalog_emitted += catalog_due
+        due = min(int(elapsed * config.rate) - self._interactions_emitted, self.settings.batch_size * 20)
+        if due > 0:
+            for catalog in self._catalogs:
+                events = [catalog.interaction(self._interactions_emitted + i, config, self._rng) for i in range(due)]
+                out.append(SourceMessage(orjson.dumps(events), (), "interactions"))
+            self._interactions_emitted += due
+        return out
 
     def _messages(self, model: _ModelGenerator, kind: str, n: int) -> list[SourceMessage]:
         rows = model.draw("healthy" if kind == "invalid" else kind, n, self._rng)

@@ -47,8 +47,11 @@ def wait_for_port(port: int, timeout: float = 15.0) -> None:
 class Broker:
     """A running tansu broker on a free loopback port."""
 
-    def __init__(self, port: int | None = None):
+    def __init__(self, port: int | None = None, advertised_port: int | None = None):
         self.port = port or free_port()
+        # Clients learn the broker's address from metadata: advertise a proxy's port to route
+        # every connection through it (tests/support/proxy.py).
+        self.advertised_port = advertised_port or self.port
         self.bootstrap = f"127.0.0.1:{self.port}"
         self._log = tempfile.NamedTemporaryFile(prefix="tansu-", suffix=".log", delete=False)
         self._proc: subprocess.Popen[bytes] | None = None
@@ -60,7 +63,7 @@ class Broker:
                 str(tansu_binary()),
                 "broker",
                 "--listener-url", url,
-                "--advertised-listener-url", url,
+                "--advertised-listener-url", f"tcp://127.0.0.1:{self.advertised_port}",
                 "--storage-engine", "memory://tansu/",
             ],
             stdout=self._log,

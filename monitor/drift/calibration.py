@@ -1,0 +1,279 @@
+"""From "one false alarm a month" to a p-value threshold per test, and the shared test result.
+
+The operator states how often a false drift alarm is tolerable (``false_alarm_every``). The
+drift tests run once per cycle (``interval_seconds``); if cycles were independent and each raised a
+false alarm with probability ``alpha``, false alarms would arrive on average every
+``interval / alpha``. So the per-cycle budget is ``alpha_cycle = interval / false_alarm_every``.
+
+Several tests run per cycle, and the cycle's verdict is "drift" when any of them rejects, so the
+budget is split across them: Bonferroni (each test at ``alpha_cycle / k``) or Holm's step-down
+procedure. Both keep the family-wise error rate (the chance that the cycle's verdict is a false
+alarm) at most ``alpha_cycle`` under any dependence between the tests, and both reject the global
+null in exactly the same cycles (Holm's first step *is* Bonferroni's test of the smallest
+p-value); Holm only names more of the tests as detected once one has.
+
+A *sustained* alert (drift in at least ``n`` of the last ``m`` cycles) fires much less often than
+single cycles do; :func:`sustained_onset_probability` gives the exact rate of new sustained false
+alerts for independent cycles, and :func:`cycle_alpha_for_sustained` inverts it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+Multiplicity = Literal["bonferroni", "holm"]
+
+_UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
+_DURATION_FULL = re.compile(r"^\s*(?:\d+(?:\.\d+)?\s*[smhdw]\s*)+$")
+
+
+@dataclass(frozen=True)
+class TestResult:
+    """The outcome of one two-sample test: window sample vs reference sample.
+
+    ``threshold`` is the p-value threshold the decision used (after any multiplicity correction);
+    ``detected`` is ``p_value <= threshold``. ``extra`` holds test-specific diagnostics.
+    """
+
+    __test__ = False  # not a pytest test class
+
+    test: str
+    statistic: float
+    p_value: float
+    threshold: float
+    detected: bool
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a human duration such as ``"30d"``, ``"12h"``, ``"1w 2d"`` or ``"90m"``.
+
+    Units: ``s``, ``m`` (minutes), ``h``, ``d``, ``w``. A bare number is rejected on purpose:
+    "30" could mean seconds or days.
+
+    Examples
+    --------
+    >>> parse_duration("30d")
+    2592000.0
+    >>> parse_duration("1h30m")
+    5400.0
+    """
+    if not isinstance(text, str) or not _DURATION_FULL.match(text):
+        raise ValueError(
+            f"{text!r} is not a duration: use a number with a unit s, m, h, d or w, e.g. '30d' or '12h'"
+        )
+    seconds = sum(float(value) * _UNIT_SECONDS[unit] for value, unit in _DURATION_PART.findall(text))
+    if seconds <= 0:
+        raise ValueError(f"{text!r} is not a positive duration")
+    return seconds
+
+
+def cycle_alpha(interval_seconds: float, false_alarm_every_seconds: float) -> float:
+    """Per-cycle false-alarm probability giving one false alarm every ``false_alarm_every`` on average.
+
+    Examples
+    --------
+    >>> cycle_alpha(300, parse_duration("30d"))  # a 5-minute cycle, one false alarm a month
+    0.00011574074074074075
+    """
+    if interval_seconds <= 0:
+        raise ValueError(f"interval_seconds must be positive, got {interval_seconds}")
+    if false_alarm_every_seconds <= interval_seconds:
+        raise ValueError(
+            f"the mean time between false alarms ({false_alarm_every_seconds:g}s) must be longer than "
+            f"the test interval ({interval_seconds:g}s); otherwise every cycle may alarm"
+        )
+    return interval_seconds / false_alarm_every_seconds
+
+
+def per_test_alpha(alpha: float, tests: int) -> float:
+    """Bonferroni share of the cycle's budget for each of ``tests`` tests (Holm's strictest step)."""
+    if tests < 1:
+        raise ValueError(f"at least one test must run, got {tests}")
+    return alpha / tests
+
+
+def holm_thresholds(p_values: Sequence[float], alpha: float) -> np.ndarray:
+    """Holm's critical value for each test, in input order, and which of them reject.
+
+    The test with the ``r``-th smallest p-value (rank 1..k) is compared with ``alpha / (k - r + 1)``,
+    but only while every smaller p-value rejected; ties are ranked in input order.
+    Returns an array of thresholds; a test is rejected when its p-value is at most its threshold
+    *and* all smaller-ranked tests were rejected (see :func:`holm_reject`).
+    """
+    p = np.asarray(p_values, dtype=float)
+    k = p.size
+    order = np.argsort(p, kind="stable")
+    thresholds = np.empty(k)
+    thresholds[order] = alpha / (k - np.arange(k))
+    return thresholds
+
+
+def holm_reject(p_values: Sequence[float], alpha: float) -> np.ndarray:
+    """Holm's step-down decisions, in input order.
+
+    Examples
+    --------
+    >>> holm_reject([0.01, 0.04, 0.03], alpha=0.05).tolist()
+    [True, False, False]
+    >>> holm_reject([0.01, 0.02, 0.03], alpha=0.05).tolist()
+    [True, True, True]
+    """
+    p = np.asarray(p_values, dtype=float)
+    order = np.argsort(p, kind="stable")
+    passed = p[order] <= alpha / (p.size - np.arange(p.size))
+    # step-down: stop at the first non-rejection
+    steps = np.cumprod(passed).astype(bool)
+    reject = np.zeros(p.size, dtype=bool)
+    reject[order] = steps
+    return reject
+
+
+def apply_multiplicity(
+    results: Sequence[TestResult], alpha: float, method: Multiplicity
+) -> tuple[TestResult, ...]:
+    """Re-decide each test with its corrected threshold so the cycle's false-alarm rate is ≤ ``alpha``."""
+    if not results:
+        return ()
+    p = [r.p_value for r in results]
+    if method == "bonferroni":
+        thresholds = np.full(len(p), per_test_alpha(alpha, len(p)))
+        decisions = np.asarray(p) <= thresholds
+    elif method == "holm":
+        thresholds = holm_thresholds(p, alpha)
+        decisions = holm_reject(p, alpha)
+    else:
+        raise ValueError(f"unknown multiplicity correction {method!r}; use 'bonferroni' or 'holm'")
+    return tuple(
+        replace(r, threshold=float(t), detected=bool(d)) for r, t, d in zip(results, thresholds, decisions)
+    )
+
+
+def exceedances(observed: float, null_statistics: np.ndarray) -> np.ndarray:
+    """Which null statistics are at least the observed one (ties within a relative 1e-9 count:
+    they are float noise from summation order)."""
+    null = np.asarray(null_statistics, dtype=float)
+    tol = 1e-9 * max(abs(observed), float(np.max(np.abs(null), initial=0.0)), 1e-300)
+    return null >= observed - tol
+
+
+def permutation_p_value(observed: float, null_statistics: np.ndarray) -> float:
+    """``(1 + #{null >= observed}) / (1 + P)``: a p-value that is valid (never below its level).
+
+    Counting the observed labelling among the permutations is what makes
+    ``P(p <= alpha) <= alpha`` hold exactly under exchangeability.
+
+    Examples
+    --------
+    >>> permutation_p_value(3.0, np.array([1.0, 2.0, 3.0, 4.0]))
+    0.6
+    """
+    return sequential_p_value(exceedances(observed, null_statistics), None)[0]
+
+
+def sequential_p_value(exceeded: np.ndarray, stop_after: int | None) -> tuple[float, int, bool]:
+    """Besag–Clifford sequential Monte Carlo p-value from the permutations drawn so far, in order.
+
+    Permutations are drawn until ``stop_after`` of them have reached the observed statistic, or
+    until the budget runs out. Stopped at the ``L``-th permutation: ``p = stop_after / L``;
+    otherwise ``p = (1 + G) / (1 + P)`` with ``G`` exceedances among all ``P``. The p-value is
+    valid (Besag & Clifford 1991), and under no drift it stops after about
+    ``stop_after / p`` permutations, so a large budget (needed to reach a tiny per-test alpha)
+    is only spent when the data look drifted. Returns ``(p_value, permutations_used, stopped)``;
+    the caller draws more while ``stopped`` is False and the budget lasts.
+
+    Examples
+    --------
+    >>> sequential_p_value(np.array([False, True, True, False, True]), stop_after=2)
+    (0.6666666666666666, 3, True)
+    >>> sequential_p_value(np.array([False, True, False, False]), stop_after=2)
+    (0.4, 4, False)
+    """
+    count = np.cumsum(np.asarray(exceeded, dtype=bool))
+    if stop_after is not None and count.size and count[-1] >= stop_after:
+        used = int(np.argmax(count >= stop_after)) + 1
+        return stop_after / used, used, True
+    total = int(count[-1]) if count.size else 0
+    return (1.0 + total) / (1.0 + count.size), int(count.size), False
+
+
+def permutations_needed(alpha: float) -> int:
+    """Fewest permutations whose smallest attainable p-value, ``1 / (1 + P)``, is below ``alpha``.
+
+    Strictly below, so that float rounding in ``p <= alpha`` cannot decide the outcome.
+
+    Examples
+    --------
+    >>> permutations_needed(0.05)
+    20
+    """
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    return math.ceil(1.0 / alpha)
+
+
+def sustained_onset_probability(alpha: float, n: int, m: int) -> float:
+    """Chance that a given cycle *starts* a sustained alert (≥ ``n`` detections in the last ``m``).
+
+    For independent cycles each detecting with probability ``alpha``: the count in the window
+    rises to ``n`` only when this cycle detects, the cycle leaving the window did not, and the
+    ``m - 1`` cycles in between held exactly ``n - 1`` detections:
+    ``alpha (1 - alpha) C(m-1, n-1) alpha^(n-1) (1 - alpha)^(m-n)``. With ``n = m = 1`` it is the
+    chance that a cycle alarms after one that did not.
+
+    Examples
+    --------
+    >>> sustained_onset_probability(0.01, 1, 1)  # a plain per-cycle alarm starting a new run
+    0.0099
+    >>> round(sustained_onset_probability(0.01, 3, 5), 12)
+    5.821794e-06
+    """
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    if not 1 <= n <= m:
+        raise ValueError(f"need 1 <= n <= m, got n={n}, m={m}")
+    return alpha * (1 - alpha) * math.comb(m - 1, n - 1) * alpha ** (n - 1) * (1 - alpha) ** (m - n)
+
+
+def sustained_false_alarm_every(alpha: float, n: int, m: int, interval_seconds: float) -> float:
+    """Mean seconds between new sustained false alerts (infinite when ``alpha == 0``)."""
+    q = sustained_onset_probability(alpha, n, m)
+    return math.inf if q == 0 else interval_seconds / q
+
+
+def cycle_alpha_for_sustained(
+    interval_seconds: float, false_alarm_every_seconds: float, n: int, m: int
+) -> float:
+    """The largest per-cycle alpha whose sustained (``n`` of ``m``) alerts meet the target rate.
+
+    Solves ``sustained_onset_probability(alpha, n, m) = interval / false_alarm_every`` by
+    bisection on ``alpha`` in ``(0, n / (m + 1)]``, where the onset probability increases with
+    alpha (beyond it, alarms are so frequent that runs merge and onsets become rarer).
+
+    Examples
+    --------
+    >>> a = cycle_alpha_for_sustained(300, parse_duration("30d"), 3, 5)
+    >>> round(a, 4)  # much larger than the 0.00012 a single-cycle alert could afford
+    0.0276
+    """
+    target = cycle_alpha(interval_seconds, false_alarm_every_seconds)
+    low, high = 0.0, n / (m + 1)
+    if sustained_onset_probability(high, n, m) <= target:
+        return high
+    for _ in range(200):
+        mid = (low + high) / 2
+        if sustained_onset_probability(mid, n, m) > target:
+            high = mid
+        else:
+            low = mid
+    return low

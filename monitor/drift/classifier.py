@@ -1,0 +1,133 @@
+"""Domain-classifier test: can a small model tell window rows from reference rows?
+
+A classifier is trained on one half of both samples and scored on the other half. Under no drift
+the held-out scores of window and reference rows are exchangeable, so the held-out AUC has the
+Mann–Whitney null (``AUC = U / (m n)``), which gives an exact-level p-value without permutations.
+The AUC itself is an interpretable effect size: 0.5 is "indistinguishable", 1.0 "a different
+population".
+
+Model: scikit-learn ``LogisticRegression`` (L2, lbfgs) on standardised features, plus the squares
+of the top principal components of the training rows. Why not an MLP: logistic regression is
+convex, so its result does not depend on an initialisation seed; it trains in well under a
+second on a few thousand 1024-d rows on two cores; and it needs no tuning. The squared
+components give it what a linear model lacks, sensitivity to a change of spread along the main
+directions (an anisotropy change), at the cost of a few extra features. Nonlinear differences
+are MMD's job.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+
+import numpy as np
+from scipy import stats
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LogisticRegression
+from sklearn.preprocessing import StandardScaler
+
+from monitor.drift.calibration import TestResult
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SQUARED_COMPONENTS = 16
+
+
+def _features(data: np.ndarray, mean: np.ndarray, axes: np.ndarray) -> np.ndarray:
+    projected = (data - mean) @ axes
+    return np.hstack([data, projected * projected])
+
+
+def classifier_test(
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    alpha: float = 0.05,
+    train_fraction: float = 0.5,
+    regularization: float = 0.1,
+    squared_components: int = DEFAULT_SQUARED_COMPONENTS,
+    max_iter: int = 500,
+    seed: int | np.random.SeedSequence | None = 0,
+) -> TestResult:
+    """Held-out AUC of a logistic-regression classifier separating ``x`` (window) from ``y`` (reference).
+
+    ``regularization`` is scikit-learn's ``C`` (smaller is stronger). p-value: one-sided
+    Mann–Whitney U test that window rows score higher than reference rows on the held-out half.
+    Deterministic given ``seed`` (it fixes the split; the fit itself is deterministic).
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(11)
+    >>> ref = rng.normal(size=(400, 10))
+    >>> classifier_test(rng.normal(size=(400, 10)), ref).detected
+    False
+    >>> r = classifier_test(rng.normal(size=(400, 10)) + 0.3, ref)
+    >>> r.detected, round(r.statistic, 2)
+    (True, 0.69)
+    """
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
+        raise ValueError(f"samples must be 2-D with the same dimension; got {x.shape} and {y.shape}")
+    if not 0 < train_fraction < 1:
+        raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
+    m, n = len(x), len(y)
+    m_train, n_train = int(m * train_fraction), int(n * train_fraction)
+    if min(m_train, n_train, m - m_train, n - n_train) < 2:
+        raise ValueError(f"samples too small to split: {m} and {n} rows at train_fraction={train_fraction}")
+    started = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    x = x[rng.permutation(m)]
+    y = y[rng.permutation(n)]
+    x_train, x_test = x[:m_train], x[m_train:]
+    y_train, y_test = y[:n_train], y[n_train:]
+    train = np.concatenate([x_train, y_train])
+
+    mean = train.mean(axis=0)
+    components = min(squared_components, train.shape[1])
+    if components > 0:
+        centred = train - mean
+        eigenvalues, eigenvectors = np.linalg.eigh(centred.T @ centred)
+        axes = eigenvectors[:, np.argsort(eigenvalues)[::-1][:components]]
+    else:
+        axes = np.zeros((train.shape[1], 0))
+    scaler = StandardScaler().fit(_features(train, mean, axes))
+    labels = np.r_[np.ones(m_train), np.zeros(n_train)]
+    model = LogisticRegression(C=regularization, class_weight="balanced", max_iter=max_iter)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        model.fit(scaler.transform(_features(train, mean, axes)), labels)
+    converged = True
+    for w in caught:
+        if issubclass(w.category, ConvergenceWarning):
+            converged = False
+        else:  # only convergence is expected here; anything else goes on as usual
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if not converged:
+        logger.info("classifier: lbfgs did not converge in %d iterations; the test stays valid", max_iter)
+
+    x_scores = model.decision_function(scaler.transform(_features(x_test, mean, axes)))
+    y_scores = model.decision_function(scaler.transform(_features(y_test, mean, axes)))
+    u = stats.mannwhitneyu(x_scores, y_scores, alternative="greater", method="auto")
+    auc = float(u.statistic) / (len(x_scores) * len(y_scores))
+    p_value = float(u.pvalue)
+    elapsed = time.perf_counter() - started
+    logger.debug("classifier: auc=%.3f p=%.3g in %.2fs", auc, p_value, elapsed)
+    return TestResult(
+        test="classifier",
+        statistic=auc,
+        p_value=p_value,
+        threshold=alpha,
+        detected=p_value <= alpha,
+        extra={
+            "auc": auc,
+            "train_rows": int(len(train)),
+            "test_rows": int(len(x_scores) + len(y_scores)),
+            "converged": converged,
+            "squared_components": components,
+            "window_size": m,
+            "reference_size": n,
+            "seconds": elapsed,
+        },
+    )

@@ -1,0 +1,522 @@
+"""Drift detection in the daemon: references, the scheduled test cycle, online detectors, the admin endpoint.
+
+One :class:`DriftComponent` serves every (model, stream) (docs/drift.md, "In the daemon"):
+
+* **references** (:mod:`monitor.drift.references`): a pinned file, an explicit capture, a lagged
+  window or the first N records. A first-N reference is built on the ingest thread in bounded
+  memory and written to ``<state_dir>/references`` by a background writer; references are
+  reloaded at start, so a restart never re-captures;
+* **test cycle** (the ``drift`` job, every ``drift.interval_seconds``): for each (model, stream)
+  with a reference and at least :attr:`DriftComponent.min_records` window records, run
+  :func:`~monitor.drift.suite.run_drift_suite` on the window sample the last refresh published
+  (``context.latest_windows()``) against the reference sample, with BLAS/torch threads capped
+  (``drift.threads``, default: all cores but one, so ingest keeps a core), and publish an
+  immutable result. A window already tested (same end time) is not tested again;
+* **online detectors** (:class:`~monitor.drift.detectors.OnlineDriftMonitor`), fed every
+  accepted batch on the ingest thread once the stream has a reference (vectorised signals,
+  aggregated mini-batches);
+* ``POST /admin/baseline?model=M[&stream=S]`` (bearer token ``http.admin_token``; without a token
+  configured every ``/admin/*`` route answers 403): the current window becomes the reference,
+  written to the state directory before the response.
+
+Scrapes read published values only (:mod:`monitor.drift.export`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import zlib
+from collections import deque
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+from urllib.parse import parse_qs
+
+import numpy as np
+from prometheus_client.metrics_core import Metric
+
+from monitor.component import Component, MonitorContext, ScheduledJob
+from monitor.config import ConfigError
+from monitor.drift.calibration import TestResult
+from monitor.drift.detectors import OnlineDriftMonitor
+from monitor.drift.export import ChangeKey, ChangeTotals, CycleResult, DriftSnapshot, ReferenceInfo, families
+from monitor.drift.online_state import decode_monitor, encode_monitor
+from monitor.drift.references import (
+    FirstRecords,
+    LaggedRing,
+    PinnedFiles,
+    ReferenceStore,
+    StoredReference,
+)
+from monitor.drift.settings import DriftSettings
+from monitor.drift.suite import DriftReport, ReferenceProfile, run_drift_suite, uniform_subsample
+from monitor.logs import RateLimitedLog
+from monitor.records import EmbeddingBatch
+from monitor.state.window import WindowSnapshot
+
+logger = logging.getLogger(__name__)
+
+StreamKey = tuple[str, str]
+_STATE_VERSION = 1
+MIN_TEST_RECORDS = 200  # a window needs min(this, drift.window_sample_size) records to be tested
+ADMIN_PATH = "/admin/baseline"
+
+
+def default_threads() -> int:
+    """Threads for a test cycle when ``drift.threads`` is unset: every core but one (at least one)."""
+    return max(1, (os.cpu_count() or 2) - 1)
+
+
+@dataclass
+class _Stream:
+    """Everything the component keeps for one (model, stream); guarded by the component's lock."""
+
+    dim: int
+    history: deque[bool]
+    reference: StoredReference | None = None
+    builder: FirstRecords | None = None
+    online: OnlineDriftMonitor | None = None
+    online_for: float | None = None  # captured_at of the reference the detectors standardise with
+    lagged: ReferenceProfile | None = None  # the lagged reference of the last cycle
+    last_end: float | None = None  # end of the last window tested
+    problem: str | None = None
+
+
+@dataclass
+class _Counters:
+    cycles: int = 0
+    tested: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+class DriftComponent(Component):
+    """Drift references, scheduled two-sample tests and online change detection for every (model, stream)."""
+
+    name = "drift"
+
+    def __init__(self, context: MonitorContext):
+        self.context = context
+        self.settings: DriftSettings = context.settings.drift  # type: ignore[attr-defined]
+        self.reference_settings = self.settings.reference
+        self.max_rows = 2 * self.settings.reference_sample_size
+        threads = self.settings.threads or default_threads()
+        self.suite_settings = self.settings.model_copy(update={"threads": threads})
+        self.min_records = min(MIN_TEST_RECORDS, self.settings.window_sample_size)
+        self.fallback = "lagged" if self.reference_settings.lagged_seconds is not None else "first_records"
+        try:
+            self.pins = PinnedFiles(
+                self.reference_settings, max_rows=self.max_rows, seed=self.settings.seed  # type: ignore[arg-type]
+            )
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        self.store = ReferenceStore(context.state_dir)
+        self.ring = (
+            LaggedRing(
+                context.state_dir, self.reference_settings.lagged_seconds, self.settings.interval_seconds,
+                self.settings.reference_sample_size,
+            )
+            if self.reference_settings.lagged_seconds is not None
+            else None
+        )
+        self._lock = threading.RLock()
+        self._streams: dict[StreamKey, _Stream] = {}
+        self._changes: dict[ChangeKey, ChangeTotals] = {}
+        self._results: Mapping[StreamKey, CycleResult] = {}
+        self._counters = _Counters()
+        self._cycle_lock = threading.Lock()  # one cycle at a time (the job, or a test calling run_cycle)
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="embmon-drift-store")
+        self._log = RateLimitedLog(logger, interval=60.0)
+        self._stored = self.store.load_all()
+        for key, ref in sorted(self._stored.items()):
+            self._init_stream(key, ref.profile.dim)
+        if context.add_route is not None:
+            context.add_route(ADMIN_PATH, self.handle_admin_baseline, methods=("POST",))
+
+    # ------------------------------------------------------------------ references
+    def _init_stream(self, key: StreamKey, dim: int) -> _Stream:
+        """First sight of (model, stream): decide where its reference comes from (module docstring)."""
+        with self._lock:
+            existing = self._streams.get(key)
+            if existing is not None:
+                return existing
+            slot = _Stream(dim=dim, history=deque(maxlen=self.settings.sustained.cycles))
+            self._streams[key] = slot
+            model, stream = key
+            pin, problem = self.pins.match(model, stream, dim)
+            if problem is not None:
+                slot.problem = problem
+                logger.error("drift: %s; no drift tests for %s/%s", problem, model, stream)
+                return slot
+            stored = self._stored.pop(key, None)
+            if stored is not None and stored.profile.dim != dim:
+                logger.error(
+                    "drift: stored reference %s has dimension %d, %s/%s has %d; ignoring it",
+                    stored.path, stored.profile.dim, model, stream, dim,
+                )
+                stored = None
+            if pin is not None and (stored is None or stored.pin_sha256 != pin.sha256):
+                logger.info("drift: %s/%s uses the pinned reference %s", model, stream, pin.path)
+                pinned = StoredReference(model, stream, pin.profile, "pinned", pin.sha256)
+                self._install(slot, key, pinned, persist=True)
+            elif stored is not None and not (stored.origin == "first_records" and self.fallback == "lagged"):
+                logger.info("drift: %s/%s uses the stored reference %s (%s)", model, stream, stored.path, stored.origin)
+                self._install(slot, key, stored, persist=False)
+            elif self.fallback == "first_records":
+                slot.builder = FirstRecords(
+                    self.reference_settings.records, dim, self.max_rows, seed=self._seed(key, 0)
+                )
+            return slot
+
+    def _install(self, slot: _Stream, key: StreamKey, ref: StoredReference, *, persist: bool) -> None:
+        """Make ``ref`` the stream's reference: new detectors, fresh verdict history (lock held)."""
+        slot.reference = ref
+        slot.builder = None
+        slot.lagged = None
+        slot.history.clear()
+        slot.last_end = None
+        if key in self._results:
+            self._results = {k: v for k, v in self._results.items() if k != key}
+        self._start_online(slot, key, ref.profile)
+        if persist:
+            try:
+                self._writer.submit(self._save, ref)
+            except RuntimeError:  # shutting down: the writer is gone, write it here
+                self._save(ref)
+
+    def _save(self, ref: StoredReference) -> None:
+        try:
+            path = self.store.save(ref)
+        except Exception:  # noqa: BLE001 - the reference stays in memory; a restart would re-capture it
+            self._count_error("store")
+            logger.exception("drift: could not store the reference of %s/%s", ref.model, ref.stream)
+            return
+        logger.info("drift: stored the %s reference of %s/%s in %s", ref.origin, ref.model, ref.stream, path)
+
+    def _start_online(self, slot: _Stream, key: StreamKey, profile: ReferenceProfile) -> None:
+        slot.online = None
+        slot.online_for = profile.captured_at
+        online = self.settings.online
+        if not online.enabled:
+            return
+        try:
+            baseline = profile.signal_baseline()
+        except ValueError as exc:
+            logger.error("drift: no online detectors for %s/%s: %s", key[0], key[1], exc)
+            return
+        slot.online = OnlineDriftMonitor(
+            baseline, online.detectors, signals=online.signals, aggregate=online.aggregate
+        )
+        for signal in online.signals:
+            for detector in online.detectors:
+                self._changes.setdefault((*key, signal, detector), ChangeTotals(0, None))
+
+    def _seed(self, key: StreamKey, cycle: int) -> int:
+        entropy = [self.settings.seed, zlib.crc32(f"{key[0]}/{key[1]}".encode()), cycle]
+        return int(np.random.SeedSequence(entropy).generate_state(1)[0])
+
+    def _window_profile(
+        self, key: StreamKey, window: WindowSnapshot, now: float, rows: int, source: str
+    ) -> ReferenceProfile:
+        rng = np.random.default_rng(self._seed(key, int(now * 1000)))
+        return ReferenceProfile(
+            sample=uniform_subsample(window.sample, rows, rng), centroid=window.stats.mean, count=window.records,
+            captured_at=now, source=source,
+        )
+
+    def reference(self, model: str, stream: str) -> ReferenceProfile | None:
+        """The reference (model, stream) is compared with now (for a lagged one: at the last cycle)."""
+        with self._lock:
+            slot = self._streams.get((model, stream))
+            if slot is None:
+                return None
+            return slot.reference.profile if slot.reference is not None else slot.lagged
+
+    def flush(self) -> None:
+        """Wait until every reference handed to the background writer is on disk."""
+        self._writer.submit(lambda: None).result()
+
+    # ------------------------------------------------------------------ ingest thread
+    def on_embeddings(self, batch: EmbeddingBatch, now: float) -> None:
+        key = (batch.model, batch.stream)
+        vectors = batch.vectors
+        with self._lock:
+            slot = self._streams.get(key) or self._init_stream(key, vectors.shape[1])
+            if slot.dim != vectors.shape[1]:
+                return
+            if slot.builder is not None:
+                used = slot.builder.add(vectors)
+                if not slot.builder.done:
+                    return
+                profile = slot.builder.profile(captured_at=now)
+                logger.info("drift: captured the reference of %s/%s from its first %d records", *key, profile.count)
+                self._install(slot, key, StoredReference(*key, profile, "first_records"), persist=True)
+                vectors = vectors[used:]
+            online = slot.online
+        if online is None or not len(vectors):
+            return
+        found = online.update(vectors, now)
+        if found:
+            with self._lock:
+                for change in found:
+                    ckey = (*key, change.signal, change.detector)
+                    old = self._changes.get(ckey, ChangeTotals(0, None))
+                    self._changes[ckey] = ChangeTotals(old.changes + 1, change.timestamp)
+
+    # ------------------------------------------------------------------ the test cycle
+    def jobs(self) -> list[ScheduledJob]:
+        interval = self.settings.interval_seconds
+        return [ScheduledJob("drift", self.run_cycle, interval, timeout_seconds=interval)]
+
+    def run_cycle(self) -> Mapping[StreamKey, CycleResult]:
+        """One test cycle over every (model, stream) in the latest published windows; returns the results."""
+        with self._cycle_lock:
+            now = self.context.clock()
+            windows = self.context.latest_windows()
+            with self._lock:
+                self._counters.cycles += 1
+                cycle = self._counters.cycles
+            failed: list[tuple[StreamKey, BaseException]] = []
+            for key, window in sorted(windows.items()):
+                try:
+                    self._cycle_one(key, window, now, cycle)
+                except Exception as exc:  # noqa: BLE001 - one stream's failure must not skip the others
+                    self._count_error("cycle")
+                    failed.append((key, exc))
+                    logger.debug("drift cycle for %s/%s failed", *key, exc_info=True)
+            if failed:
+                key, exc = failed[0]
+                raise RuntimeError(f"drift cycle failed for {len(failed)} stream(s), first {key[0]}/{key[1]}") from exc
+            return self._results
+
+    def _cycle_one(self, key: StreamKey, window: WindowSnapshot, now: float, cycle: int) -> None:
+        slot = self._streams.get(key) or self._init_stream(key, window.dim)
+        if slot.problem is not None or slot.dim != window.dim:
+            return
+        enough = window.records >= self.min_records and len(window.sample) >= 2
+        if self.ring is not None and enough:
+            if self.ring.due(key, now):
+                self.ring.add(key, self._window_profile(key, window, now, self.settings.reference_sample_size,
+                                                        f"window ending {window.end:.3f}"), now)
+            with self._lock:
+                if slot.reference is None and slot.online is None:
+                    # lagged mode: the detectors standardise with the first window they see
+                    self._start_online(slot, key, self._window_profile(key, window, now, self.max_rows, "first window"))
+        with self._lock:
+            fixed = slot.reference
+        if fixed is not None:
+            reference = fixed.profile
+        elif self.ring is not None:
+            reference = self.ring.pick(key, now)
+            with self._lock:
+                slot.lagged = reference
+        else:
+            return
+        if reference is None or not enough or window.end == slot.last_end:
+            return
+        report = run_drift_suite(window.sample, reference.sample, self.suite_settings, seed=self._seed(key, cycle))
+        with self._lock:
+            if slot.reference is not fixed:  # replaced while the tests ran: this verdict is about the old one
+                return
+            slot.last_end = window.end
+            was = bool(slot.history) and slot.history[-1]
+            slot.history.append(report.detected)
+            sustained = sum(slot.history) >= self.settings.sustained.detections
+            self._results = {**self._results, key: CycleResult(report, sustained, now, reference.captured_at)}
+            self._counters.tested += 1
+        if report.detected and not was:
+            tests = ", ".join(report.detected_tests)
+            logger.warning("drift: %s/%s drifted from its reference (%s)", key[0], key[1], tests)
+        elif was and not report.detected:
+            logger.info("drift: %s/%s is back in line with its reference", key[0], key[1])
+
+    # ------------------------------------------------------------------ admin endpoint
+    def handle_admin_baseline(self, environ: Mapping[str, Any]) -> tuple[int, str, bytes]:
+        """``POST /admin/baseline?model=M[&stream=S]``: pin the current window(s) as the reference."""
+        query = parse_qs(str(environ.get("QUERY_STRING", "")), keep_blank_values=True)
+        model = (query.get("model") or [""])[0]
+        stream = (query.get("stream") or [""])[0]
+        if not model:
+            return _json(400, {"error": "the query parameter model is required (and optionally stream)"})
+        states = [s for s in self.context.registry if s.model == model and (not stream or s.stream == stream)]
+        if not states:
+            what = f"{model}/{stream}" if stream else f"model {model}"
+            return _json(404, {"error": f"no records seen for {what}"})
+        try:
+            refs = self.capture_current(states)
+        except ValueError as exc:
+            return _json(409, {"error": str(exc)})
+        return _json(200, {"references": [r.describe() for r in refs]})
+
+    def capture_current(self, states: Iterable[Any]) -> list[StoredReference]:
+        """Pin each stream's current window as its reference; stored on disk before it is used."""
+        now = self.context.clock()
+        captured: list[tuple[StreamKey, WindowSnapshot]] = []
+        for state in sorted(states, key=lambda s: (s.model, s.stream)):
+            with state.lock:
+                window = state.window.snapshot(now)
+            if window.records < 2 or len(window.sample) < 2:
+                raise ValueError(f"{state.model}/{state.stream}: the window holds {window.records} records")
+            captured.append(((state.model, state.stream), window))
+        refs = []
+        for key, window in captured:
+            pin, _ = self.pins.match(key[0], key[1], window.dim)
+            profile = self._window_profile(key, window, now, self.max_rows, "window captured via /admin/baseline")
+            ref = StoredReference(*key, profile, "captured", None if pin is None else pin.sha256)
+            # through the writer, after any write it still holds for this stream, and before it is used:
+            # the response promises the reference is durable
+            path = self._writer.submit(self.store.save, ref).result()
+            ref = replace(ref, path=path)
+            with self._lock:
+                slot = self._streams.get(key) or self._init_stream(key, window.dim)
+                slot.problem = None
+                self._install(slot, key, ref, persist=False)
+            logger.info("drift: %s/%s re-pinned to its current window (%d records)", key[0], key[1], window.records)
+            refs.append(ref)
+        return refs
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Reference metadata (arrays live in the state directory), first-N builders, detectors, last verdicts."""
+        with self._lock:
+            streams = []
+            for (model, stream), slot in sorted(self._streams.items()):
+                ref = slot.reference
+                streams.append(
+                    {
+                        "model": model,
+                        "stream": stream,
+                        "dim": slot.dim,
+                        "reference": None if ref is None else {
+                            "origin": ref.origin,
+                            "captured_at": ref.profile.captured_at,
+                            "records": ref.profile.count,
+                            "pin_sha256": ref.pin_sha256,
+                        },
+                        "builder": None if slot.builder is None else slot.builder.state_dict(),
+                        "online": None if slot.online is None else encode_monitor(slot.online),
+                        "online_for": slot.online_for,
+                        "history": [bool(h) for h in slot.history],
+                        "last_end": slot.last_end,
+                        "result": None if (r := self._results.get((model, stream))) is None else _encode_result(r),
+                    }
+                )
+            return {
+                "version": _STATE_VERSION,
+                "streams": streams,
+                "changes": [[*k, v.changes, v.last_timestamp] for k, v in sorted(self._changes.items())],
+                "cycles": self._counters.cycles,
+            }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what fits the references on disk (a reference changed since: its detectors start afresh)."""
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(f"unsupported drift state version {state.get('version')!r}")
+        with self._lock:
+            for entry in state.get("streams") or []:
+                key = (str(entry["model"]), str(entry["stream"]))
+                slot = self._streams.get(key) or self._init_stream(key, int(entry["dim"]))
+                if slot.dim != int(entry["dim"]):
+                    continue
+                saved_ref = entry.get("reference")
+                if saved_ref is not None and slot.reference is None and self.fallback == "first_records":
+                    logger.warning(
+                        "drift: the checkpoint has a reference for %s/%s but %s is missing; capturing a new one",
+                        key[0], key[1], self.store.path(*key),
+                    )
+                if slot.builder is not None and entry.get("builder") is not None:
+                    builder = FirstRecords.from_state_dict(dict(entry["builder"]))
+                    if builder.target == slot.builder.target and builder.dim == slot.dim:
+                        slot.builder = builder
+                current_for = slot.reference.profile.captured_at if slot.reference is not None else None
+                same = entry.get("online_for") == current_for or (slot.reference is None and self.ring is not None)
+                if same and entry.get("online") is not None and self.settings.online.enabled:
+                    try:
+                        slot.online = decode_monitor(dict(entry["online"]))
+                        slot.online_for = entry.get("online_for")
+                    except (ValueError, KeyError, TypeError) as exc:
+                        logger.warning("drift: online detectors of %s/%s start afresh: %s", key[0], key[1], exc)
+                if same:
+                    slot.history.extend(bool(h) for h in entry.get("history") or [])
+                    slot.last_end = entry.get("last_end")
+                    if entry.get("result") is not None:
+                        self._results = {**self._results, key: _decode_result(dict(entry["result"]))}
+            for model, stream, signal, detector, count, last in state.get("changes") or []:
+                ckey = (str(model), str(stream), str(signal), str(detector))
+                old = self._changes.get(ckey, ChangeTotals(0, None))
+                when = old.last_timestamp if last is None else float(last)
+                self._changes[ckey] = ChangeTotals(max(old.changes, int(count)), when)
+            self._counters.cycles = max(self._counters.cycles, int(state.get("cycles") or 0))
+
+    # ------------------------------------------------------------------ scrape
+    def snapshot(self) -> DriftSnapshot:
+        with self._lock:
+            references = {}
+            for key, slot in self._streams.items():
+                if slot.reference is not None:
+                    p, origin = slot.reference.profile, slot.reference.origin
+                elif slot.lagged is not None:
+                    p, origin = slot.lagged, "lagged"
+                else:
+                    continue
+                references[key] = ReferenceInfo(p.count, p.captured_at, origin, p.source, p.dim)
+            return DriftSnapshot(results=self._results, references=references, changes=dict(self._changes))
+
+    def collect(self) -> Iterable[Metric]:
+        return families(self.snapshot())
+
+    def error_counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counters.errors)
+
+    def _count_error(self, stage: str) -> None:
+        with self._lock:
+            self._counters.errors[stage] = self._counters.errors.get(stage, 0) + 1
+
+    def close(self) -> None:
+        self._writer.shutdown(wait=True)
+
+
+def _json(status: int, body: Any) -> tuple[int, str, bytes]:
+    return status, "application/json", (json.dumps(body, indent=2) + "\n").encode()
+
+
+def _encode_result(result: CycleResult) -> dict[str, Any]:
+    report = result.report
+    return {
+        "tests": [
+            [r.test, r.statistic, r.p_value, r.threshold, r.detected, r.extra.get("drifted_components_ratio")]
+            for r in report.results
+        ],
+        "detected": report.detected,
+        "cycle_alpha": report.cycle_alpha,
+        "multiplicity": report.multiplicity,
+        "window_size": report.window_size,
+        "reference_size": report.reference_size,
+        "seconds": report.seconds,
+        "errors": dict(report.errors),
+        "sustained": result.sustained,
+        "computed_at": result.computed_at,
+        "reference_captured_at": result.reference_captured_at,
+    }
+
+
+def _decode_result(state: dict[str, Any]) -> CycleResult:
+    tests = tuple(
+        TestResult(
+            str(t), float(s), float(p), float(th), bool(d), {} if r is None else {"drifted_components_ratio": float(r)}
+        )
+        for t, s, p, th, d, r in state["tests"]
+    )
+    report = DriftReport(
+        results=tests, detected=bool(state["detected"]), cycle_alpha=float(state["cycle_alpha"]),
+        multiplicity=str(state["multiplicity"]), window_size=int(state["window_size"]),
+        reference_size=int(state["reference_size"]), seconds=float(state["seconds"]),
+        errors={str(k): str(v) for k, v in dict(state["errors"]).items()},
+    )
+    return CycleResult(
+        report, bool(state["sustained"]), float(state["computed_at"]), float(state["reference_captured_at"])
+    )

@@ -1,0 +1,154 @@
+"""The drift component's metric families, built at scrape time from published values only.
+
+Definitions, healthy and unhealthy values: docs/metrics.md, "Drift". Per (model, stream):
+
+* ``embmon_reference_records`` / ``embmon_reference_timestamp_seconds``: the reference in use;
+* from the last test cycle (:class:`CycleResult`): ``embmon_drift_mmd2``,
+  ``embmon_drift_p_value{test}``, ``embmon_drift_threshold{test}``, ``embmon_drift_detected{test}``
+  (``test`` in mmd, ks, centroid, classifier; ``suite`` is the cycle's multiplicity-corrected
+  verdict; ``sustained`` is ``drift.sustained``'s N-of-M rule over the last cycles, detected
+  only), ``embmon_drift_drifted_components_ratio``, ``embmon_drift_centroid_cosine_distance``,
+  ``embmon_drift_classifier_auc``;
+* from the online detectors: ``embmon_drift_change_points_total{signal,detector}`` and
+  ``embmon_drift_last_change_timestamp_seconds{signal,detector}`` (only once a change happened).
+
+The suite's p-value is the Bonferroni-adjusted minimum ``min(1, k · min p)`` over the k tests that
+ran, and its threshold the per-cycle α: ``detected{test="suite"}`` is 1 exactly when that p-value
+is at most that threshold (Holm and Bonferroni reject the global null in the same cycles).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from monitor.drift.suite import DriftReport
+
+StreamKey = tuple[str, str]
+ChangeKey = tuple[str, str, str, str]  # (model, stream, signal, detector)
+MS = ["model", "stream"]
+
+
+@dataclass(frozen=True)
+class CycleResult:
+    """One (model, stream)'s last test cycle, as published by the drift job."""
+
+    report: DriftReport
+    sustained: bool
+    computed_at: float
+    reference_captured_at: float
+
+
+@dataclass(frozen=True)
+class ReferenceInfo:
+    """The reference a (model, stream) is compared with (``origin`` adds ``lagged`` to the stored origins)."""
+
+    records: int
+    captured_at: float
+    origin: str
+    source: str
+    dim: int
+
+
+@dataclass(frozen=True)
+class ChangeTotals:
+    changes: int
+    last_timestamp: float | None
+
+
+@dataclass(frozen=True)
+class DriftSnapshot:
+    """Everything one scrape exports; built from copies, never mutated."""
+
+    results: Mapping[StreamKey, CycleResult] = field(default_factory=dict)
+    references: Mapping[StreamKey, ReferenceInfo] = field(default_factory=dict)
+    changes: Mapping[ChangeKey, ChangeTotals] = field(default_factory=dict)
+
+
+def suite_p_value(report: DriftReport) -> float | None:
+    """``min(1, k · min p)`` over the tests that ran (None when none did)."""
+    if not report.results:
+        return None
+    return min(1.0, len(report.results) * min(r.p_value for r in report.results))
+
+
+def families(snapshot: DriftSnapshot) -> Iterable[Metric]:
+    ref_records = GaugeMetricFamily(
+        "embmon_reference_records", "Records the drift reference summarises (its centroid is exact over them).",
+        labels=MS,
+    )
+    ref_time = GaugeMetricFamily(
+        "embmon_reference_timestamp_seconds", "When the drift reference was captured (unix seconds).", labels=MS
+    )
+    for (model, stream), ref in sorted(snapshot.references.items()):
+        ref_records.add_metric([model, stream], float(ref.records))
+        ref_time.add_metric([model, stream], ref.captured_at)
+    yield ref_records
+    yield ref_time
+
+    mmd2 = GaugeMetricFamily(
+        "embmon_drift_mmd2", "Unbiased MMD² (RBF kernel) between the window and reference samples.", labels=MS
+    )
+    p_value = GaugeMetricFamily(
+        "embmon_drift_p_value", "p-value of each drift test at the last cycle (suite: Bonferroni-adjusted minimum).",
+        labels=[*MS, "test"],
+    )
+    threshold = GaugeMetricFamily(
+        "embmon_drift_threshold",
+        "p-value threshold each test was held to (multiplicity-corrected; suite: cycle alpha).",
+        labels=[*MS, "test"],
+    )
+    detected = GaugeMetricFamily(
+        "embmon_drift_detected", "1 when the test flagged drift at the last cycle (suite: combined verdict; "
+        "sustained: drift.sustained rule over the last cycles).", labels=[*MS, "test"],
+    )
+    ratio = GaugeMetricFamily(
+        "embmon_drift_drifted_components_ratio",
+        "Share of principal components whose KS test rejects after Benjamini-Hochberg.", labels=MS,
+    )
+    cosine = GaugeMetricFamily(
+        "embmon_drift_centroid_cosine_distance", "Cosine distance between the window and reference mean vectors.",
+        labels=MS,
+    )
+    auc = GaugeMetricFamily(
+        "embmon_drift_classifier_auc", "Held-out ROC AUC of a classifier separating window from reference.", labels=MS
+    )
+    for (model, stream), cycle in sorted(snapshot.results.items()):
+        labels = [model, stream]
+        report = cycle.report
+        for result in report.results:
+            p_value.add_metric([*labels, result.test], result.p_value)
+            threshold.add_metric([*labels, result.test], result.threshold)
+            detected.add_metric([*labels, result.test], 1.0 if result.detected else 0.0)
+            if result.test == "mmd":
+                mmd2.add_metric(labels, result.statistic)
+            elif result.test == "ks" and "drifted_components_ratio" in result.extra:
+                ratio.add_metric(labels, float(result.extra["drifted_components_ratio"]))
+            elif result.test == "centroid":
+                cosine.add_metric(labels, result.statistic)
+            elif result.test == "classifier":
+                auc.add_metric(labels, result.statistic)
+        suite = suite_p_value(report)
+        if suite is not None:
+            p_value.add_metric([*labels, "suite"], suite)
+            threshold.add_metric([*labels, "suite"], report.cycle_alpha)
+            detected.add_metric([*labels, "suite"], 1.0 if report.detected else 0.0)
+            detected.add_metric([*labels, "sustained"], 1.0 if cycle.sustained else 0.0)
+    yield from (mmd2, p_value, threshold, detected, ratio, cosine, auc)
+
+    changes = CounterMetricFamily(
+        "embmon_drift_change_points", "Change points the online detectors flagged, by signal and detector.",
+        labels=[*MS, "signal", "detector"],
+    )
+    last = GaugeMetricFamily(
+        "embmon_drift_last_change_timestamp_seconds", "When the online detector last flagged a change (unix seconds).",
+        labels=[*MS, "signal", "detector"],
+    )
+    for key, totals in sorted(snapshot.changes.items()):
+        changes.add_metric(list(key), float(totals.changes))
+        if totals.last_timestamp is not None:
+            last.add_metric(list(key), totals.last_timestamp)
+    yield changes
+    yield last

@@ -1,0 +1,193 @@
+"""Checkpointing the online detectors without pickle.
+
+Daemon checkpoints are JSON plus numpy arrays and never unpickle (monitor/checkpoint.py: a hostile
+file may fail to load but cannot run code). river's detectors are Python objects (ADWIN's window is
+a Cython object), so :func:`encode_monitor` walks an :class:`OnlineDriftMonitor` into plain values
+and :func:`decode_monitor` rebuilds it, instantiating only the few classes listed here, with
+constructor parameters from the settings. A state from another river version (a Cython checksum
+mismatch, an unknown attribute type) fails to decode with ``ValueError`` and the caller starts the
+detectors afresh.
+
+Examples
+--------
+>>> import numpy as np
+>>> from monitor.drift.detectors import OnlineDriftMonitor, SignalBaseline
+>>> rng = np.random.default_rng(0)
+>>> reference = rng.normal(1.0, 0.3, size=(500, 8)).astype(np.float32)
+>>> monitor = OnlineDriftMonitor(SignalBaseline.from_reference(reference), aggregate=8)
+>>> _ = monitor.update(rng.normal(1.0, 0.3, size=(1000, 8)).astype(np.float32), now=1.0)
+>>> twin = decode_monitor(encode_monitor(monitor))
+>>> drifted = rng.normal(0.7, 0.3, size=(4000, 8)).astype(np.float32)
+>>> monitor.update(drifted, now=2.0) == twin.update(drifted, now=2.0)
+True
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from typing import Any
+
+import numpy as np
+from river import stats as river_stats
+from river.drift import adwin_c
+
+from monitor.drift.detectors import ChangePoint, DetectorStatus, OnlineDriftMonitor, SignalBaseline, build_detector
+
+_VERSION = 1
+# Cython classes inside river's detectors, rebuilt with their own unpickle helpers.
+_CYTHON = {
+    "AdaptiveWindowing": (adwin_c.AdaptiveWindowing, "__pyx_unpickle_AdaptiveWindowing"),
+    "Bucket": (adwin_c.Bucket, "__pyx_unpickle_Bucket"),
+}
+# Plain Python classes inside them, rebuilt from their attribute dicts.
+_PLAIN = {"Mean": river_stats.Mean}
+# Attributes the detector's constructor derives (a bound method): never stored.
+_DERIVED = {"_test_drift"}
+
+
+def _enc(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, np.ndarray):
+        return {"ndarray": value.copy()}  # river mutates its arrays in place
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, tuple):
+        return {"tuple": [_enc(v) for v in value]}
+    if isinstance(value, list):
+        return {"list": [_enc(v) for v in value]}
+    if isinstance(value, deque):
+        return {"deque": [_enc(v) for v in value], "maxlen": value.maxlen}
+    if isinstance(value, dict):
+        return {"dict": [[_enc(k), _enc(v)] for k, v in value.items()]}
+    if type(value) is random.Random:
+        return {"random": _enc(value.getstate())}
+    name = type(value).__name__
+    if name in _CYTHON and type(value) is _CYTHON[name][0]:
+        _, args, state = value.__reduce_cython__()
+        return {"cython": name, "checksum": int(args[1]), "state": _enc(state)}
+    if name in _PLAIN and type(value) is _PLAIN[name]:
+        return {"object": name, "attrs": _enc(dict(vars(value)))}
+    raise TypeError(f"cannot encode a {type(value).__module__}.{name} in a detector state")
+
+
+def _dec(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if not isinstance(value, dict) or len(value) == 0:
+        raise ValueError(f"unexpected value in a detector state: {type(value).__name__}")
+    if "ndarray" in value:
+        return np.array(value["ndarray"], copy=True)
+    if "tuple" in value:
+        return tuple(_dec(v) for v in value["tuple"])
+    if "list" in value:
+        return [_dec(v) for v in value["list"]]
+    if "deque" in value:
+        maxlen = value.get("maxlen")
+        return deque((_dec(v) for v in value["deque"]), maxlen=None if maxlen is None else int(maxlen))
+    if "dict" in value:
+        return {_dec(k): _dec(v) for k, v in value["dict"]}
+    if "random" in value:
+        rng = random.Random()
+        rng.setstate(_dec(value["random"]))
+        return rng
+    if "cython" in value:
+        cls, helper = _CYTHON[str(value["cython"])]
+        obj = getattr(adwin_c, helper)(cls, int(value["checksum"]), None)
+        try:
+            obj.__setstate_cython__(_dec(value["state"]))
+        except Exception as exc:  # noqa: BLE001 - a layout from another river version
+            raise ValueError(f"cannot restore {value['cython']}: {exc}") from None
+        return obj
+    if "object" in value:
+        cls = _PLAIN[str(value["object"])]
+        obj = cls.__new__(cls)
+        obj.__dict__.update(_dec(value["attrs"]))
+        return obj
+    raise ValueError(f"unexpected keys in a detector state: {sorted(value)}")
+
+
+def encode_detector(detector: Any) -> dict[str, Any]:
+    """A river detector's attributes as plain values (see the module docstring)."""
+    return {name: _enc(v) for name, v in vars(detector).items() if name not in _DERIVED}
+
+
+def decode_detector(kind: str, params: dict[str, Any], state: dict[str, Any]) -> Any:
+    """A fresh ``kind`` detector built from ``params``, then given the stored attributes."""
+    detector = build_detector(kind, params)
+    expected = set(vars(detector)) - _DERIVED
+    if set(state) != expected:
+        raise ValueError(f"{kind} state has attributes {sorted(state)}, this river version {sorted(expected)}")
+    for name, value in state.items():
+        setattr(detector, name, _dec(value))
+    return detector
+
+
+def encode_monitor(monitor: OnlineDriftMonitor) -> dict[str, Any]:
+    """Everything an :class:`OnlineDriftMonitor` needs to resume exactly, as checkpointable values."""
+    state = monitor.__getstate__()
+    baseline: SignalBaseline = state["baseline"]
+    return {
+        "version": _VERSION,
+        "baseline": {
+            "centroid_unit": np.asarray(baseline.centroid_unit),
+            "means": dict(baseline.means),
+            "stds": dict(baseline.stds),
+        },
+        "signals": list(monitor.signals),
+        "aggregate": monitor.aggregate,
+        "history": state["recent_changes"].maxlen,
+        "detector_params": {kind: dict(p) for kind, p in monitor.detector_params.items()},
+        "detectors": [[s, k, encode_detector(d)] for (s, k), d in state["_detectors"].items()],
+        "status": [
+            [s, k, st.changes, st.last_record_index, st.last_timestamp] for (s, k), st in state["_status"].items()
+        ],
+        "pending": np.asarray(state["_pending"], dtype=np.float64),
+        "records_seen": int(state["_records_seen"]),
+        "recent": [[c.signal, c.detector, c.record_index, c.timestamp] for c in state["recent_changes"]],
+    }
+
+
+def decode_monitor(state: dict[str, Any]) -> OnlineDriftMonitor:
+    """Rebuild what :func:`encode_monitor` wrote; ``ValueError`` when it does not fit."""
+    if state.get("version") != _VERSION:
+        raise ValueError(f"unsupported online detector state version {state.get('version')!r}")
+    b = state["baseline"]
+    baseline = SignalBaseline(
+        centroid_unit=np.asarray(b["centroid_unit"], dtype=np.float64),
+        means={str(k): float(v) for k, v in dict(b["means"]).items()},
+        stds={str(k): float(v) for k, v in dict(b["stds"]).items()},
+    )
+    params = {str(k): dict(v) for k, v in dict(state["detector_params"]).items()}
+    monitor = OnlineDriftMonitor(
+        baseline, params, signals=[str(s) for s in state["signals"]], aggregate=int(state["aggregate"]),
+        history=int(state["history"]) if state.get("history") is not None else 100,
+    )
+    inner = monitor.__getstate__()
+    detectors = {}
+    for signal, kind, det_state in state["detectors"]:
+        key = (str(signal), str(kind))
+        if key not in inner["_detectors"]:
+            raise ValueError(f"detector {key} is not configured")
+        detectors[key] = decode_detector(key[1], params[key[1]], dict(det_state))
+    if set(detectors) != set(inner["_detectors"]):
+        raise ValueError("the stored detectors differ from the configured ones")
+    pending = np.asarray(state["pending"], dtype=np.float64).reshape(len(monitor.signals), -1)
+    inner.update(
+        _detectors=detectors,
+        _status={
+            (str(s), str(k)): DetectorStatus(int(n), None if i is None else int(i), None if t is None else float(t))
+            for s, k, n, i, t in state["status"]
+        },
+        _pending=pending,
+        _records_seen=int(state["records_seen"]),
+    )
+    recent = inner["recent_changes"]
+    recent.clear()
+    recent.extend(ChangePoint(str(s), str(k), int(i), float(t)) for s, k, i, t in state["recent"])
+    monitor.__setstate__(inner)
+    return monitor
+
+
+__all__ = ["decode_detector", "decode_monitor", "encode_detector", "encode_monitor"]

@@ -1,0 +1,225 @@
+"""Drift settings (nested as ``drift:`` in the daemon's Settings).
+
+One knob sets how often the operator accepts a false drift alarm (``false_alarm_every``); the
+per-cycle and per-test p-value thresholds, and how many permutations the permutation tests need
+to be able to reach them, follow from it (see :mod:`monitor.drift.calibration`). A setting that
+would make a test unable to ever detect is rejected here, at start-up, with a message saying
+what to change.
+
+Examples
+--------
+>>> s = DriftSettings(interval_seconds=3600, false_alarm_every="30d")
+>>> s.enabled_tests
+('mmd', 'ks', 'centroid', 'classifier')
+>>> round(s.cycle_alpha, 6), round(s.test_alpha, 7)
+(0.001389, 0.0003472)
+>>> s.permutations_for("mmd")
+2880
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from monitor.drift.calibration import (
+    Multiplicity,
+    cycle_alpha,
+    cycle_alpha_for_sustained,
+    parse_duration,
+    per_test_alpha,
+    permutations_needed,
+)
+from monitor.drift.detectors import DEFAULT_DETECTOR_PARAMS, DEFAULT_DETECTORS, SIGNALS, build_detector
+
+TEST_NAMES = ("mmd", "ks", "centroid", "classifier")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class MMDSettings(_Section):
+    """Kernel two-sample test (:mod:`monitor.drift.mmd`)."""
+
+    enabled: bool = True
+    permutations: int | None = Field(
+        None, ge=1, le=1_000_000,
+        description="permutation budget; None = the fewest that can reach the per-test alpha (at least 200)",
+    )
+    stop_after: int | None = Field(10, ge=1, description="sequential stop after this many exceedances; None = never")
+    bandwidth: float | None = Field(None, gt=0, description="RBF bandwidth; None = median heuristic")
+    block_size: int = Field(1024, ge=64, le=8192, description="kernel tile side; memory ~ 12 * block_size**2 bytes")
+
+
+class KSSettings(_Section):
+    """Per-component Kolmogorov–Smirnov tests with Benjamini–Hochberg (:mod:`monitor.drift.ks`)."""
+
+    enabled: bool = True
+    basis: Literal["pca_pooled", "pca_reference", "raw"] = "pca_pooled"
+    components: int = Field(50, ge=1, le=4096)
+
+
+class CentroidSettings(_Section):
+    """Cosine distance between the means (:mod:`monitor.drift.centroid`)."""
+
+    enabled: bool = True
+    permutations: int | None = Field(None, ge=1, le=1_000_000)
+    stop_after: int | None = Field(10, ge=1)
+
+
+class ClassifierSettings(_Section):
+    """Domain-classifier AUC test (:mod:`monitor.drift.classifier`)."""
+
+    enabled: bool = True
+    train_fraction: float = Field(0.5, gt=0, lt=1)
+    regularization: float = Field(0.1, gt=0, description="scikit-learn C (smaller is stronger)")
+    squared_components: int = Field(16, ge=0, le=256)
+    max_iter: int = Field(500, ge=10, le=100_000)
+
+
+class OnlineSettings(_Section):
+    """river detectors on per-record signals, fed on the ingest thread (:mod:`monitor.drift.detectors`)."""
+
+    enabled: bool = True
+    signals: list[Literal["cosine", "norm"]] = Field(default_factory=lambda: list(SIGNALS), min_length=1)
+    aggregate: int = Field(64, ge=1, le=1_000_000, description="records per detector update (mini-batch mean)")
+    detectors: dict[Literal["adwin", "page_hinkley", "kswin"], dict[str, Any]] = Field(
+        default_factory=lambda: {kind: dict(DEFAULT_DETECTOR_PARAMS[kind]) for kind in DEFAULT_DETECTORS},
+        min_length=1,
+    )
+
+    @field_validator("detectors")
+    @classmethod
+    def _check_detectors(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for kind, params in value.items():
+            try:
+                build_detector(kind, params)
+            except (TypeError, ValueError) as error:
+                raise ValueError(str(error)) from None
+        return value
+
+
+class ReferenceSettings(_Section):
+    """Where the reference sample comes from.
+
+    ``path`` (a pinned reference, an ``.npz`` written by ``ReferenceProfile.to_npz``) wins; else
+    ``lagged_seconds`` compares each window with the window that far in the past; else the first
+    ``records`` records of each (model, stream) form the reference.
+    """
+
+    records: int = Field(5000, ge=100, le=10_000_000, description="first N records form the reference")
+    path: Path | None = None
+    lagged_seconds: float | None = Field(None, gt=0)
+
+    @property
+    def mode(self) -> Literal["pinned", "lagged", "first_records"]:
+        if self.path is not None:
+            return "pinned"
+        if self.lagged_seconds is not None:
+            return "lagged"
+        return "first_records"
+
+
+class SustainedSettings(_Section):
+    """The alert rule's "drift in at least ``detections`` of the last ``cycles`` cycles".
+
+    Must match the alert rule: ``false_alarm_every`` then budgets the alerts a person sees, and the
+    per-cycle alpha is raised accordingly (1 of 1: every cycle's verdict is an alert).
+    """
+
+    detections: int = Field(1, ge=1, le=100)
+    cycles: int = Field(1, ge=1, le=100)
+
+    @model_validator(mode="after")
+    def _check_order(self) -> SustainedSettings:
+        if self.detections > self.cycles:
+            raise ValueError(f"detections ({self.detections}) cannot exceed cycles ({self.cycles})")
+        return self
+
+
+class DriftSettings(_Section):
+    """Everything drift: the scheduled two-sample tests, their calibration, the online detectors."""
+
+    enabled: bool = True
+    interval_seconds: float = Field(900.0, gt=0, description="test cycle: how often the two-sample tests run")
+    false_alarm_every: str = Field("30d", description="accepted mean time between false drift alarms, e.g. '30d'")
+    multiplicity: Multiplicity = "holm"
+    window_sample_size: int = Field(2000, ge=20, le=100_000, description="rows of the window sample per cycle")
+    reference_sample_size: int = Field(2000, ge=20, le=100_000, description="rows of the reference sample")
+    min_permutations: int = Field(200, ge=1, le=1_000_000)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: int | None = Field(
+        None, ge=1, le=1024,
+        description="cap BLAS/OpenMP/torch threads while a cycle runs; None = library defaults",
+    )
+    seed: int = 0
+    mmd: MMDSettings = Field(default_factory=MMDSettings)
+    ks: KSSettings = Field(default_factory=KSSettings)
+    centroid: CentroidSettings = Field(default_factory=CentroidSettings)
+    classifier: ClassifierSettings = Field(default_factory=ClassifierSettings)
+    online: OnlineSettings = Field(default_factory=OnlineSettings)
+    reference: ReferenceSettings = Field(default_factory=ReferenceSettings)
+    sustained: SustainedSettings = Field(default_factory=SustainedSettings)
+
+    @field_validator("false_alarm_every")
+    @classmethod
+    def _check_duration(cls, value: str) -> str:
+        parse_duration(value)
+        return value.strip()
+
+    @model_validator(mode="after")
+    def _check_calibration(self) -> DriftSettings:
+        if not self.enabled:
+            return self
+        if not self.enabled_tests:
+            raise ValueError("drift is enabled but every test is disabled; enable one or set drift.enabled: false")
+        every = parse_duration(self.false_alarm_every)
+        if every <= self.interval_seconds:
+            raise ValueError(
+                f"false_alarm_every ({self.false_alarm_every}) must be longer than interval_seconds "
+                f"({self.interval_seconds:g}s)"
+            )
+        for name in ("mmd", "centroid"):
+            section = getattr(self, name)
+            needed = permutations_needed(self.test_alpha)
+            if section.enabled and section.permutations is not None and section.permutations < needed:
+                raise ValueError(
+                    f"{name}.permutations={section.permutations} can never detect: the per-test alpha is "
+                    f"{self.test_alpha:.3g} and the smallest p-value is 1/(1 + permutations). Use at least "
+                    f"{needed}, leave it unset (automatic), lengthen interval_seconds, shorten "
+                    f"false_alarm_every, or alert on a sustained rule (sustained.detections/cycles)"
+                )
+        return self
+
+    @property
+    def false_alarm_every_seconds(self) -> float:
+        return parse_duration(self.false_alarm_every)
+
+    @property
+    def enabled_tests(self) -> tuple[str, ...]:
+        return tuple(name for name in TEST_NAMES if getattr(self, name).enabled)
+
+    @property
+    def cycle_alpha(self) -> float:
+        """Per-cycle false-alarm probability so alerts come every ``false_alarm_every`` on average."""
+        if self.sustained.cycles == 1:
+            return cycle_alpha(self.interval_seconds, self.false_alarm_every_seconds)
+        return cycle_alpha_for_sustained(
+            self.interval_seconds, self.false_alarm_every_seconds, self.sustained.detections, self.sustained.cycles
+        )
+
+    @property
+    def test_alpha(self) -> float:
+        """The strictest per-test threshold (Bonferroni; Holm's first step)."""
+        return per_test_alpha(self.cycle_alpha, max(1, len(self.enabled_tests)))
+
+    def permutations_for(self, test: Literal["mmd", "centroid"]) -> int:
+        """The permutation budget of a permutation test: as configured, or enough to reach the test alpha."""
+        configured = getattr(self, test).permutations
+        if configured is not None:
+            return configured
+        return max(self.min_permutations, permutations_needed(self.test_alpha))
+

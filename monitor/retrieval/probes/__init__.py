@@ -1,0 +1,7 @@
+"""Online retrieval probes: golden sets, ANN recall, click feedback, reference-model agreement.
+
+One module per probe kind; ``component`` schedules them as daemon jobs and ``export`` turns their
+published results into metric families. The metric arithmetic is the engine's
+(:mod:`monitor.retrieval.metrics`, :mod:`monitor.retrieval.stats`); see docs/retrieval.md,
+"Retrieval probes".
+"""

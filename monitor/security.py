@@ -1,0 +1,169 @@
+"""Credentials for the HTTP port: password hashes for basic auth, the admin token, TLS contexts.
+
+Passwords are stored as PBKDF2-HMAC-SHA256 hashes in Django's format, verifiable with the
+standard library alone::
+
+    pbkdf2_sha256$<iterations>$<salt>$<base64 of the 32-byte derived key>
+
+Make one with ``python -m monitor.security hash`` (reads the password from stdin or a prompt).
+Every comparison of a secret is constant-time (``hmac.compare_digest``).
+
+Examples
+--------
+>>> hashed = hash_password("correct horse", salt="saltsaltsalt", iterations=100_000)
+>>> hashed.split("$")[:3]
+['pbkdf2_sha256', '100000', 'saltsaltsalt']
+>>> verify_password("correct horse", hashed), verify_password("wrong", hashed)
+(True, False)
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import getpass
+import hashlib
+import hmac
+import secrets
+import ssl
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+ALGORITHM = "pbkdf2_sha256"
+DEFAULT_ITERATIONS = 600_000  # OWASP 2023 recommendation for PBKDF2-HMAC-SHA256
+MIN_ITERATIONS = 100_000
+_CACHE_LIMIT = 64
+
+
+def hash_password(password: str, salt: str | None = None, iterations: int = DEFAULT_ITERATIONS) -> str:
+    """The ``pbkdf2_sha256$...`` hash of ``password`` (a fresh random salt unless given)."""
+    if iterations < MIN_ITERATIONS:
+        raise ValueError(f"iterations must be at least {MIN_ITERATIONS}")
+    salt = salt or secrets.token_urlsafe(16)
+    if "$" in salt:
+        raise ValueError("salt must not contain '$'")
+    key = hashlib.pbkdf2_hmac("sha256", password.encode(), salt.encode(), iterations)
+    return f"{ALGORITHM}${iterations}${salt}${base64.b64encode(key).decode()}"
+
+
+def check_password_hash_format(hashed: str) -> str | None:
+    """None when ``hashed`` is a usable hash, else what is wrong with it (never echoes the hash)."""
+    parts = hashed.split("$")
+    if len(parts) != 4 or parts[0] != ALGORITHM:
+        return f"must be {ALGORITHM}$<iterations>$<salt>$<base64 key> (make one with python -m monitor.security hash)"
+    if not parts[1].isdigit() or int(parts[1]) < MIN_ITERATIONS:
+        return f"iterations must be an integer >= {MIN_ITERATIONS}"
+    if not parts[2]:
+        return "the salt is empty"
+    try:
+        key = base64.b64decode(parts[3], validate=True)
+    except (binascii.Error, ValueError):
+        return "the key is not valid base64"
+    if len(key) != 32:
+        return "the key must be 32 bytes (sha256)"
+    return None
+
+
+def verify_password(password: str, hashed: str) -> bool:
+    """Whether ``password`` matches ``hashed`` (constant-time comparison of the derived keys)."""
+    if check_password_hash_format(hashed) is not None:
+        return False
+    _, iterations, salt, encoded = hashed.split("$")
+    expected = base64.b64decode(encoded)
+    key = hashlib.pbkdf2_hmac("sha256", password.encode(), salt.encode(), int(iterations))
+    return hmac.compare_digest(key, expected)
+
+
+class BasicAuth:
+    """Checks ``Authorization: Basic`` headers against ``{user: hash}``.
+
+    PBKDF2 is deliberately slow (~0.1-0.5 s), so credentials that verified once are remembered
+    (as a keyed digest, never in clear) and a scrape every 15 s costs one hash at start-up only.
+    Unknown users still cost one hash, so response timing does not reveal which users exist.
+    """
+
+    def __init__(self, users: Mapping[str, str]):
+        self._users = dict(users)
+        self._key = secrets.token_bytes(32)
+        self._verified: set[bytes] = set()
+        self._lock = threading.Lock()
+        self._dummy = hash_password(secrets.token_hex(8), iterations=MIN_ITERATIONS)
+
+    def check(self, header: str) -> bool:
+        scheme, _, encoded = header.partition(" ")
+        if scheme.lower() != "basic" or not encoded:
+            return False
+        try:
+            decoded = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
+        except (binascii.Error, ValueError, UnicodeDecodeError):
+            return False
+        user, sep, password = decoded.partition(":")
+        if not sep:
+            return False
+        digest = hmac.new(self._key, decoded.encode(), hashlib.sha256).digest()
+        with self._lock:
+            if digest in self._verified:
+                return True
+        hashed = self._users.get(user)
+        if hashed is None:
+            verify_password(password, self._dummy)  # same cost as a real check
+            return False
+        if not verify_password(password, hashed):
+            return False
+        with self._lock:
+            if len(self._verified) >= _CACHE_LIMIT:
+                self._verified.clear()
+            self._verified.add(digest)
+        return True
+
+
+def bearer_matches(header: str, token: str) -> bool:
+    """``Authorization: Bearer <token>``, compared in constant time."""
+    scheme, _, presented = header.partition(" ")
+    if scheme.lower() != "bearer" or not presented:
+        return False
+    return hmac.compare_digest(presented.strip().encode(), token.encode())
+
+
+def read_token_file(path: Path) -> str:
+    """The token in ``path`` (surrounding whitespace stripped); raises ValueError when empty."""
+    token = Path(path).read_text(encoding="utf-8").strip()
+    if len(token) < 16:
+        raise ValueError(f"admin_token_file {path}: the token must be at least 16 characters")
+    return token
+
+
+def server_ssl_context(certfile: Path, keyfile: Path, client_cafile: Path | None = None) -> ssl.SSLContext:
+    """A TLS 1.2+ server context; with ``client_cafile``, clients must present a certificate."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(certfile=str(certfile), keyfile=str(keyfile))
+    if client_cafile is not None:
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(cafile=str(client_cafile))
+    return context
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m monitor.security", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    make = sub.add_parser("hash", help="print the pbkdf2_sha256 hash of a password for http.basic_auth_users")
+    make.add_argument("--iterations", type=int, default=DEFAULT_ITERATIONS)
+    sub.add_parser("token", help="print a random admin token")
+    args = parser.parse_args(argv)
+    if args.command == "token":
+        print(secrets.token_urlsafe(32))
+        return 0
+    password = getpass.getpass("password: ") if sys.stdin.isatty() else sys.stdin.readline().rstrip("\n")
+    if not password:
+        print("empty password", file=sys.stderr)
+        return 2
+    print(hash_password(password, iterations=args.iterations))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,97 @@
+"""Per-component KS tests: agreement with scipy, ties, BH, the bases, the verdicts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from monitor.drift.ks import benjamini_hochberg, ks_p_values, ks_statistics, ks_test, pca_basis
+
+
+def test_statistics_and_p_values_match_scipy_column_by_column() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(120, 6))
+    y = rng.normal(0.2, 1.1, size=(95, 6))
+    x[:, 3] = np.round(x[:, 3])  # heavy ties, shared between the samples
+    y[:, 3] = np.round(y[:, 3])
+    d = ks_statistics(x, y)
+    p = ks_p_values(d, 120, 95)
+    for j in range(6):
+        reference = stats.ks_2samp(x[:, j], y[:, j], method="asymp")
+        assert d[j] == pytest.approx(reference.statistic, abs=1e-15)
+        assert p[j] == pytest.approx(reference.pvalue, rel=1e-12)
+
+
+def test_exact_method_is_scipys_exact() -> None:
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(30, 3)), rng.normal(0.8, 1.0, size=(25, 3))
+    result = ks_test(x, y, basis="raw", method="exact")
+    expected = [stats.ks_2samp(x[:, j], y[:, j], method="exact").pvalue for j in range(3)]
+    assert result.extra["component_p_values_adjusted"] == pytest.approx(benjamini_hochberg(np.array(expected)))
+
+
+def test_benjamini_hochberg_matches_scipy() -> None:
+    p = np.random.default_rng(2).uniform(size=40) ** 3
+    assert benjamini_hochberg(p) == pytest.approx(stats.false_discovery_control(p, method="bh"))
+
+
+def test_pca_basis_finds_the_stretched_direction() -> None:
+    rng = np.random.default_rng(3)
+    direction = np.array([3.0, 4.0, 0.0, 0.0]) / 5.0
+    sample = rng.normal(size=(2000, 4)) * 0.1 + rng.normal(size=(2000, 1)) * direction
+    mean, axes = pca_basis(sample, 2)
+    assert axes.shape == (4, 2)
+    assert abs(axes[:, 0] @ direction) == pytest.approx(1.0, abs=1e-3)
+    assert mean == pytest.approx(sample.mean(axis=0))
+
+
+@pytest.mark.parametrize("basis", ["pca_pooled", "pca_reference", "raw"])
+def test_flags_a_one_component_change_and_stays_quiet_on_the_null(basis: str) -> None:
+    rng = np.random.default_rng(4)
+    scales = np.r_[1.5, np.ones(29)]  # the reference's top PC is the first axis
+    reference = rng.normal(size=(600, 30)) * scales
+    quiet = ks_test(rng.normal(size=(600, 30)) * scales, reference, basis=basis, components=10, alpha=0.01)
+    changed_rows = rng.normal(size=(600, 30)) * scales
+    changed_rows[:, 0] *= 2.0  # that direction twice as spread out
+    changed = ks_test(changed_rows, reference, basis=basis, components=10, alpha=0.01)
+    assert not quiet.detected and quiet.extra["drifted_components_ratio"] == 0.0
+    assert changed.detected and changed.p_value <= 0.01
+    assert 0 < changed.extra["drifted_components_ratio"] <= 0.5
+    assert changed.extra["components"] == (30 if basis == "raw" else 10)
+
+
+def test_drifted_components_ratio_counts_the_shifted_dimensions() -> None:
+    rng = np.random.default_rng(5)
+    reference = rng.normal(size=(800, 20))
+    shifted = rng.normal(size=(800, 20)) + np.r_[np.full(5, 0.5), np.zeros(15)]
+    result = ks_test(shifted, reference, basis="raw", alpha=0.01)
+    assert result.extra["drifted_components_ratio"] == 0.25
+    assert result.extra["most_drifted_component"] < 5
+
+
+def test_test_level_p_value_is_the_simes_combination() -> None:
+    rng = np.random.default_rng(6)
+    x, y = rng.normal(size=(200, 8)), rng.normal(0.1, 1.0, size=(200, 8))
+    result = ks_test(x, y, basis="raw")
+    p = ks_p_values(ks_statistics(x, y), 200, 200)
+    simes = np.min(np.sort(p) * 8 / np.arange(1, 9))
+    assert result.p_value == pytest.approx(min(simes, 1.0))
+
+
+def test_pca_reference_fits_on_half_and_tests_the_other_half() -> None:
+    rng = np.random.default_rng(7)
+    result = ks_test(rng.normal(size=(100, 5)), rng.normal(size=(301, 5)), basis="pca_reference", seed=0)
+    assert result.extra["reference_size"] == 151
+    assert result.extra["window_size"] == 100
+
+
+def test_components_are_capped_at_the_dimension_and_inputs_are_checked() -> None:
+    rng = np.random.default_rng(8)
+    assert ks_test(rng.normal(size=(50, 4)), rng.normal(size=(50, 4)), components=50).extra["components"] == 4
+    with pytest.raises(ValueError, match="same dimension"):
+        ks_test(np.ones((5, 3)), np.ones((5, 4)))
+    with pytest.raises(ValueError, match="unknown basis"):
+        ks_test(np.ones((5, 3)), np.ones((5, 3)), basis="ica")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="components"):
+        ks_test(np.ones((5, 3)), np.ones((5, 3)), components=0)
