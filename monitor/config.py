@@ -52,7 +52,7 @@ class KafkaSettings(_Section):
     auto_offset_reset: Literal["earliest", "latest"] = "latest"
     max_poll_records: int = Field(2000, ge=1, le=100_000)
     poll_timeout_seconds: float = Field(0.5, gt=0, le=30)
-    commit_interval_seconds: float = Field(5.0, gt=0)
+    commit_interval_seconds: float = Field(30.0, gt=0)  # commits follow checkpoints (docs/operations.md)
     default_stream: str = "default"
     options: dict[str, Any] = Field(default_factory=dict)
 
