@@ -49,8 +49,8 @@ from monitor.memory import release_free_memory
 from monitor.quality.intrinsic import IntrinsicReport, report_from_snapshot
 from monitor.sources import Source, SourceMessage, build_source
 from monitor.security import read_token_file, server_ssl_context
-from monitor.state.registry import StateRegistry, StreamKey, StreamState
-from monitor.state.window import SlidingWindow, WindowSnapshot
+from monitor.state.registry import StateRegistry, StreamKey
+from monitor.state.window import WindowSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -457,15 +457,9 @@ class Monitor:
     def _bounded_stream(self, stream: str) -> str:
         """``stream`` when it is (or may become) a label of some model, else OVERFLOW_STREAM:
         rejected records must not let their stream names through the label budget."""
-        if stream == self.decoder.default_stream or stream in self._known_streams():
+        if stream == self.decoder.default_stream or stream in self.registry.known_streams():
             return stream
         return OVERFLOW_STREAM
-
-    def _known_streams(self) -> set[str]:
-        streams: set[str] = set()
-        for names in list(self.registry._streams_per_model.values()):
-            streams.update(names)
-        return streams
 
     def _commit(self) -> None:
         with self._applied_lock:
@@ -512,18 +506,7 @@ class Monitor:
 
     def _capture_state(self) -> tuple[Any, list[Any], Offsets]:
         """Everything a restart needs, flattened (arrays copied) so the live state can move on."""
-        streams = []
-        for state in self.registry:
-            with state.lock:
-                streams.append(
-                    {
-                        "model": state.model,
-                        "stream": state.stream,
-                        "records_total": state.records_total,
-                        "last_record_time": state.last_record_time,
-                        "window": state.window.state_dict(),
-                    }
-                )
+        registry = self.registry.state_dict()
         components: dict[str, Any] = {}
         for component in self.components:
             with self._guard(f"checkpoint:{component.name}"):
@@ -540,8 +523,8 @@ class Monitor:
             "source": self.source.name,
             "group_id": self.settings.kafka.group_id if self.settings.source == "kafka" else None,
             "offsets": [[t, p, o] for (t, p), o in sorted(offsets.items())],
-            "streams": streams,
-            "labels": {m: sorted(s) for m, s in list(self.registry._streams_per_model.items())},
+            "streams": registry["streams"],
+            "labels": registry["labels"],
             "dims": dict(self.decoder.dims),
             "counters": counters,
             "components": components,
@@ -625,34 +608,14 @@ class Monitor:
         for model, dim in declared.items():
             if model in dims and dims[model] != dim:
                 raise ckpt.CheckpointError("incompatible", f"model {model} has dim {dims[model]}, configured {dim}")
-        rebuilt: list[StreamState] = []
-        for entry in state["streams"]:
-            model, stream = str(entry["model"]), str(entry["stream"])
-            window = SlidingWindow.from_state_dict(entry["window"])
-            fresh = self.registry._window_factory(model, stream, window.dim)
-            for attr in ("window_seconds", "subwindows", "reservoir_size", "seed", "alignment_alpha"):
-                if getattr(fresh, attr) != getattr(window, attr):
-                    raise ckpt.CheckpointError(
-                        "incompatible",
-                        f"{model}/{stream}: window {attr} is {getattr(window, attr)!r} in the checkpoint, "
-                        f"{getattr(fresh, attr)!r} configured",
-                    )
-            last = entry.get("last_record_time")
-            rebuilt.append(
-                StreamState(model, stream, window, int(entry["records_total"]), None if last is None else float(last))
-            )
         offsets = {(str(t), int(p)): int(o) for t, p, o in state["offsets"]}
         invalid = Counter({(str(s), str(r)): int(n) for s, r, n in state["counters"]["invalid"]})
         interactions = Counter({str(m): int(n) for m, n in dict(state["counters"]["interactions"]).items()})
-        labels = {str(m): {str(s) for s in streams} for m, streams in dict(state["labels"]).items()}
-        # Everything parsed: install it.
-        with self.registry._lock:
-            for stream_state in rebuilt:
-                self.registry._states[(stream_state.model, stream_state.stream)] = stream_state
-            for model, streams in labels.items():
-                self.registry._streams_per_model.setdefault(model, set()).update(streams)
-            for stream_state in rebuilt:
-                self.registry._streams_per_model.setdefault(stream_state.model, set()).add(stream_state.stream)
+        # Counters parsed; the registry validates every window before it installs any.
+        try:
+            self.registry.load_state_dict({"streams": state["streams"], "labels": state["labels"]})
+        except ValueError as exc:
+            raise ckpt.CheckpointError("incompatible", str(exc)) from None
         for model, dim in dims.items():
             self.decoder.dims.setdefault(model, dim)
         with self._counter_lock:

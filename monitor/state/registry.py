@@ -11,6 +11,7 @@ import threading
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from monitor.config import Settings
 from monitor.records import EmbeddingBatch
@@ -84,6 +85,11 @@ class StateRegistry:
             self._streams_per_model[model] = set()
         return True
 
+    def known_streams(self) -> set[str]:
+        """Every stream name that holds (or has reserved) a label under some model."""
+        with self._lock:
+            return {stream for streams in self._streams_per_model.values() for stream in streams}
+
     @property
     def models(self) -> list[str]:
         return sorted(self._streams_per_model)
@@ -124,3 +130,52 @@ class StateRegistry:
 
     def get(self, model: str, stream: str) -> StreamState | None:
         return self._states.get((model, stream))
+
+    # -- checkpointing ------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every stream's window and counters, and the label budget's reservations."""
+        streams = []
+        for state in self:
+            with state.lock:
+                streams.append(
+                    {
+                        "model": state.model,
+                        "stream": state.stream,
+                        "records_total": state.records_total,
+                        "last_record_time": state.last_record_time,
+                        "window": state.window.state_dict(),
+                    }
+                )
+        with self._lock:
+            labels = {model: sorted(streams) for model, streams in self._streams_per_model.items()}
+        return {"streams": streams, "labels": labels}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Install what ``state_dict`` returned into an empty registry.
+
+        Raises ``ValueError`` and changes nothing when a saved window was built with other window
+        settings than the running ones (its sums would not mean what the settings say).
+        """
+        rebuilt: list[StreamState] = []
+        for entry in state["streams"]:
+            model, stream = str(entry["model"]), str(entry["stream"])
+            window = SlidingWindow.from_state_dict(entry["window"])
+            fresh = self._window_factory(model, stream, window.dim)
+            for attr in ("window_seconds", "subwindows", "reservoir_size", "seed", "alignment_alpha"):
+                if getattr(fresh, attr) != getattr(window, attr):
+                    raise ValueError(
+                        f"{model}/{stream}: window {attr} is {getattr(window, attr)!r} in the checkpoint, "
+                        f"{getattr(fresh, attr)!r} configured"
+                    )
+            last = entry.get("last_record_time")
+            rebuilt.append(
+                StreamState(model, stream, window, int(entry["records_total"]), None if last is None else float(last))
+            )
+        labels = {str(m): {str(s) for s in streams} for m, streams in dict(state["labels"]).items()}
+        with self._lock:
+            for stream_state in rebuilt:
+                self._states[(stream_state.model, stream_state.stream)] = stream_state
+                labels.setdefault(stream_state.model, set()).add(stream_state.stream)
+            for model, streams in labels.items():
+                self._streams_per_model.setdefault(model, set()).update(streams)
