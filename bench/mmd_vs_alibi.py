@@ -9,7 +9,8 @@ that the two compute the same statistic (to within float32 summation noise in al
 
 Ours runs with ``stop_after=None`` so that it, like alibi, draws all 100 permutations.
 
-Run: ``python bench/mmd_vs_alibi.py`` (``--help`` for sizes). Exit status 1 when the verdicts
+Run: ``scripts/setup alibi && PYTHONPATH=. .venv-alibi/bin/python bench/mmd_vs_alibi.py`` (``--help`` for
+sizes; alibi-detect needs numpy<2, hence its own environment). Exit status 1 when the verdicts
 differ or ours is slower.
 """
 

@@ -1,12 +1,12 @@
 """Checkpointing the online detectors without pickle.
 
 Daemon checkpoints are JSON plus numpy arrays and never unpickle (monitor/checkpoint.py: a hostile
-file may fail to load but cannot run code). river's detectors are Python objects (ADWIN's window is
-a Cython object), so :func:`encode_monitor` walks an :class:`OnlineDriftMonitor` into plain values
-and :func:`decode_monitor` rebuilds it, instantiating only the few classes listed here, with
-constructor parameters from the settings. A state from another river version (a Cython checksum
-mismatch, an unknown attribute type) fails to decode with ``ValueError`` and the caller starts the
-detectors afresh.
+file may fail to load but cannot run code). river's detectors are Python objects (since river 0.26
+ADWIN's window is a Rust object that serialises itself to bytes), so :func:`encode_monitor` walks
+an :class:`OnlineDriftMonitor` into plain values and :func:`decode_monitor` rebuilds it,
+instantiating only the few classes listed here, with constructor parameters from the settings. A
+state from another river version (bytes the Rust side cannot read, an unknown attribute type)
+fails to decode with ``ValueError`` and the caller starts the detectors afresh.
 
 Examples
 --------
@@ -30,16 +30,13 @@ from typing import Any
 
 import numpy as np
 from river import stats as river_stats
-from river.drift import adwin_c
+from river._river_rust.drift import AdaptiveWindowing
 
 from monitor.drift.detectors import ChangePoint, DetectorStatus, OnlineDriftMonitor, SignalBaseline, build_detector
 
 _VERSION = 1
-# Cython classes inside river's detectors, rebuilt with their own unpickle helpers.
-_CYTHON = {
-    "AdaptiveWindowing": (adwin_c.AdaptiveWindowing, "__pyx_unpickle_AdaptiveWindowing"),
-    "Bucket": (adwin_c.Bucket, "__pyx_unpickle_Bucket"),
-}
+# Rust classes inside river's detectors: their own byte serialisation (bincode), no pickle.
+_RUST = {"AdaptiveWindowing": AdaptiveWindowing}
 # Plain Python classes inside them, rebuilt from their attribute dicts.
 _PLAIN = {"Mean": river_stats.Mean}
 # Attributes the detector's constructor derives (a bound method): never stored.
@@ -64,9 +61,8 @@ def _enc(value: Any) -> Any:
     if type(value) is random.Random:
         return {"random": _enc(value.getstate())}
     name = type(value).__name__
-    if name in _CYTHON and type(value) is _CYTHON[name][0]:
-        _, args, state = value.__reduce_cython__()
-        return {"cython": name, "checksum": int(args[1]), "state": _enc(state)}
+    if name in _RUST and type(value) is _RUST[name]:
+        return {"rust": name, "state": np.frombuffer(value.__getstate__(), dtype=np.uint8).copy()}
     if name in _PLAIN and type(value) is _PLAIN[name]:
         return {"object": name, "attrs": _enc(dict(vars(value)))}
     raise TypeError(f"cannot encode a {type(value).__module__}.{name} in a detector state")
@@ -92,13 +88,15 @@ def _dec(value: Any) -> Any:
         rng = random.Random()
         rng.setstate(_dec(value["random"]))
         return rng
-    if "cython" in value:
-        cls, helper = _CYTHON[str(value["cython"])]
-        obj = getattr(adwin_c, helper)(cls, int(value["checksum"]), None)
+    if "rust" in value:
+        cls = _RUST[str(value["rust"])]
+        obj = cls.__new__(cls)
         try:
-            obj.__setstate_cython__(_dec(value["state"]))
-        except Exception as exc:  # noqa: BLE001 - a layout from another river version
-            raise ValueError(f"cannot restore {value['cython']}: {exc}") from None
+            obj.__setstate__(np.asarray(value["state"], dtype=np.uint8).tobytes())
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # noqa: BLE001 - pyo3 panics are BaseExceptions; a foreign layout
+            raise ValueError(f"cannot restore {value['rust']}: {exc}") from None
         return obj
     if "object" in value:
         cls = _PLAIN[str(value["object"])]
