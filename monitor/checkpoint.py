@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from monitor.files import fsync_directory
+
 logger = logging.getLogger(__name__)
 
 MAGIC = b"EMBMONCK"
@@ -200,7 +202,7 @@ class CheckpointStore:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             raise
-        _fsync_directory(self.directory)
+        fsync_directory(self.directory)
         return Written(self.current, len(data))
 
     def load(
@@ -243,17 +245,3 @@ class CheckpointStore:
         for stale in self.directory.glob(f"{_TMP_PREFIX}*"):
             with contextlib.suppress(OSError):
                 stale.unlink()
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make the renames durable (POSIX; a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

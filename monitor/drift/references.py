@@ -24,15 +24,12 @@ a capture made while a file is pinned survives restarts until the operator pins 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
 import logging
 import math
-import os
 import re
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -43,6 +40,8 @@ import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 from monitor.drift.settings import DriftSettings, ReferenceSettings
+
+from monitor.files import atomic_savez, fsync_directory
 
 if TYPE_CHECKING:
     from monitor.drift.suite import ReferenceProfile
@@ -318,31 +317,6 @@ class StoredReference:
         }
 
 
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):  # not supported everywhere (e.g. some network filesystems)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def atomic_savez(path: Path, arrays: dict[str, Any]) -> None:
-    """``np.savez`` to ``path`` atomically: temporary file in the same directory, fsync, rename, fsync dir."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            np.savez(handle, **arrays)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
 def _profile_arrays(profile: ReferenceProfile) -> dict[str, Any]:
     buffer = io.BytesIO()
     profile.to_npz(buffer)
@@ -416,7 +390,7 @@ class ReferenceStore:
         if not path.exists():
             return False
         path.unlink()
-        _fsync_dir(path.parent)
+        fsync_directory(path.parent)
         return True
 
 

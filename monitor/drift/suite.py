@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from monitor.drift.detectors import SignalBaseline
 from monitor.drift.ks import ks_test
 from monitor.drift.mmd import mmd_test
 from monitor.drift.settings import DriftSettings
+from monitor.files import atomic_savez
 
 logger = logging.getLogger(__name__)
 
@@ -255,18 +255,7 @@ class ReferenceProfile:
         if not isinstance(target, (str, os.PathLike)):
             np.savez(target, **arrays)
             return
-        path = Path(target)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                np.savez(handle, **arrays)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temporary, path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
+        atomic_savez(Path(target), arrays)
 
     @classmethod
     def from_npz(cls, source: str | os.PathLike[str] | Any) -> ReferenceProfile:
