@@ -18,7 +18,7 @@ from kafka import KafkaConsumer, TopicPartition
 from monitor.config import load_settings
 from monitor.quality.intrinsic import report_from_matrix
 from monitor.service import Monitor
-from tests.support.broker import FAST_GROUP_OPTIONS, Broker, free_port
+from tests.support.broker import FAST_GROUP_OPTIONS, Broker, free_port, kafka_daemon_overrides
 from tests.support.scrape import http_status, scrape, value, wait_until
 
 pytestmark = pytest.mark.broker
@@ -28,24 +28,7 @@ DIM_BIN = 32
 
 
 def kafka_settings(broker: Broker, topic: str, group: str, state_dir: Path, **extra: object):  # type: ignore[no-untyped-def]
-    return load_settings(
-        overrides={
-            "source": "kafka",
-            "kafka": {
-                "bootstrap_servers": broker.bootstrap,
-                "embeddings_topic": topic,
-                "group_id": group,
-                "auto_offset_reset": "earliest",
-                "commit_interval_seconds": 0.5,
-                "poll_timeout_seconds": 0.2,
-                "options": dict(FAST_GROUP_OPTIONS),
-            },
-            "http": {"host": "127.0.0.1", "port": 0},
-            "refresh_seconds": 0.5,
-            "state_dir": str(state_dir),
-            **extra,
-        }
-    )
+    return load_settings(overrides=kafka_daemon_overrides(broker, topic, group, state_dir, **extra))
 
 
 def produce_mixed_stream(broker: Broker, topic: str, rng: np.random.Generator) -> dict[str, np.ndarray]:

@@ -19,7 +19,7 @@ from monitor.config import load_settings
 from monitor.drift.component import DriftComponent
 from monitor.drift.references import ReferenceStore, sha256_file
 from monitor.service import Monitor
-from tests.support.broker import FAST_GROUP_OPTIONS, Broker
+from tests.support.broker import Broker, kafka_daemon_overrides
 from tests.support.scrape import Samples, scrape, value, wait_until
 
 pytestmark = pytest.mark.broker
@@ -42,22 +42,14 @@ def unit_rows(rng: np.random.Generator, n: int, direction: np.ndarray) -> np.nda
 
 def settings_for(broker: Broker, topic: str, group: str, state_dir: Path) -> Any:
     return load_settings(
-        overrides={
-            "source": "kafka",
-            "kafka": {
-                "bootstrap_servers": broker.bootstrap,
-                "embeddings_topic": topic,
-                "group_id": group,
-                "auto_offset_reset": "earliest",
-                "commit_interval_seconds": 0.5,
-                "poll_timeout_seconds": 0.2,
-                "options": dict(FAST_GROUP_OPTIONS),
-            },
-            "http": {"host": "127.0.0.1", "port": 0},
-            "refresh_seconds": REFRESH_SECONDS,
-            "window": {"seconds": WINDOW_SECONDS, "subwindows": 4, "reservoir_size": 400},
-            "state_dir": str(state_dir),
-            "drift": {
+        overrides=kafka_daemon_overrides(
+            broker,
+            topic,
+            group,
+            state_dir,
+            refresh_seconds=REFRESH_SECONDS,
+            window={"seconds": WINDOW_SECONDS, "subwindows": 4, "reservoir_size": 400},
+            drift={
                 "interval_seconds": INTERVAL_SECONDS,
                 "false_alarm_every": "1h",  # alpha 2.8e-4 per cycle
                 "window_sample_size": 300,
@@ -68,7 +60,7 @@ def settings_for(broker: Broker, topic: str, group: str, state_dir: Path) -> Any
                 "reference": {"records": 300},
                 "online": {"aggregate": 16},
             },
-        }
+        )
     )
 
 

@@ -108,3 +108,28 @@ def running_broker() -> Iterator[Broker]:
         yield broker
     finally:
         broker.stop()
+
+
+def kafka_daemon_overrides(broker: Broker, topic: str, group: str, state_dir: object, **extra: object) -> dict:
+    """Settings overrides for a daemon consuming ``topic`` from ``broker`` quickly, for tests.
+
+    ``extra`` is merged on top (nested mappings key by key), e.g. ``window={...}``, ``drift={...}``.
+    """
+    from monitor.config import deep_merge
+
+    base = {
+        "source": "kafka",
+        "kafka": {
+            "bootstrap_servers": broker.bootstrap,
+            "embeddings_topic": topic,
+            "group_id": group,
+            "auto_offset_reset": "earliest",
+            "commit_interval_seconds": 0.5,
+            "poll_timeout_seconds": 0.2,
+            "options": dict(FAST_GROUP_OPTIONS),
+        },
+        "http": {"host": "127.0.0.1", "port": 0},
+        "refresh_seconds": 0.5,
+        "state_dir": str(state_dir),
+    }
+    return deep_merge(base, extra)
