@@ -30,9 +30,26 @@ DEMO_SETTINGS: dict[str, Any] = {
             {"kind": "invalid", "seconds": PHASE_SECONDS / 2},
         ],
         "loop": True,
+        # a small search system over a synthetic catalog: served results (5 % ANN misses), clicks
+        "interactions": {"rate": 20.0, "catalog_size": 500, "catalog_stream": "catalog", "ann_miss_ratio": 0.05},
     },
     "window": {"seconds": PHASE_SECONDS, "subwindows": 6, "reservoir_size": 2000},
     "refresh_seconds": 2.0,
+    # Drift against the first 3,000 records, a test cycle every 10 s; a false alarm every 2 h on
+    # average is plenty for a demo and keeps the permutation budget (and CPU) small.
+    "drift": {
+        "interval_seconds": 10.0,
+        "false_alarm_every": "2h",
+        "window_sample_size": 1000,
+        "reference_sample_size": 1000,
+        "threads": 1,
+        "reference": {"records": 3000},
+    },
+    "probes": {
+        "statistics": {"resamples": 200},
+        "ann_recall": [{"name": "ann", "model": "minilm-demo", "stream": "catalog", "k": [10], "interval_seconds": 5.0}],
+        "clicks": [{"name": "clicks", "k": [5, 10], "catalog_stream": "catalog", "interval_seconds": 5.0}],
+    },
 }
 
 
@@ -47,7 +64,8 @@ def run_demo(args: argparse.Namespace) -> int:
     out = sys.stdout
     print(
         f"embedding-monitor demo: metrics at http://127.0.0.1:{monitor.http.port}/metrics "
-        f"(phases of {PHASE_SECONDS:.0f}s: healthy -> anisotropic -> collapsed -> invalid input; Ctrl-C stops)",
+        f"(phases of {PHASE_SECONDS:.0f}s: healthy -> anisotropic -> collapsed -> invalid input; drift is tested "
+        "every 10 s against the first 3,000 records; retrieval probes run on synthetic clicks; Ctrl-C stops)",
         file=out,
         flush=True,
     )
@@ -75,11 +93,14 @@ def summary_table(monitor: Any) -> str:
     phase = getattr(monitor.source, "current_phase", None)
     invalid = sum(monitor.invalid_counts().values())
     head = f"-- phase: {phase.kind if phase else '?'} | invalid records so far: {invalid}"
-    rows = [head, f"{'model':<14}{'records':>9}{'isotropy':>10}{'eff.dim':>9}{'mean cos':>10}{'dead':>6}{'collapse':>9}"]
-    for (model, _stream), entry in sorted(monitor.published.reports.items()):
+    rows = [
+        head,
+        f"{'model':<14}{'stream':<11}{'records':>9}{'isotropy':>10}{'eff.dim':>9}{'mean cos':>10}{'dead':>6}{'collapse':>9}",
+    ]
+    for (model, stream), entry in sorted(monitor.published.reports.items()):
         r = entry.report
         rows.append(
-            f"{model:<14}{r.window_records:>9}{_f(r.partition_isotropy, 4):>10}{_f(r.effective_dimension_ratio, 3):>9}"
+            f"{model:<14}{stream:<11}{r.window_records:>9}{_f(r.partition_isotropy, 4):>10}{_f(r.effective_dimension_ratio, 3):>9}"
             f"{_f(r.mean_cosine_similarity, 3):>10}{r.dead_dimensions if r.dead_dimensions is not None else '-':>6}"
             f"{'YES' if r.collapse_detected else 'no':>9}"
         )

@@ -2,8 +2,8 @@
 
 "Healthy" vectors imitate a real sentence-embedding model rather than white noise: unit-normalised
 draws from a Gaussian with a power-law spectrum in a random basis plus a shared mean direction,
-which gives an effective-dimension ratio near 0.3 and a mean cosine near 0.15 (what
-all-MiniLM-L6-v2 shows on real text). The incident phases then break it the way production
+which gives an effective-dimension ratio near 0.2 and a mean cosine near 0.15 (what
+all-MiniLM-L6-v2 shows on real text, docs/metrics.md). The incident phases then break it the way production
 models break: a few directions dominate (anisotropic), everything folds onto a handful of
 directions (collapsed), the distribution moves (shifted), or the producer sends garbage (invalid).
 
@@ -39,7 +39,7 @@ class _ModelGenerator:
     @classmethod
     def create(cls, name: str, dim: int, rng: np.random.Generator) -> _ModelGenerator:
         basis, _ = np.linalg.qr(rng.standard_normal((dim, dim)))
-        scales = (np.arange(1, dim + 1) ** -0.55).astype(np.float64)
+        scales = (np.arange(1, dim + 1) ** -0.38).astype(np.float64)  # eff. dim ratio ~0.2, like MiniLM
         scales /= np.sqrt((scales**2).sum())
         mean = rng.standard_normal(dim)
         mean *= 0.42 / np.linalg.norm(mean)
