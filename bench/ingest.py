@@ -32,6 +32,7 @@ from monitor.service import Monitor  # noqa: E402
 from tests.support.broker import FAST_GROUP_OPTIONS, Broker  # noqa: E402
 
 ROWS_PER_BINARY_MESSAGE = 256
+JSON_EVENTS_PER_MESSAGE = 64
 
 
 def produce(broker: Broker, topic: str, fmt: str, dim: int, rows: int, rng: np.random.Generator) -> None:
@@ -42,10 +43,17 @@ def produce(broker: Broker, topic: str, fmt: str, dim: int, rows: int, rng: np.r
         headers = [("model", b"bench"), ("dim", str(dim).encode()), ("stream", b"docs")]
         for _ in range(rows // ROWS_PER_BINARY_MESSAGE):
             producer.send(topic, block.tobytes(), headers=headers)
-    else:
+    elif fmt == "json":
         for i in range(rows):
             row = block[i % ROWS_PER_BINARY_MESSAGE]
             producer.send(topic, orjson.dumps({"id": f"d{i}", "model": "bench", "vector": row.tolist(), "stream": "docs"}))
+    else:  # json-array: JSON events batched JSON_EVENTS_PER_MESSAGE to a message
+        for start in range(0, rows, JSON_EVENTS_PER_MESSAGE):
+            events = [
+                {"id": f"d{i}", "model": "bench", "vector": block[i % ROWS_PER_BINARY_MESSAGE].tolist(), "stream": "docs"}
+                for i in range(start, start + JSON_EVENTS_PER_MESSAGE)
+            ]
+            producer.send(topic, orjson.dumps(events))
     producer.flush()
     producer.close()
 
@@ -64,7 +72,10 @@ def bare_rate(broker: Broker, topic: str, fmt: str, dim: int, rows: int) -> floa
     while seen < rows:
         for records in consumer.poll(timeout_ms=500).values():
             for record in records:
-                seen += len(record.value) // (4 * dim) if fmt == "binary" else 1
+                if fmt == "binary":
+                    seen += len(record.value) // (4 * dim)
+                else:
+                    seen += JSON_EVENTS_PER_MESSAGE if fmt == "json-array" else 1
         if mark is None and seen >= STEADY_FROM * rows:
             mark = (time.perf_counter(), seen)
     elapsed = time.perf_counter() - mark[0]
@@ -168,6 +179,7 @@ def main() -> None:
         ("binary", 768, int(100_000 * scale)),
         ("json", 384, int(60_000 * scale)),
         ("json", 768, int(30_000 * scale)),
+        ("json-array", 384, int(60_000 * scale)),
     ]
     rng = np.random.default_rng(0)
     results = []
@@ -176,7 +188,8 @@ def main() -> None:
         import tempfile
 
         for fmt, dim, rows in cases:
-            rows -= rows % ROWS_PER_BINARY_MESSAGE
+            unit = {"binary": ROWS_PER_BINARY_MESSAGE, "json-array": JSON_EVENTS_PER_MESSAGE}.get(fmt, 1)
+            rows -= rows % unit
             topic = f"bench-{fmt}-{dim}"
             produce(with_broker, topic, fmt, dim, rows, rng)
             bare = bare_rate(with_broker, topic, fmt, dim, rows)

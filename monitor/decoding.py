@@ -197,11 +197,12 @@ class Decoder:
         if not is_label_value(stream):
             result.reject(self.default_stream, "bad_label", detail=f"stream {str(stream)[:80]!r}")
             return
-        missing = [name for name in ("id", "model", "vector") if name not in event]
-        if missing:
+        try:
+            model, vector, rid = event["model"], event["vector"], event["id"]
+        except KeyError:
+            missing = [name for name in ("id", "model", "vector") if name not in event]
             result.reject(stream, "missing_field", detail=f"missing {', '.join(missing)}")
             return
-        model, vector, rid = event["model"], event["vector"], event["id"]
         if not is_label_value(model):
             result.reject(stream, "bad_label", detail=f"model {str(model)[:80]!r}")
             return

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from monitor.component import Component, MonitorContext
+from monitor.component import Component
 from monitor.config import load_settings
 from monitor.records import EmbeddingBatch
 from monitor.service import APPLY_QUEUE_POLLS, Monitor

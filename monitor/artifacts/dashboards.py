@@ -232,7 +232,7 @@ def overview(rules: RuleSet) -> dict[str, Any]:
         Panel("Records / s", "cps", [Target(f"sum(rate({_ms('embmon_records_total')}[$__rate_interval]))", "records/s")],
               "Valid embedding records ingested per second, all selected models.", kind="stat", width=6, height=5),
         Panel("Invalid records", "percentunit",
-              [Target(f'max(stream:embmon_records_invalid:ratio_rate10m{{stream=~"$stream"}})', "worst stream")],
+              [Target('max(stream:embmon_records_invalid:ratio_rate10m{stream=~"$stream"})', "worst stream")],
               "Worst share of rejected records over 10 minutes.", kind="stat", width=6, height=5,
               thresholds=[(None, "green"), (0.05, "red")]),
         Panel("Collapse / drift verdict per model", "none",
