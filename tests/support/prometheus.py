@@ -135,8 +135,8 @@ def _retry_on_port_clash(start: Callable[[], _Process], attempts: int = 3) -> _P
 
 
 @dataclass
-class PrometheusServer:
-    """A running Prometheus; use :meth:`start` (a context manager)."""
+class _Server:
+    """A binary running on a loopback port: the plumbing Prometheus and Alertmanager share."""
 
     port: int
     workdir: Path
@@ -150,6 +150,36 @@ class PrometheusServer:
     @property
     def address(self) -> str:
         return f"{LOOPBACK}:{self.port}"
+
+    def stop(self) -> int | None:
+        return self.proc.stop()
+
+    def log_tail(self) -> str:
+        return self.proc.log_tail()
+
+    @classmethod
+    @contextmanager
+    def _serving(cls, launch: Callable[[int], tuple[dict[str, Any], _Process]], workdir: Path) -> Iterator[Any]:
+        """Start via ``launch(port) -> (config, process)`` on a free port (retried on a clash), yield, stop."""
+        servers: list[_Server] = []
+
+        def attempt() -> _Process:
+            port = free_port()
+            config, proc = launch(port)
+            servers[:] = [cls(port, workdir, config, proc)]
+            return proc
+
+        _retry_on_port_clash(attempt)
+        server = servers[0]
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+@dataclass
+class PrometheusServer(_Server):
+    """A running Prometheus; use :meth:`start` (a context manager)."""
 
     @staticmethod
     def config_for(
@@ -181,10 +211,8 @@ class PrometheusServer:
     def start(cls, workdir: Path, **config_kwargs: Any) -> Iterator[PrometheusServer]:
         workdir = Path(workdir) / "prometheus"
         workdir.mkdir(parents=True, exist_ok=True)
-        servers: list[PrometheusServer] = []
 
-        def attempt() -> _Process:
-            port = free_port()
+        def launch(port: int) -> tuple[dict[str, Any], _Process]:
             config = cls.config_for(port, **config_kwargs)
             config_path = workdir / "prometheus.yml"
             config_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -198,22 +226,10 @@ class PrometheusServer:
                 "--rules.alert.resend-delay=1s",
                 "--log.level=info",
             ]
-            proc = _Process("prometheus", argv, workdir / "prometheus.log", f"http://{LOOPBACK}:{port}/-/ready")
-            servers[:] = [cls(port, workdir, config, proc)]
-            return proc
+            return config, _Process("prometheus", argv, workdir / "prometheus.log", f"http://{LOOPBACK}:{port}/-/ready")
 
-        _retry_on_port_clash(attempt)
-        server = servers[0]
-        try:
+        with cls._serving(launch, workdir) as server:
             yield server
-        finally:
-            server.stop()
-
-    def stop(self) -> int | None:
-        return self.proc.stop()
-
-    def log_tail(self) -> str:
-        return self.proc.log_tail()
 
     # --- HTTP API
 
@@ -299,19 +315,8 @@ class WebhookReceiver:
 
 
 @dataclass
-class AlertmanagerServer:
-    port: int
-    workdir: Path
-    config: dict[str, Any]
-    proc: _Process
-
-    @property
-    def url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
-
-    @property
-    def address(self) -> str:
-        return f"{LOOPBACK}:{self.port}"
+class AlertmanagerServer(_Server):
+    """A running Alertmanager; use :meth:`start` (a context manager)."""
 
     @staticmethod
     def config_for(webhook_url: str) -> dict[str, Any]:
@@ -333,10 +338,8 @@ class AlertmanagerServer:
     def start(cls, workdir: Path, webhook_url: str) -> Iterator[AlertmanagerServer]:
         workdir = Path(workdir) / "alertmanager"
         workdir.mkdir(parents=True, exist_ok=True)
-        servers: list[AlertmanagerServer] = []
 
-        def attempt() -> _Process:
-            port = free_port()
+        def launch(port: int) -> tuple[dict[str, Any], _Process]:
             config = cls.config_for(webhook_url)
             config_path = workdir / "alertmanager.yml"
             config_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -348,22 +351,12 @@ class AlertmanagerServer:
                 "--cluster.listen-address=",  # no gossip port: a single, private instance
                 "--log.level=info",
             ]
-            proc = _Process("alertmanager", argv, workdir / "alertmanager.log", f"http://{LOOPBACK}:{port}/-/ready")
-            servers[:] = [cls(port, workdir, config, proc)]
-            return proc
+            return config, _Process(
+                "alertmanager", argv, workdir / "alertmanager.log", f"http://{LOOPBACK}:{port}/-/ready"
+            )
 
-        _retry_on_port_clash(attempt)
-        server = servers[0]
-        try:
+        with cls._serving(launch, workdir) as server:
             yield server
-        finally:
-            server.stop()
-
-    def stop(self) -> int | None:
-        return self.proc.stop()
-
-    def log_tail(self) -> str:
-        return self.proc.log_tail()
 
     def alerts(self) -> list[dict[str, Any]]:
         status, body = _http(f"{self.url}/api/v2/alerts")
