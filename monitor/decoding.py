@@ -304,6 +304,7 @@ class Decoder:
             timestamps = None if timestamps is None else timestamps[idx]
             slices = None if slices is None else tuple(slices[i] for i in idx)
             pair_ids = None if pair_ids is None else tuple(pair_ids[i] for i in idx)
+            sq_norms = sq_norms[idx]
         self.dims.setdefault(model, dim)
         result.batches.append(
             EmbeddingBatch(
@@ -314,6 +315,7 @@ class Decoder:
                 timestamps=timestamps,
                 slices=slices,
                 pair_ids=pair_ids,
+                norms=np.sqrt(sq_norms),
             )
         )
 

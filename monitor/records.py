@@ -27,6 +27,9 @@ class EmbeddingBatch:
     timestamps: np.ndarray | None = None  # event time, unix seconds, float64 (n,)
     slices: tuple[str | None, ...] | None = None
     pair_ids: tuple[str | None, ...] | None = None
+    # L2 norms of the rows in float64, when decoding already computed them (it does, to reject
+    # zero vectors): state and detectors reuse them instead of another pass over the rows.
+    norms: np.ndarray | None = None
 
     @property
     def size(self) -> int:

@@ -242,7 +242,7 @@ class DriftComponent(Component):
     # ------------------------------------------------------------------ ingest thread
     def on_embeddings(self, batch: EmbeddingBatch, now: float) -> None:
         key = (batch.model, batch.stream)
-        vectors = batch.vectors
+        vectors, norms = batch.vectors, batch.norms
         with self._lock:
             slot = self._streams.get(key) or self._init_stream(key, vectors.shape[1])
             if slot.dim != vectors.shape[1]:
@@ -255,10 +255,11 @@ class DriftComponent(Component):
                 logger.info("drift: captured the reference of %s/%s from its first %d records", *key, profile.count)
                 self._install(slot, key, StoredReference(*key, profile, "first_records"), persist=True)
                 vectors = vectors[used:]
+                norms = None if norms is None else norms[used:]
             online = slot.online
         if online is None or not len(vectors):
             return
-        found = online.update(vectors, now)
+        found = online.update(vectors, now, norms)
         if found:
             with self._lock:
                 for change in found:

@@ -78,9 +78,15 @@ def build_detector(kind: str, params: Mapping[str, Any] | None = None) -> base.D
     return factory(**params)
 
 
-def record_signals(vectors: np.ndarray, centroid_unit: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-record ``cosine`` (to the unit reference centroid) and ``norm``, vectorised, float64 (n,)."""
-    norms = np.sqrt(np.einsum("ij,ij->i", vectors, vectors, dtype=np.float64))
+def record_signals(
+    vectors: np.ndarray, centroid_unit: np.ndarray, norms: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
+    """Per-record ``cosine`` (to the unit reference centroid) and ``norm``, vectorised, float64 (n,).
+
+    ``norms`` are the rows' L2 norms when the caller already has them.
+    """
+    if norms is None:
+        norms = np.sqrt(np.einsum("ij,ij->i", vectors, vectors, dtype=np.float64))
     projections = vectors @ centroid_unit.astype(vectors.dtype, copy=False)
     return {"cosine": projections / norms, "norm": norms}
 
@@ -206,8 +212,9 @@ class OnlineDriftMonitor:
     def records_seen(self) -> int:
         return self._records_seen
 
-    def update(self, vectors: np.ndarray, now: float) -> list[ChangePoint]:
-        """Feed a batch (n, d) of records; returns the change points detected in it.
+    def update(self, vectors: np.ndarray, now: float, norms: np.ndarray | None = None) -> list[ChangePoint]:
+        """Feed a batch (n, d) of records (and their L2 norms, if known); returns the change points
+        detected in it.
 
         Records that do not fill a mini-batch are kept for the next call.
         """
@@ -215,7 +222,7 @@ class OnlineDriftMonitor:
             raise ValueError(
                 f"expected vectors of shape (n, {self.baseline.centroid_unit.shape[0]}), got {vectors.shape}"
             )
-        raw = record_signals(vectors, self.baseline.centroid_unit)
+        raw = record_signals(vectors, self.baseline.centroid_unit, norms)
         z = np.stack([(raw[s] - self.baseline.means[s]) / self.baseline.stds[s] for s in self.signals])
         with self._lock:
             first_index = self._records_seen - self._pending.shape[1]

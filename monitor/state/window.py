@@ -323,7 +323,7 @@ class SlidingWindow:
             return
         sub = self._subwindow(self._advance(now))
         rows64 = np.ascontiguousarray(vectors, dtype=np.float64)  # one cast, shared with stats
-        norms = np.sqrt(np.einsum("ij,ij->i", rows64, rows64))
+        norms = batch.norms if batch.norms is not None else np.sqrt(np.einsum("ij,ij->i", rows64, rows64))
         sub.stats.update(rows64, norms=norms)
         sub.reservoir.add(vectors, batch.ids)
         if batch.pair_ids is not None:
