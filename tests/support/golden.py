@@ -1,0 +1,236 @@
+"""Every exported number on one fixed input: the daemon's behaviour, pinned.
+
+A deterministic scenario (injected clock, seeded vectors, JSON and binary embeddings, malformed
+messages, interactions, a golden set, a drift reference and a shifted window) is fed through the
+real daemon, every scheduled job runs once, and ``/metrics`` is rendered. Values that measure
+time (timestamps, durations, ages) or the process (``process_*``, ``python_*``) are dropped; the
+rest must not change unless a change means to change them.
+
+``python -m tests.support.golden --write`` rewrites ``tests/fixtures/golden-metrics.json`` after
+an intended change (say why in the commit); ``tests/service/test_golden.py`` compares against it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+from prometheus_client.parser import text_string_to_metric_families
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "golden-metrics.json"
+START = 1_000_000.0
+# Names (or name fragments) whose values depend on wall time or the machine, not on the input.
+_VOLATILE = ("timestamp", "duration", "_age_seconds", "_created", "process_", "python_", "build_info",
+             "checkpoint_size_bytes", "backpressure_seconds")
+
+
+class Clock:
+    def __init__(self, now: float = START):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def scenario(tmp: Path) -> tuple[dict[str, Any], list[list[Any]]]:
+    """The settings overrides and the polls (lists of source messages) of the fixed scenario."""
+    from monitor.records import SourcePosition
+    from monitor.sources import SourceMessage
+
+    rng = np.random.default_rng(20261122)
+    d_alpha, d_beta = 24, 12
+    catalog = _unit(rng.standard_normal((300, d_beta)) + 0.3)
+    rotation, _ = np.linalg.qr(rng.standard_normal((d_beta, d_beta)))
+    gamma_catalog = _unit(catalog @ rotation + 0.05 * rng.standard_normal(catalog.shape))
+    golden = tmp / "golden.jsonl"
+    with golden.open("w") as out:
+        for q in range(12):
+            vector = catalog[q * 7] + 0.1 * rng.standard_normal(d_beta)
+            qrels = {f"doc-{q * 7}": 3, f"doc-{q * 7 + 1}": 1}
+            out.write(json.dumps({"query_id": f"g{q}", "vector": vector.tolist(), "qrels": qrels,
+                                  "slice": "head" if q % 2 else "tail"}) + "\n")
+    overrides: dict[str, Any] = {
+        "source": "kafka",
+        "checkpoint": {"enabled": False},
+        "http": {"host": "127.0.0.1", "port": 0},
+        "state_dir": str(tmp / "state"),
+        "window": {"seconds": 300, "subwindows": 6, "reservoir_size": 400},
+        "drift": {
+            "interval_seconds": 60.0,
+            "false_alarm_every": "1h",
+            "window_sample_size": 200,
+            "reference_sample_size": 200,
+            "threads": 1,
+            "ks": {"components": 8},
+            "classifier": {"squared_components": 4},
+            "reference": {"records": 300},
+            "online": {"aggregate": 16},
+        },
+        "probes": {
+            "statistics": {"resamples": 100},
+            "golden": [{"name": "gold", "file": str(golden), "model": "beta", "k": [5, 10],
+                        "retriever": {"kind": "knn", "stream": "catalog"}}],
+            "ann_recall": [{"name": "ann", "model": "beta", "stream": "catalog", "k": [10]}],
+            "clicks": [{"name": "clicks", "k": [5, 10], "catalog_stream": "catalog"}],
+            "agreement": [{"name": "agree", "reference": {"model": "beta", "stream": "catalog"},
+                           "candidate": {"model": "gamma", "stream": "catalog"}, "queries": 50, "pairs": 500}],
+        },
+    }
+    polls: list[list[Any]] = []
+    offsets = {"embeddings": 0, "interactions": 0}
+
+    def message(value: bytes, headers: tuple[tuple[str, bytes], ...] = (), kind: str = "embeddings") -> Any:
+        topic = "embeddings" if kind == "embeddings" else "interactions"
+        offsets[kind] += 1
+        return SourceMessage(value, headers, kind, SourcePosition(topic, 0, offsets[kind] - 1))  # type: ignore[arg-type]
+
+    def binary(rows: np.ndarray, stream: str = "documents") -> Any:
+        headers = (("model", b"alpha"), ("dim", str(rows.shape[1]).encode()), ("stream", stream.encode()))
+        return message(rows.astype("<f4").tobytes(), headers)
+
+    def event(model: str, ident: str, vector: np.ndarray, **extra: Any) -> Any:
+        return message(orjson.dumps({"id": ident, "model": model, "vector": vector.tolist(), **extra}))
+
+    # alpha: a healthy reference (its first 300 records), long before a shifted window.
+    base = rng.standard_normal((600, d_alpha))
+    base[:, :3] *= 4.0
+    for chunk in np.array_split(base[:300], 6):
+        polls.append([binary(chunk)])
+    polls.append([])  # a gap: the reference leaves the window
+    shifted = base[300:] + 1.5 * np.eye(d_alpha)[0]
+    for chunk in np.array_split(shifted, 6):
+        polls.append([binary(chunk)])
+    # Catalogs with ids (two models, the same documents): k-NN, ANN recall, clicks, agreement.
+    for start in range(0, 300, 100):
+        polls.append([event("beta", f"doc-{i}", catalog[i], stream="catalog") for i in range(start, start + 100)]
+                     + [event("gamma", f"doc-{i}", gamma_catalog[i], stream="catalog")
+                        for i in range(start, start + 100)])
+    # Queries with positive pairs and slices (alignment, uniformity) plus malformed input.
+    queries = _unit(rng.standard_normal((80, d_beta)))
+    polls.append([event("beta", f"q-{i}", queries[i], stream="queries", pair_id=f"p{i // 2}",
+                        slice="head" if i % 3 else "tail") for i in range(80)])
+    polls.append([
+        message(b"{not json"),
+        message(orjson.dumps([1, 2])),
+        message(orjson.dumps({"id": "x", "model": "beta"})),
+        message(orjson.dumps({"id": "x", "model": "beta", "vector": [0.0] * d_beta})),
+        message(orjson.dumps({"id": "x", "model": "beta", "vector": [1.0, 2.0]})),
+        message(orjson.dumps({"id": "x", "model": "bad label!", "vector": [1.0]})),
+        message(b"\x00\x00\x80\x7f" * d_alpha, (("model", b"alpha"), ("dim", str(d_alpha).encode()))),
+        message(b"\x00" * 7, (("model", b"alpha"), ("dim", b"nope"))),
+    ])
+    # Interactions: served top-10 with a known share of ANN misses, position-biased clicks.
+    sims = catalog @ catalog.T
+    events = []
+    for q in range(60):
+        query = catalog[q] + 0.05 * rng.standard_normal(d_beta)
+        order = np.argsort(-(catalog @ query), kind="stable")[:10].tolist()
+        if q % 4 == 0:
+            order[-1] = int(np.argmin(sims[q]))
+        results = [f"doc-{i}" for i in order]
+        clicks = [results[int(rng.integers(0, 3))]] if q % 5 else []
+        events.append(message(orjson.dumps({
+            "query_id": f"iq-{q}", "model": "beta", "query_vector": query.tolist(), "results": results,
+            "clicks": clicks, "slice": "head" if q % 2 else "tail"}), kind="interactions"))
+    events.append(message(b"[]", kind="interactions"))
+    polls.append(events)
+    return overrides, polls
+
+
+def run_scenario(tmp: Path) -> str:
+    """Feed the scenario through a real daemon, run every job once, return the /metrics text."""
+    from prometheus_client import generate_latest
+
+    from monitor.config import load_settings
+    from monitor.service import Monitor
+    from monitor.sources import Source
+
+    class _Idle(Source):
+        name = "kafka"
+
+        def poll(self, timeout: float) -> list[Any]:
+            return []
+
+    overrides, polls = scenario(tmp)
+    clock = Clock()
+    monitor = Monitor(load_settings(overrides=overrides), source=_Idle(), clock=clock)
+    try:
+        for poll in polls:
+            clock.now += 10.0 if poll else 400.0
+            if poll:
+                monitor._apply(monitor._decode(poll))
+        clock.now += 30.0
+        monitor.refresh()
+        for component in monitor.components:
+            for job in component.jobs():
+                job.func()
+        monitor.refresh()
+        return generate_latest(monitor.metrics_registry).decode()
+    finally:
+        monitor.stop()
+
+
+def stable_values(text: str) -> dict[str, float | str]:
+    """``name{labels}`` -> value for every sample that does not measure time or the process."""
+    out: dict[str, float | str] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if any(part in sample.name for part in _VOLATILE):
+                continue
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            value = float(sample.value)
+            out[f"{sample.name}{{{labels}}}"] = "NaN" if math.isnan(value) else value
+    return dict(sorted(out.items()))
+
+
+def current() -> dict[str, float | str]:
+    with tempfile.TemporaryDirectory(prefix="embmon-golden-") as tmp:
+        return stable_values(run_scenario(Path(tmp)))
+
+
+def differences(expected: dict[str, Any], actual: dict[str, Any], rtol: float = 1e-6,
+                atol: float = 1e-9) -> Iterator[str]:
+    """Human-readable differences: missing, extra and changed series."""
+    for key in sorted(expected.keys() - actual.keys()):
+        yield f"missing: {key} (was {expected[key]})"
+    for key in sorted(actual.keys() - expected.keys()):
+        yield f"new: {key} = {actual[key]}"
+    for key in sorted(expected.keys() & actual.keys()):
+        a, b = expected[key], actual[key]
+        if isinstance(a, str) or isinstance(b, str):
+            if a != b:
+                yield f"changed: {key}: {a} -> {b}"
+        elif abs(a - b) > atol + rtol * abs(a):
+            yield f"changed: {key}: {a!r} -> {b!r}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help=f"rewrite {FIXTURE.name} from this code")
+    parser.add_argument("--against", type=Path, default=FIXTURE, help="compare with this file")
+    args = parser.parse_args(argv)
+    values = current()
+    if args.write:
+        FIXTURE.parent.mkdir(parents=True, exist_ok=True)
+        FIXTURE.write_text(json.dumps(values, indent=1) + "\n")
+        print(f"wrote {len(values)} series to {FIXTURE}")
+        return 0
+    diff = list(differences(json.loads(args.against.read_text()), values))
+    print("\n".join(diff) or f"identical: {len(values)} series")
+    return 1 if diff else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
