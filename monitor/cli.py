@@ -92,16 +92,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     configure_logging(settings.log_level)
     logger.info("settings: %s", settings.redacted())
-    monitor = Monitor(settings)
-    monitor.start()
-    monitor.run_until_stopped()
+    Monitor(settings).serve()
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from monitor.demo import run_demo
+    import tempfile
 
-    return run_demo(args)
+    from monitor.demo import DEMO_SETTINGS, run_demo
+
+    # A fresh state directory per run (removed at exit), so no earlier run's references leak in;
+    # --state-dir, EMBMON_STATE_DIR or the config file choose a lasting one instead.
+    with tempfile.TemporaryDirectory(prefix="embmon-demo-") as fresh:
+        settings = settings_from_args(args, defaults={**DEMO_SETTINGS, "state_dir": fresh})
+        return run_demo(settings, duration=args.duration, summary=not args.no_summary)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -166,6 +170,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"embedding-monitor: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the port is taken, the state directory is not writable, ...
+        print(f"embedding-monitor: cannot start: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -243,7 +243,7 @@ class Settings(BaseSettings):
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     models: dict[str, ModelSettings] = Field(default_factory=dict)
     refresh_seconds: float = Field(15.0, gt=0, le=3600)
-    state_dir: Path = Path("embmon-state")
+    state_dir: Path = Field(default_factory=lambda: default_state_dir())
     device: Literal["auto", "cpu", "cuda"] = "auto"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     shutdown_timeout_seconds: float = Field(8.0, gt=0, le=60)
@@ -268,6 +268,14 @@ class Settings(BaseSettings):
     def redacted(self) -> dict[str, Any]:
         """The settings as a dict with secrets masked, safe to log."""
         return _redact(self.model_dump(mode="json"))
+
+
+def default_state_dir() -> Path:
+    """Where references and checkpoints live unless ``state_dir`` says: per user, never the working
+    directory (``$XDG_STATE_HOME/embedding-monitor``, else ``~/.local/state/embedding-monitor``).
+    Containers set ``EMBMON_STATE_DIR`` to a volume."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "embedding-monitor"
 
 
 def _redact(value: Any, key: str = "") -> Any:

@@ -7,12 +7,16 @@ window is shortened to 30 s so each phase shows fully before the next begins.
 
 from __future__ import annotations
 
-import argparse
 import sys
+import threading
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from monitor.logs import configure_logging
+
+if TYPE_CHECKING:
+    from monitor.config import Settings
+    from monitor.service import Monitor
 
 PHASE_SECONDS = 30.0
 
@@ -53,34 +57,30 @@ DEMO_SETTINGS: dict[str, Any] = {
 }
 
 
-def run_demo(args: argparse.Namespace) -> int:
-    from monitor.cli import settings_from_args
+def run_demo(settings: Settings, duration: float | None = None, summary: bool = True) -> int:
     from monitor.service import Monitor
 
-    settings = settings_from_args(args, defaults=DEMO_SETTINGS)
     configure_logging(settings.log_level)
     monitor = Monitor(settings)
-    monitor.start()
     out = sys.stdout
-    print(
-        f"embedding-monitor demo: metrics at http://127.0.0.1:{monitor.http.port}/metrics "
-        f"(phases of {PHASE_SECONDS:.0f}s: healthy -> anisotropic -> collapsed -> invalid input; drift is tested "
-        "every 10 s against the first 3,000 records; retrieval probes run on synthetic clicks; Ctrl-C stops)",
-        file=out,
-        flush=True,
-    )
-    if args.no_summary:
-        monitor.run_until_stopped(stop_after=args.duration)
-        return 0
-    import threading
 
-    printer = threading.Thread(target=_summaries, args=(monitor, out), name="embmon-demo-summary", daemon=True)
-    printer.start()
-    monitor.run_until_stopped(stop_after=args.duration)
+    def started() -> None:
+        print(
+            f"embedding-monitor demo: metrics at http://127.0.0.1:{monitor.http.port}/metrics "
+            f"(phases of {PHASE_SECONDS:.0f}s: healthy -> anisotropic -> collapsed -> invalid input; drift is tested "
+            "every 10 s against the first 3,000 records; retrieval probes run on synthetic clicks; Ctrl-C stops)\n"
+            f"state directory: {settings.state_dir}",
+            file=out,
+            flush=True,
+        )
+        if summary:
+            threading.Thread(target=_summaries, args=(monitor, out), name="embmon-demo-summary", daemon=True).start()
+
+    monitor.serve(stop_after=duration, on_started=started)
     return 0
 
 
-def _summaries(monitor: Any, out: TextIO, every: float = 4.0) -> None:
+def _summaries(monitor: Monitor, out: TextIO, every: float = 4.0) -> None:
     while not monitor.stopping:
         time.sleep(every)
         if monitor.stopping:
@@ -88,10 +88,10 @@ def _summaries(monitor: Any, out: TextIO, every: float = 4.0) -> None:
         print(summary_table(monitor), file=out, flush=True)
 
 
-def summary_table(monitor: Any) -> str:
+def summary_table(monitor: Monitor) -> str:
     """A compact view of the gauges an operator watches, one row per (model, stream)."""
     phase = getattr(monitor.source, "current_phase", None)
-    invalid = sum(monitor.invalid_counts().values())
+    invalid = sum(monitor.status.invalid_counts().values())
     head = f"-- phase: {phase.kind if phase else '?'} | invalid records so far: {invalid}"
     rows = [
         head,

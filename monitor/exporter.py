@@ -113,27 +113,40 @@ class HttpServer:
         self.tls = ssl_context is not None
         self.add_route("/healthz", lambda env: _probe(self._health()), methods=("GET", "HEAD"))
         self.add_route("/readyz", lambda env: _probe(self._readiness()), methods=("GET", "HEAD"))
-        self._server = make_server(host, port, self._app, _Server, handler_class=_QuietHandler)
-        self._server.ssl_context = ssl_context
-        self._thread = threading.Thread(target=self._server.serve_forever, name="embmon-http", daemon=True)
+        self._host = host
+        self._port = port
+        self._ssl_context = ssl_context
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self._bound_port: int | None = None
 
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        """The bound port once started (the configured one before; 0 means "any free port")."""
+        return self._bound_port if self._bound_port is not None else self._port
+
+    def start(self) -> None:
+        """Bind the port and serve in a thread. Raises OSError when the port cannot be bound."""
+        server = make_server(self._host, self._port, self._app, _Server, handler_class=_QuietHandler)
+        server.ssl_context = self._ssl_context
+        self._server = server
+        self._bound_port = int(server.server_address[1])
+        self._thread = threading.Thread(target=server.serve_forever, name="embmon-http", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._server is None:
+            return
+        if self._thread is not None and self._thread.is_alive():
+            self._server.shutdown()
+            self._thread.join(timeout=5)
+        self._server.server_close()
+        self._server = None
 
     def add_route(
         self, path: str, handler: Handler, methods: Iterable[str] = ("GET",), bearer_token: str | None = None
     ) -> None:
         self._routes[path] = Route(path, frozenset(methods), handler, bearer_token)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        if self._thread.is_alive():
-            self._server.shutdown()
-            self._thread.join(timeout=5)
-        self._server.server_close()
 
     def auth_failure_counts(self) -> dict[str, int]:
         """Rejected requests by endpoint kind (``metrics``, ``admin``, ``other``)."""

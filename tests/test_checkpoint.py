@@ -66,7 +66,7 @@ def feed(monitor: Monitor, rng: np.random.Generator, offset: int, n: int = 40, d
     messages.append(SourceMessage(b"{bad", (), "embeddings", SourcePosition("t", 1, offset)))
     messages.append(SourceMessage(orjson.dumps({"id": "x", "model": "j", "vector": [1.0, 2.0], "pair_id": "p"}), (),
                                   "embeddings", SourcePosition("t", 1, offset + 1)))
-    monitor._apply(monitor._decode(messages))
+    monitor.pipeline.apply_messages(messages)
     return offset + len(messages)
 
 
@@ -98,15 +98,15 @@ def test_round_trip_is_exact_and_sampling_continues_identically(tmp_path: Path) 
     for step in range(5):
         clock.now += 100 * step  # spread over several sub-windows
         offset = feed(first, rng, offset)
-    assert first.checkpoint()
+    assert first.checkpointer.checkpoint()
     second = make_monitor(tmp_path, Clock(clock.now))
-    assert second.restore()
+    assert second.checkpointer.restore()
     assert_same(window_state(first), window_state(second))
     assert_same(window_state(first, "j"), window_state(second, "j"))
     assert second.registry.get("m", "documents").records_total == first.registry.get("m", "documents").records_total == 200
-    assert second.invalid_counts() == first.invalid_counts() == {("documents", "bad_json"): 5}
+    assert second.status.invalid_counts() == first.status.invalid_counts() == {("documents", "bad_json"): 5}
     assert second.decoder.dims == {"m": 6, "j": 2}
-    assert second.applied_offsets() == first.applied_offsets() == {("t", 0): 27, ("t", 1): 25}
+    assert second.offsets.applied() == first.offsets.applied() == {("t", 0): 27, ("t", 1): 25}
     # the reservoirs' RNG state came back: the same next batch is sampled identically
     feed(first, np.random.default_rng(9), offset)
     feed(second, np.random.default_rng(9), offset)
@@ -118,9 +118,9 @@ def test_round_trip_is_exact_and_sampling_continues_identically(tmp_path: Path) 
 def test_previous_checkpoint_is_kept_and_used_when_the_current_is_corrupt(tmp_path: Path) -> None:
     monitor, rng = make_monitor(tmp_path), np.random.default_rng(1)
     feed(monitor, rng, 0)
-    assert monitor.checkpoint()
+    assert monitor.checkpointer.checkpoint()
     feed(monitor, rng, 100)
-    assert monitor.checkpoint()
+    assert monitor.checkpointer.checkpoint()
     monitor.stop()
     store = ckpt.CheckpointStore(tmp_path)
     assert store.current.exists() and store.previous.exists()
@@ -128,15 +128,15 @@ def test_previous_checkpoint_is_kept_and_used_when_the_current_is_corrupt(tmp_pa
     data[len(data) // 2] ^= 0xFF
     store.current.write_bytes(bytes(data))
     restored = make_monitor(tmp_path)
-    assert restored.restore()
-    assert restored.restored_from == str(store.previous)
+    assert restored.checkpointer.restore()
+    assert restored.checkpointer.restored_from == str(store.previous)
     assert restored.registry.get("m", "documents").records_total == 40  # the older state
-    assert restored.restore_failure_counts() == {"corrupt": 1}
+    assert restored.checkpointer.restore_failures.snapshot() == {"corrupt": 1}
     assert (tmp_path / ckpt.REJECTED).exists() and not store.current.exists()
     text = generate_latest(restored.metrics_registry).decode()
     assert 'embmon_checkpoint_restore_failures_total{reason="corrupt"} 1.0' in text
     # the next write keeps the good previous one as .prev
-    assert restored.checkpoint()
+    assert restored.checkpointer.checkpoint()
     assert store.current.exists() and store.previous.exists()
     restored.stop()
 
@@ -153,14 +153,14 @@ def test_previous_checkpoint_is_kept_and_used_when_the_current_is_corrupt(tmp_pa
 def test_unusable_files_fall_back_and_never_crash(tmp_path: Path, damage, reason: str) -> None:  # type: ignore[no-untyped-def]
     monitor = make_monitor(tmp_path)
     feed(monitor, np.random.default_rng(2), 0)
-    assert monitor.checkpoint()
+    assert monitor.checkpointer.checkpoint()
     monitor.stop()
     store = ckpt.CheckpointStore(tmp_path)
     store.current.write_bytes(damage(store.current.read_bytes()))
     restored = make_monitor(tmp_path)
-    assert restored.restore() is False  # no previous one: empty state, and the daemon starts
+    assert restored.checkpointer.restore() is False  # no previous one: empty state, and the daemon starts
     assert len(restored.registry) == 0
-    assert restored.restore_failure_counts() == {reason: 1}
+    assert restored.checkpointer.restore_failures.snapshot() == {reason: 1}
     restored.start()
     restored.stop()
 
@@ -168,11 +168,11 @@ def test_unusable_files_fall_back_and_never_crash(tmp_path: Path, damage, reason
 def test_a_checkpoint_from_another_window_configuration_is_incompatible(tmp_path: Path) -> None:
     monitor = make_monitor(tmp_path)
     feed(monitor, np.random.default_rng(3), 0)
-    assert monitor.checkpoint()
+    assert monitor.checkpointer.checkpoint()
     monitor.stop()
     other = make_monitor(tmp_path, window={"seconds": 600, "subwindows": 3, "reservoir_size": 60})
-    assert other.restore() is False
-    assert other.restore_failure_counts() == {"incompatible": 1}
+    assert other.checkpointer.restore() is False
+    assert other.checkpointer.restore_failures.snapshot() == {"incompatible": 1}
     assert len(other.registry) == 0
     other.stop()
 
@@ -211,15 +211,15 @@ def test_checkpoint_size_and_time_at_dimension_768(tmp_path: Path) -> None:
     for k in range(10):
         clock.now += 90
         rows = rng.standard_normal((1000, 768)).astype(np.float32)
-        monitor._apply(monitor._decode([SourceMessage(rows.tobytes(), (("model", b"big"), ("dim", b"768")), "embeddings",
-                                                      SourcePosition("t", 0, k))]))
+        monitor.pipeline.apply_messages([SourceMessage(rows.tobytes(), (("model", b"big"), ("dim", b"768")), "embeddings",
+                                                      SourcePosition("t", 0, k))])
     started = time.perf_counter()
-    assert monitor.checkpoint()
+    assert monitor.checkpointer.checkpoint()
     elapsed = time.perf_counter() - started
     size = ckpt.CheckpointStore(tmp_path).current.stat().st_size
     started = time.perf_counter()
     restored = make_monitor(tmp_path, Clock(clock.now), window={"seconds": 900, "subwindows": 10, "reservoir_size": 10_000})
-    assert restored.restore()
+    assert restored.checkpointer.restore()
     restore_elapsed = time.perf_counter() - started
     print(f"\ncheckpoint d=768: {size / 1e6:.1f} MB written in {elapsed:.2f} s, restored in {restore_elapsed:.2f} s")
     # 10 packed Gram triangles (768*769/2 float64) + 10,000 float32 reservoir rows, plus small change

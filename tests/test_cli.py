@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -130,3 +131,24 @@ def test_demo_shows_healthy_then_collapsed(tmp_path: Path) -> None:
         out, _ = proc.communicate(timeout=15)
     assert proc.returncode == 0
     assert "phase: collapsed" in out and "YES" in out
+
+
+def test_demo_runs_in_a_fresh_temporary_state_directory_not_the_working_directory(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "monitor", "demo", "--metrics-port", str(free_port()), "--duration", "2",
+         "--no-summary"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    assert proc.returncode == 0, proc.stderr
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("state directory: "))
+    used = Path(line.removeprefix("state directory: "))
+    assert used.name.startswith("embmon-demo-") and not used.exists()  # removed at exit
+    assert list(tmp_path.iterdir()) == []  # nothing written where the demo was started
+
+
+def test_the_default_state_directory_is_per_user(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    assert load_settings().state_dir == tmp_path / "embedding-monitor"
+    monkeypatch.delenv("XDG_STATE_HOME")
+    assert load_settings().state_dir == Path.home() / ".local" / "state" / "embedding-monitor"

@@ -178,7 +178,7 @@ def test_label_cardinality_attack_keeps_series_bounded(tmp_path: Path) -> None:
         messages.append(SourceMessage(orjson.dumps({"model": f"q{i}", "results": ["a"]}), (), "interactions"))
     try:
         for start in range(0, len(messages), 500):
-            monitor._apply(monitor._decode(messages[start : start + 500]))
+            monitor.pipeline.apply_messages(messages[start : start + 500])
         monitor.refresh()
         text = generate_latest(monitor.metrics_registry).decode()
     finally:
@@ -188,7 +188,7 @@ def test_label_cardinality_attack_keeps_series_bounded(tmp_path: Path) -> None:
     streams = {s.labels["stream"] for s in series if "stream" in s.labels}
     assert len(models) <= 5 and len(streams) <= 5 * 3 + 2  # + default stream and "_overflow"
     assert len(series) < 400
-    invalid = monitor.invalid_counts()
+    invalid = monitor.status.invalid_counts()
     assert sum(invalid.values()) == 3000 * 3 - sum(s.records_total for s in monitor.registry) - sum(
-        monitor.interaction_counts().values())
+        monitor.status.interaction_counts().values())
     assert invalid[("_overflow", "label_limit")] > 0 and invalid[("_overflow", "missing_field")] > 0

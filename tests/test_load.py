@@ -13,7 +13,8 @@ import pytest
 from monitor.component import Component
 from monitor.config import load_settings
 from monitor.records import EmbeddingBatch
-from monitor.service import APPLY_QUEUE_POLLS, Monitor
+from monitor.ingest import APPLY_QUEUE_POLLS
+from monitor.service import Monitor
 from tests.support.broker import FAST_GROUP_OPTIONS, Broker
 from tests.support.scrape import scrape, value
 
@@ -50,8 +51,9 @@ def test_burst_backpressures_without_eviction_loss_or_slow_scrapes(broker: Broke
     )
     monitor = Monitor(settings, component_factories=[lambda ctx: Slow()])
     assignments: list[dict] = []
-    on_assigned = monitor.source.on_assigned  # type: ignore[attr-defined]
-    monitor.source.on_assigned = lambda positions: (assignments.append(positions), on_assigned(positions))  # type: ignore[attr-defined]
+    listener = monitor.source.listener
+    on_assigned = listener.on_assigned
+    listener.on_assigned = lambda positions: (assignments.append(positions), on_assigned(positions))  # type: ignore[method-assign]
     monitor.start()
     latencies, depths, paused, lags = [], [], [], []
     try:
@@ -60,7 +62,7 @@ def test_burst_backpressures_without_eviction_loss_or_slow_scrapes(broker: Broke
             started = time.perf_counter()
             samples = scrape(monitor.http.port)
             latencies.append(time.perf_counter() - started)
-            depths.append(monitor.queue_depth())
+            depths.append(monitor.status.queue_depth())
             paused.append(value(samples, "embmon_ingest_paused"))
             lags.append(value(samples, "embmon_consumer_lag_records", topic=topic))
             if value(samples, "embmon_records_total", model="m", stream="default") == MESSAGES * ROWS:

@@ -89,7 +89,7 @@ def test_broker_outage_flips_readiness_and_loses_or_duplicates_nothing(tmp_path:
         stats = monitor.registry.get("m", "default").window.snapshot(time.time()).stats
         expected = np.concatenate([first, second]).astype(np.float64)
         np.testing.assert_allclose(stats.vector_sum, expected.sum(axis=0), rtol=1e-9, atol=1e-9)
-        assert monitor.internal_error_counts() == {}
+        assert monitor.status.internal_error_counts() == {}
     finally:
         if monitor is not None:
             monitor.stop()

@@ -118,7 +118,7 @@ def test_the_daemon_schedules_component_jobs_unpaused(tmp_path: Path) -> None:
     try:
         # APScheduler 3 adds a job with next_run_time=None paused: a probe job must not be added so
         assert paused_jobs(monitor) == []
-        assert any(job.id == "probe:p" for job in monitor._scheduler.get_jobs())
+        assert any(job.id == "probe:p" for job in monitor.jobs.scheduler.get_jobs())
     finally:
         monitor.stop()
 

@@ -31,14 +31,19 @@ from kafka.structs import OffsetAndMetadata
 
 from monitor.config import KafkaSettings
 from monitor.records import SourcePosition
-from monitor.sources import MessageKind, Source, SourceMessage
+from monitor.sources import MessageKind, Partition, Source, SourceMessage
+from monitor.sources.kafka_internals import (
+    any_broker_connected,
+    close_failed_connect_sockets,
+    fetch_committed,
+    yield_to_loop,
+)
 
 logger = logging.getLogger(__name__)
 
 LAG_REFRESH_SECONDS = 5.0
 MAX_BACKOFF_SECONDS = 30.0
 HANDOFF_TIMEOUT_SECONDS = 60.0
-Key = tuple[str, int]
 
 
 def seek_position(checkpoint_offset: int | None, committed: int | None) -> int | None:
@@ -57,32 +62,6 @@ def seek_position(checkpoint_offset: int | None, committed: int | None) -> int |
     return max(checkpoint_offset + 1, committed if committed is not None and committed >= 0 else 0)
 
 
-def _close_failed_connect_sockets() -> None:
-    """kafka-python 3.0 leaks the socket of every failed connection attempt (closed only when
-    the garbage collector finds it), so a long broker outage piles up file descriptors. Close it
-    on failure instead. Applied once, only to the version whose ``connect`` has the leak."""
-    import kafka
-    from kafka.net.inet import KafkaNetSocket
-
-    if not str(kafka.__version__).startswith("3.0.") or getattr(KafkaNetSocket.connect, "_embmon", False):
-        return
-
-    async def connect(self: Any, net: Any, addrinfo: Any, socket_options: Any = (), timeout_at: Any = None) -> Any:
-        family, sock_type, proto, _canonname, sockaddr = addrinfo
-        sock = self.socket(family, sock_type, proto)
-        try:
-            sock.setblocking(False)
-            for option in socket_options:
-                sock.setsockopt(*option)
-            return await self.sock_connect(net, sock, sockaddr, timeout_at=timeout_at)
-        except BaseException:
-            sock.close()
-            raise
-
-    connect._embmon = True  # type: ignore[attr-defined]
-    KafkaNetSocket.connect = connect  # type: ignore[method-assign]
-
-
 class _Rebalance(AsyncConsumerRebalanceListener):
     def __init__(self, source: KafkaSource):
         self._source = source
@@ -97,22 +76,23 @@ class _Rebalance(AsyncConsumerRebalanceListener):
 
     async def _handoff(self, partitions: Any, commit: bool) -> None:
         source = self._source
+        consumer = source._consumer
         keys = sorted((tp.topic, tp.partition) for tp in partitions)
-        if not keys:
+        if not keys or consumer is None:
             return
         logger.info("partitions %s: %s", "revoked" if commit else "lost", keys)
-        offsets: dict[Key, int] = {}
-        if source.on_revoked is not None:
-            offsets = await self._in_worker(lambda: source.on_revoked(keys) if source.on_revoked else {})
-        if commit and offsets and source._consumer is not None:
+        offsets = await self._in_worker(consumer, lambda: source.listener.on_revoked(keys))
+        if commit and offsets:
             payload = {TopicPartition(t, p): OffsetAndMetadata(o + 1, "", -1) for (t, p), o in offsets.items()}
             try:
-                await source._consumer._coordinator._commit_offsets_sync_async(payload, 10_000)
+                await consumer.commit_async(payload)
                 source._note_committed(offsets)
             except KafkaError as exc:
                 logger.warning("commit on revocation failed (%s); the next owner resumes from the last commit", exc)
 
-    async def _in_worker(self, work: Callable[[], dict[Key, int] | None]) -> dict[Key, int]:
+    async def _in_worker(
+        self, consumer: KafkaConsumer, work: Callable[[], dict[Partition, int]]
+    ) -> dict[Partition, int]:
         """Run blocking ``work`` in a thread while yielding to kafka-python's IO loop."""
         done = threading.Event()
         result: dict[str, Any] = {}
@@ -126,13 +106,9 @@ class _Rebalance(AsyncConsumerRebalanceListener):
                 done.set()
 
         threading.Thread(target=run, name="embmon-handoff", daemon=True).start()
-        net = self._source._consumer._net if self._source._consumer is not None else None
         deadline = time.monotonic() + HANDOFF_TIMEOUT_SECONDS
         while not done.is_set() and time.monotonic() < deadline:
-            if net is not None:
-                await net.sleep(0.02)
-            else:  # pragma: no cover - the consumer exists whenever its listener runs
-                done.wait(0.02)
+            await yield_to_loop(consumer, 0.02)
         if not done.is_set():
             logger.error("partition hand-off took over %.0fs; continuing without it", HANDOFF_TIMEOUT_SECONDS)
         return dict(result.get("value") or {})
@@ -144,15 +120,15 @@ class _Rebalance(AsyncConsumerRebalanceListener):
         logger.info("assigned partitions: %s", keys)
         if consumer is None or not keys:
             return
-        known = source.checkpoint_offsets() if source.checkpoint_offsets is not None else {}
+        known = source.listener.resume_offsets()
         restore = [tp for tp in assigned if (tp.topic, tp.partition) in known]
         committed: dict[Any, Any] = {}
         if restore:
             try:
-                committed = await consumer._coordinator.fetch_committed_offsets_async(restore, 10_000)
+                committed = await fetch_committed(consumer, restore, 10_000)
             except KafkaError as exc:
                 logger.warning("cannot read committed offsets (%s); resuming from the checkpoint", exc)
-        positions: dict[Key, int] = {}
+        positions: dict[Partition, int] = {}
         for tp in restore:
             key = (tp.topic, tp.partition)
             meta = committed.get(tp)
@@ -167,8 +143,7 @@ class _Rebalance(AsyncConsumerRebalanceListener):
                 "partition %s: resuming at %d (checkpoint reflects up to %d, group committed %s)",
                 key, position, known[key], group,
             )
-        if source.on_assigned is not None:
-            source.on_assigned(positions)
+        source.listener.on_assigned(positions)
 
 
 class KafkaSource(Source):
@@ -188,17 +163,9 @@ class KafkaSource(Source):
         self._lag_at = -LAG_REFRESH_SECONDS
         self._lag_updated: float | None = None
         self._paused = False
-        self._pending_commit: dict[Key, int] = {}
+        self._pending_commit: dict[Partition, int] = {}
         self._committed_lock = threading.Lock()
-        self._committed: dict[Key, int] = {}
-        # Set by the daemon. on_revoked runs in a worker thread during a rebalance and returns the
-        # offsets (last offset reflected) to commit for the revoked partitions; on_assigned gets
-        # the positions the consumer was sought to; checkpoint_offsets returns, per partition, the
-        # last offset the durable state reflects; applied_offsets the last offset applied.
-        self.on_revoked: Callable[[list[Key]], dict[Key, int]] | None = None
-        self.on_assigned: Callable[[dict[Key, int]], None] | None = None
-        self.checkpoint_offsets: Callable[[], dict[Key, int]] | None = None
-        self.applied_offsets: Callable[[], dict[Key, int]] | None = None
+        self._committed: dict[Partition, int] = {}
 
     def consumer_config(self) -> dict[str, Any]:
         """The kafka-python configuration: ours, then the pass-through options on top."""
@@ -217,7 +184,7 @@ class KafkaSource(Source):
         return config
 
     def start(self) -> None:
-        _close_failed_connect_sockets()
+        close_failed_connect_sockets()
         self._connect()
 
     def _connect(self) -> bool:
@@ -278,17 +245,7 @@ class KafkaSource(Source):
         return messages
 
     def _connected(self) -> bool:
-        client = getattr(self._consumer, "_client", None)
-        if client is None:
-            return True
-        try:
-            brokers = client.cluster.brokers()
-            if not brokers:
-                return False
-            ids = [getattr(b, "node_id", getattr(b, "nodeId", None)) for b in brokers]
-            return any(client.connected(node) for node in ids if node is not None)
-        except Exception:  # noqa: BLE001 - a diagnostics probe must never break polling
-            return self._up
+        return self._consumer is None or any_broker_connected(self._consumer, default=self._up)
 
     def pause(self) -> None:
         """Stop fetching (backpressure) while polling on, so the group keeps this member."""
@@ -305,7 +262,7 @@ class KafkaSource(Source):
     def paused(self) -> bool:
         return self._paused
 
-    def commit(self, offsets: Mapping[Key, int]) -> None:
+    def commit(self, offsets: Mapping[Partition, int]) -> None:
         """Commit "state reflects up to and including" ``offsets`` for partitions assigned to us.
 
         Partitions not assigned (any more) are skipped: committing them could move the group
@@ -327,7 +284,7 @@ class KafkaSource(Source):
             return
         self._note_committed(todo)
 
-    def _note_committed(self, offsets: Mapping[Key, int]) -> None:
+    def _note_committed(self, offsets: Mapping[Partition, int]) -> None:
         with self._committed_lock:
             self._committed.update(offsets)
 
@@ -343,7 +300,7 @@ class KafkaSource(Source):
             ends = self._consumer.end_offsets(list(assigned))
         except KafkaError:
             return
-        applied = self.applied_offsets() if self.applied_offsets is not None else {}
+        applied = self.listener.applied_offsets()
         lag: dict[str, int] = {}
         for tp, end in ends.items():
             if end is None:

@@ -170,7 +170,7 @@ def run_scenario(tmp: Path) -> str:
         for poll in polls:
             clock.now += 10.0 if poll else 400.0
             if poll:
-                monitor._apply(monitor._decode(poll))
+                monitor.pipeline.apply_messages(poll)
         clock.now += 30.0
         monitor.refresh()
         for component in monitor.components:

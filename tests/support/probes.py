@@ -104,7 +104,7 @@ def json_messages(kind: str, events: Sequence[dict[str, Any]]) -> list[SourceMes
 
 
 def paused_jobs(monitor: Any) -> list[str]:
-    return [job.id for job in monitor._scheduler.get_jobs() if job.next_run_time is None]
+    return [job.id for job in monitor.jobs.scheduler.get_jobs() if job.next_run_time is None]
 
 
 def window_of(vectors: np.ndarray, ids: Sequence[str], model: str = "m", stream: str = "documents") -> Any:

@@ -1,0 +1,361 @@
+"""From polled messages to state: decoding, the poll and apply threads, backpressure, commits.
+
+Threads:
+
+* ``embmon-poll`` polls the source, decodes, hands each decoded poll to the apply thread and
+  commits the offsets the state reflects (kafka-python is not thread-safe, so polling and
+  committing stay on one thread). When the apply queue is full it pauses the source and keeps
+  polling, so the group never evicts it for not polling (backpressure: the lag grows, nothing is
+  dropped);
+* ``embmon-apply`` folds batches into the windows (BLAS releases the GIL, so this overlaps with
+  polling and JSON parsing on a second core) and calls the components' cheap hooks. Between two
+  batches it also runs what must see a consistent state (:meth:`IngestPipeline.at_batch_boundary`:
+  checkpoint captures), so state and offsets always agree.
+
+Tests and offline tools skip the threads: :meth:`IngestPipeline.apply_messages` decodes and
+applies one poll synchronously.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from monitor.component import Component
+from monitor.config import Settings
+from monitor.counters import InternalErrors, Tally
+from monitor.decoding import Decoder, DecodeResult
+from monitor.logs import RateLimitedLog
+from monitor.offsets import OffsetTracker
+from monitor.sources import Source, SourceMessage
+from monitor.state.registry import StateRegistry
+
+logger = logging.getLogger(__name__)
+
+APPLY_QUEUE_POLLS = 8  # polls buffered between the poll and apply threads: bounds memory
+OVERFLOW_STREAM = "_overflow"  # invalid-record label for stream names outside the label budget
+T = TypeVar("T")
+
+
+@dataclass
+class DecodedPoll:
+    """One poll, decoded, on its way to the apply thread."""
+
+    embeddings: DecodeResult
+    interactions: DecodeResult
+    positions: dict[tuple[str, int], int]  # last offset per partition in the poll
+
+
+@dataclass
+class _BoundaryCall:
+    """Work to run on the apply thread between two batches; claimed exactly once."""
+
+    work: Callable[[], Any]
+    done: threading.Event = field(default_factory=threading.Event)
+    claimed: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    result: Any = None
+    error: BaseException | None = None
+
+    def claim(self) -> bool:
+        with self.lock:
+            if self.claimed:
+                return False
+            self.claimed = True
+            return True
+
+    def run(self) -> None:
+        try:
+            self.result = self.work()
+        except BaseException as exc:  # noqa: BLE001 - handed to the requester
+            self.error = exc
+        finally:
+            self.done.set()
+
+
+class IngestPipeline:
+    """Decodes polls, applies them to the registry and components, tracks offsets and backpressure."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        source: Source,
+        decoder: Decoder,
+        registry: StateRegistry,
+        components: Sequence[Component],
+        offsets: OffsetTracker,
+        errors: InternalErrors,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.settings = settings
+        self.source = source
+        self.decoder = decoder
+        self.registry = registry
+        self.components = components
+        self.offsets = offsets
+        self.errors = errors
+        self.clock = clock
+        self.invalid: Tally[tuple[str, str]] = Tally()  # (stream, reason)
+        self.interactions: Tally[str] = Tally()  # model
+        self._log = RateLimitedLog(logger)
+        self._queue: queue.Queue[DecodedPoll | None] = queue.Queue(maxsize=APPLY_QUEUE_POLLS)
+        self._backlog: list[DecodedPoll] = []  # decoded polls waiting for room in the queue
+        self._backlog_lock = threading.Lock()
+        self._inflight = 0  # polls queued or being applied
+        self._inflight_cond = threading.Condition()
+        self._paused_since: float | None = None
+        self._backpressure_seconds = 0.0
+        self._pressure_lock = threading.Lock()
+        self._boundary: _BoundaryCall | None = None
+        self._boundary_lock = threading.Lock()
+        self._commit_now = threading.Event()
+        self._stop = threading.Event()
+        self._on_intake_end: Callable[[], None] = lambda: None
+        self._poll_thread = threading.Thread(target=self._poll_loop, name="embmon-poll", daemon=True)
+        self._apply_thread = threading.Thread(target=self._apply_loop, name="embmon-apply", daemon=True)
+
+    # ------------------------------------------------------------------ synchronous use
+    def decode(self, messages: Sequence[SourceMessage]) -> DecodedPoll:
+        embeddings = [(m.value, m.headers) for m in messages if m.kind == "embeddings"]
+        interactions = [(m.value, m.headers) for m in messages if m.kind == "interactions"]
+        positions: dict[tuple[str, int], int] = {}
+        for m in messages:
+            if m.position is not None:
+                key = (m.position.topic, m.position.partition)
+                positions[key] = max(positions.get(key, -1), m.position.offset)
+        return DecodedPoll(
+            self.decoder.decode_embeddings(embeddings) if embeddings else DecodeResult(),
+            self.decoder.decode_interactions(interactions) if interactions else DecodeResult(),
+            positions,
+        )
+
+    def apply(self, poll: DecodedPoll) -> None:
+        """Fold one decoded poll into the state and the components; count what was rejected."""
+        now = self.clock()
+        for batch in poll.embeddings.batches:
+            with self.errors.guard("apply"):
+                self.registry.apply(batch, now)
+            for component in self.components:
+                with self.errors.guard(f"on_embeddings:{component.name}"):
+                    component.on_embeddings(batch, now)
+        for event in poll.interactions.interactions:
+            self.interactions.add(event.model)
+            for component in self.components:
+                with self.errors.guard(f"on_interaction:{component.name}"):
+                    component.on_interaction(event, now)
+        for result in (poll.embeddings, poll.interactions):
+            if result.rejected:
+                bounded: Counter[tuple[str, str]] = Counter()
+                for (stream, reason), count in result.rejected.items():
+                    bounded[(self._bounded_stream(stream), reason)] += count
+                self.invalid.update(bounded)
+                for reason, detail in result.examples.items():
+                    self._log.warning(f"invalid:{reason}", "skipping invalid record (%s): %s", reason, detail)
+        if poll.positions:
+            self.offsets.mark_applied(poll.positions)
+
+    def apply_messages(self, messages: Sequence[SourceMessage]) -> None:
+        """Decode and apply one poll on the calling thread (tests, offline replays)."""
+        self.apply(self.decode(messages))
+
+    def _bounded_stream(self, stream: str) -> str:
+        """``stream`` when it is (or may become) a label of some model, else OVERFLOW_STREAM:
+        rejected records must not let their stream names through the label budget."""
+        if stream == self.decoder.default_stream or stream in self.registry.known_streams():
+            return stream
+        return OVERFLOW_STREAM
+
+    # ------------------------------------------------------------------ threads
+    def start(self, on_intake_end: Callable[[], None] = lambda: None) -> None:
+        """Start the apply and poll threads. ``on_intake_end`` runs on the poll thread once intake
+        stopped and everything polled was applied, before the last commit (the final checkpoint)."""
+        self._on_intake_end = on_intake_end
+        self._apply_thread.start()
+        self._poll_thread.start()
+
+    def stop(self, timeout: float) -> bool:
+        """Stop intake, apply what was polled, commit; True if both threads ended within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        self._stop.set()
+        for thread in (self._poll_thread, self._apply_thread):
+            if thread.ident is not None:
+                thread.join(timeout=max(0.1, deadline - time.monotonic()))
+        return not (self._poll_thread.is_alive() or self._apply_thread.is_alive())
+
+    @property
+    def alive(self) -> bool:
+        """Both ingest threads run (only meaningful after :meth:`start`)."""
+        return self._poll_thread.is_alive() and self._apply_thread.is_alive()
+
+    def commit_soon(self) -> None:
+        """Commit on the poll thread's next turn (a checkpoint just made more offsets durable)."""
+        self._commit_now.set()
+
+    def _poll_loop(self) -> None:
+        timeout = self.settings.kafka.poll_timeout_seconds
+        commit_every = self.settings.kafka.commit_interval_seconds
+        last_commit = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                backlogged = self._flush_backlog(wait=min(timeout, 0.1))
+                self._set_paused(backlogged)
+                try:
+                    messages = self.source.poll(min(timeout, 0.1) if backlogged else timeout)
+                except Exception:  # noqa: BLE001 - never let a source bug end intake
+                    self.errors.count("poll")
+                    logger.exception("source poll failed")
+                    time.sleep(min(timeout, 1.0))
+                    continue
+                if messages:
+                    self._enqueue(self.decode(messages))
+                if self._commit_now.is_set() or time.monotonic() - last_commit >= commit_every:
+                    self._commit_now.clear()
+                    self.commit()
+                    last_commit = time.monotonic()
+        finally:
+            self._finish_intake()
+
+    def _finish_intake(self) -> None:
+        deadline = time.monotonic() + self.settings.shutdown_timeout_seconds / 2
+        while self._flush_backlog(wait=0.05) and time.monotonic() < deadline:
+            pass
+        with contextlib.suppress(queue.Full):  # tell the apply thread to finish what is queued
+            self._queue.put(None, timeout=max(0.05, deadline - time.monotonic()))
+        self._apply_thread.join(timeout=max(0.05, deadline - time.monotonic()))
+        if not self._apply_thread.is_alive():
+            with self.errors.guard("shutdown"):
+                self._on_intake_end()
+        self.commit()
+        with self.errors.guard("close:source"):
+            self.source.close()
+
+    def commit(self) -> None:
+        """Tell the source which offsets the (durable) state reflects (poll thread only)."""
+        pending = self.offsets.to_commit()
+        if pending:
+            self.source.commit(pending)
+            self.offsets.mark_committed(pending)
+
+    def _apply_loop(self) -> None:
+        while True:
+            try:
+                item = self._queue.get(timeout=0.05)
+            except queue.Empty:
+                self._serve_boundary()
+                continue
+            self._serve_boundary()
+            if item is None:
+                return
+            try:
+                self.apply(item)
+            finally:
+                with self._inflight_cond:
+                    self._inflight -= 1
+                    self._inflight_cond.notify_all()
+            self._serve_boundary()
+
+    # ------------------------------------------------------------------ backpressure
+    def _enqueue(self, item: DecodedPoll) -> None:
+        with self._backlog_lock:
+            if not self._backlog:
+                try:
+                    self._queue.put_nowait(item)
+                except queue.Full:
+                    pass
+                else:
+                    with self._inflight_cond:
+                        self._inflight += 1
+                    return
+            self._backlog.append(item)
+
+    def _flush_backlog(self, wait: float) -> bool:
+        """Move backlogged polls into the queue; True while some remain (the queue is full)."""
+        with self._backlog_lock:
+            while self._backlog:
+                try:
+                    self._queue.put(self._backlog[0], timeout=wait)
+                except queue.Full:
+                    return True
+                self._backlog.pop(0)
+                with self._inflight_cond:
+                    self._inflight += 1
+            return False
+
+    def _set_paused(self, paused: bool) -> None:
+        now = time.monotonic()
+        if paused and self._paused_since is None:
+            self._paused_since = now
+            self.source.pause()
+            self._log.warning("backpressure", "apply queue full: pausing fetches until it drains (lag will grow)")
+        elif not paused and self._paused_since is not None:
+            with self._pressure_lock:
+                self._backpressure_seconds += now - self._paused_since
+            self._paused_since = None
+            self.source.resume()
+
+    @property
+    def paused(self) -> bool:
+        """Fetching is paused because the apply queue is full."""
+        return self._paused_since is not None
+
+    def backpressure_seconds(self) -> float:
+        """Total time fetching was paused, the current pause included."""
+        with self._pressure_lock:
+            total = self._backpressure_seconds
+        since = self._paused_since
+        return total + (time.monotonic() - since if since is not None else 0.0)
+
+    def queue_depth(self) -> int:
+        """Decoded polls waiting to be applied (queue plus backlog)."""
+        with self._backlog_lock:
+            backlog = len(self._backlog)
+        return self._queue.qsize() + backlog
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until every polled record is applied (backlog and queue empty, nothing in flight)."""
+        deadline = time.monotonic() + timeout
+        while self._flush_backlog(wait=0.05):
+            if time.monotonic() > deadline or not self._apply_thread.is_alive():
+                return False
+        with self._inflight_cond:
+            while self._inflight > 0:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._apply_thread.is_alive():
+                    return False
+                self._inflight_cond.wait(min(remaining, 0.1))
+        return True
+
+    # ------------------------------------------------------------------ batch boundaries
+    def at_batch_boundary(self, work: Callable[[], T], timeout: float = 30.0) -> T:
+        """Run ``work`` where no batch is half-applied: on the apply thread between two batches
+        (or right here when that thread is this one or not running). Raises what ``work`` raises,
+        or TimeoutError when no boundary came within ``timeout``."""
+        if threading.current_thread() is self._apply_thread or not self._apply_thread.is_alive():
+            return work()
+        call = _BoundaryCall(work)
+        with self._boundary_lock:
+            self._boundary = call
+            try:
+                deadline = time.monotonic() + timeout
+                while not call.done.wait(0.02):
+                    if not self._apply_thread.is_alive() and call.claim():
+                        call.run()
+                    elif time.monotonic() > deadline:
+                        raise TimeoutError("the apply thread did not reach a batch boundary in time")
+            finally:
+                self._boundary = None
+        if call.error is not None:
+            raise call.error
+        return call.result  # type: ignore[no-any-return]
+
+    def _serve_boundary(self) -> None:
+        call = self._boundary
+        if call is not None and call.claim():
+            call.run()

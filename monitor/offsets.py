@@ -1,0 +1,86 @@
+"""Which source offsets the state reflects, which are durable, and which the group has committed.
+
+Exactly-once state (docs/operations.md) rests on three numbers per partition, all "the last
+offset included" (Kafka's committed position is that plus one):
+
+* **applied**: folded into the in-memory state;
+* **durable**: held by the newest checkpoint on disk;
+* **committed**: told to the consumer group.
+
+With checkpointing on, only durable offsets are committed, so the group is never ahead of what a
+restart can restore; without it, applied offsets are. One lock guards all three.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+
+Partition = tuple[str, int]  # (topic, partition)
+Offsets = dict[Partition, int]
+
+
+class OffsetTracker:
+    """The applied, durable and committed offsets of every partition this replica has seen."""
+
+    def __init__(self, durable_commits: bool):
+        self.durable_commits = durable_commits
+        self._applied: Offsets = {}
+        self._durable: Offsets = {}
+        self._committed: Offsets = {}
+        self._lock = threading.Lock()
+
+    def applied(self) -> Offsets:
+        """The last offset per partition that the in-memory state reflects."""
+        with self._lock:
+            return dict(self._applied)
+
+    def durable(self) -> Offsets:
+        """The last offset per partition that the newest checkpoint reflects."""
+        with self._lock:
+            return dict(self._durable)
+
+    def resume_offsets(self) -> Offsets:
+        """Per partition, the last offset a restart of this state would not read again."""
+        return self.durable() if self.durable_commits else self.applied()
+
+    def all_durable(self) -> bool:
+        """Whether the newest checkpoint holds everything applied."""
+        with self._lock:
+            return self._applied == self._durable
+
+    def mark_applied(self, positions: Mapping[Partition, int]) -> None:
+        with self._lock:
+            _advance(self._applied, positions)
+
+    def mark_durable(self, offsets: Mapping[Partition, int]) -> None:
+        with self._lock:
+            _advance(self._durable, offsets)
+
+    def mark_assigned(self, positions: Mapping[Partition, int]) -> None:
+        """The consumer was sought to ``positions``: everything before them is accounted for."""
+        before = {key: position - 1 for key, position in positions.items()}
+        with self._lock:
+            _advance(self._applied, before)
+            _advance(self._durable, before)
+
+    def restore(self, offsets: Mapping[Partition, int]) -> None:
+        """State was loaded from a checkpoint reflecting ``offsets``."""
+        with self._lock:
+            self._applied = dict(offsets)
+            self._durable = dict(offsets)
+
+    def to_commit(self) -> Offsets:
+        """Committable offsets that differ from what was last committed."""
+        with self._lock:
+            source = self._durable if self.durable_commits else self._applied
+            return {key: offset for key, offset in source.items() if self._committed.get(key) != offset}
+
+    def mark_committed(self, offsets: Mapping[Partition, int]) -> None:
+        with self._lock:
+            self._committed.update(offsets)
+
+
+def _advance(target: Offsets, offsets: Mapping[Partition, int]) -> None:
+    for key, offset in offsets.items():
+        target[key] = max(target.get(key, -1), offset)

@@ -1,0 +1,45 @@
+"""The daemon's side of a consumer-group rebalance: hand partitions over without losing or doubling.
+
+On revocation the daemon applies everything already polled, checkpoints if the newest checkpoint
+does not hold it, and tells the source which offsets to commit before the partitions move, so the
+next owner starts right after what this replica's durable state reflects. On assignment the
+positions the source sought to count as accounted for (docs/operations.md, "Rebalances").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from monitor.checkpointer import Checkpointer
+from monitor.ingest import IngestPipeline
+from monitor.offsets import OffsetTracker, Partition
+from monitor.sources import PartitionListener
+
+logger = logging.getLogger(__name__)
+
+HANDOFF_DRAIN_SECONDS = 30.0
+
+
+class PartitionHandoff(PartitionListener):
+    def __init__(self, pipeline: IngestPipeline, offsets: OffsetTracker, checkpointer: Checkpointer | None):
+        self._pipeline = pipeline
+        self._offsets = offsets
+        self._checkpointer = checkpointer
+
+    def on_revoked(self, partitions: list[Partition]) -> dict[Partition, int]:
+        if not self._pipeline.drain(HANDOFF_DRAIN_SECONDS):
+            logger.error("hand-off: queued records not applied within %.0fs", HANDOFF_DRAIN_SECONDS)
+        if self._checkpointer is not None:
+            self._checkpointer.ensure_current(reason="rebalance")
+        leaving = set(partitions)
+        return {key: offset for key, offset in self._offsets.resume_offsets().items() if key in leaving}
+
+    def on_assigned(self, positions: Mapping[Partition, int]) -> None:
+        self._offsets.mark_assigned(positions)
+
+    def resume_offsets(self) -> dict[Partition, int]:
+        return self._offsets.resume_offsets()
+
+    def applied_offsets(self) -> dict[Partition, int]:
+        return self._offsets.applied()
