@@ -7,98 +7,14 @@ daemon can commit exactly the offsets its state reflects.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
-from monitor.records import SourcePosition
+from monitor.sources.base import MessageKind, Partition, PartitionListener, Source, SourceMessage
 
 if TYPE_CHECKING:
     from monitor.config import Settings
 
-MessageKind = Literal["embeddings", "interactions"]
-Partition = tuple[str, int]  # (topic, partition)
-
-
-@dataclass(frozen=True, slots=True)
-class SourceMessage:
-    value: bytes | None
-    headers: tuple[tuple[str, bytes], ...]
-    kind: MessageKind
-    position: SourcePosition | None = None
-
-
-class PartitionListener:
-    """What a source with partition ownership (a Kafka consumer group) asks of the daemon.
-
-    The daemon passes one to :meth:`Source.set_listener`; the defaults describe a daemon that
-    keeps no offsets, so a source works without one.
-    """
-
-    def on_revoked(self, partitions: list[Partition]) -> dict[Partition, int]:
-        """Partitions are leaving this replica: make the state reflect everything polled from them
-        (blocking; called off the poll thread) and return, per partition, the last offset to commit."""
-        return {}
-
-    def on_assigned(self, positions: Mapping[Partition, int]) -> None:
-        """The consumer was sought to ``positions`` (next offset to read) on assignment."""
-
-    def resume_offsets(self) -> dict[Partition, int]:
-        """Per partition, the last offset the restorable state reflects (where to resume after)."""
-        return {}
-
-    def applied_offsets(self) -> dict[Partition, int]:
-        """Per partition, the last offset the in-memory state reflects (for lag)."""
-        return {}
-
-
-class Source:
-    """Base class: a poll-based stream of messages with commit support."""
-
-    name = "source"
-    listener: PartitionListener = PartitionListener()
-
-    def set_listener(self, listener: PartitionListener) -> None:
-        """Who to tell about partition revocation and assignment (before :meth:`start`)."""
-        self.listener = listener
-
-    def start(self) -> None:
-        """Connect/open. May raise on unrecoverable configuration errors only."""
-
-    def poll(self, timeout: float) -> list[SourceMessage]:
-        """Messages available within ``timeout`` seconds (possibly none)."""
-        raise NotImplementedError
-
-    def commit(self, offsets: Mapping[tuple[str, int], int]) -> None:
-        """Record that state reflects everything up to and including these offsets."""
-
-    def close(self) -> None:
-        """Release connections."""
-
-    @property
-    def up(self) -> bool:
-        """Whether the source is currently connected and readable."""
-        return True
-
-    @property
-    def exhausted(self) -> bool:
-        """True when a finite source has nothing more to give (file replay finished)."""
-        return False
-
-    def lag(self) -> dict[str, int] | None:
-        """Records not yet consumed, per topic, when the source can tell."""
-        return None
-
-    @property
-    def lag_updated(self) -> float | None:
-        """Unix time :meth:`lag` was last measured, when the source measures it."""
-        return None
-
-    def pause(self) -> None:
-        """Stop fetching while polling goes on (backpressure); a no-op where nothing is fetched ahead."""
-
-    def resume(self) -> None:
-        """Fetch again after :meth:`pause`."""
+__all__ = ["MessageKind", "Partition", "PartitionListener", "Source", "SourceMessage", "build_source"]
 
 
 def build_source(settings: Settings) -> Source:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from monitor.config import FileSourceSettings
-from monitor.sources import Source, SourceMessage
+from monitor.sources.base import Source, SourceMessage
 
 logger = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from kafka.structs import OffsetAndMetadata
 
 from monitor.config import KafkaSettings
 from monitor.records import SourcePosition
-from monitor.sources import MessageKind, Partition, Source, SourceMessage
+from monitor.sources.base import MessageKind, Partition, Source, SourceMessage
 from monitor.sources.kafka_internals import (
     any_broker_connected,
     close_failed_connect_sockets,

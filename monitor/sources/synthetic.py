@@ -24,7 +24,7 @@ import numpy as np
 import orjson
 
 from monitor.config import SyntheticInteractions, SyntheticPhase, SyntheticSourceSettings
-from monitor.sources import Source, SourceMessage
+from monitor.sources.base import Source, SourceMessage
 
 
 @dataclass
