@@ -17,8 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry
 
+from monitor import catalog
 from monitor import checkpoint as ckpt
 from monitor.component import Component
 from monitor.config import Settings
@@ -87,12 +88,7 @@ class Checkpointer:
         self.restored_from: str | None = None
         self.write_failures: Tally[str] = Tally()
         self.restore_failures: Tally[str] = Tally()
-        self.duration = Histogram(
-            "embmon_checkpoint_duration_seconds",
-            "Wall time of one checkpoint: capture between batches, encode, write, fsync, rename.",
-            buckets=CHECKPOINT_BUCKETS,
-            registry=metrics,
-        )
+        self.duration = catalog.histogram("embmon_checkpoint_duration_seconds", metrics, CHECKPOINT_BUCKETS)
         self._last_success: float | None = None
         self._size_bytes: float | None = None
         self._lock = threading.Lock()  # one checkpoint at a time

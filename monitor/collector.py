@@ -1,22 +1,23 @@
 """Builds the metric families of one scrape from what the daemon already computed.
 
 Collectors read a :class:`~monitor.status.DaemonStatus` (or a component's published snapshot) and
-never compute: the refresh and the jobs did that. Every family here is documented in
-docs/metrics.md; the HELP strings are the one-line version.
+never compute: the refresh and the jobs did that. Names, HELP texts and label names come from
+:mod:`monitor.catalog`; what each number means is in docs/metrics.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from monitor import __version__
+from monitor import __version__, catalog
 from monitor.checkpoint import RESTORE_FAILURE_REASONS
+from monitor.checkpointer import WRITE_STAGES
 
 if TYPE_CHECKING:
     from monitor.checkpointer import CheckpointStatus
@@ -24,26 +25,9 @@ if TYPE_CHECKING:
     from monitor.counters import InternalErrors
     from monitor.status import DaemonStatus
 
-INTRINSIC_HELP = {
-    "partition_isotropy": "d * smallest / sum of covariance eigenvalues over the window (1 = isotropic).",
-    "effective_dimension": "Participation ratio (sum lambda)^2 / sum lambda^2 of covariance eigenvalues.",
-    "effective_dimension_ratio": "Effective dimension divided by the vector dimension.",
-    "top10_variance_ratio": "Share of total variance in the 10 largest covariance eigenvalues.",
-    "mean_cosine_similarity": "Exact mean cosine similarity over all distinct pairs in the window.",
-    "vector_norm_mean": "Mean L2 norm of the vectors in the window.",
-    "vector_norm_stddev": "Standard deviation of the L2 norms in the window.",
-    "dead_dimensions": "Dimensions whose variance is below dead_dimension_ratio x the mean per-dimension variance.",
-    "effective_rank": "exp(entropy of normalised singular values of the centred window) (Roy & Bhattacharya).",
-    "stable_rank": "sum sigma^2 / sigma_max^2 of the centred window.",
-    "collapse_detected": "1 when the collapse rule fires for the window (see docs/metrics.md), else 0.",
-    "uniformity": "Wang & Isola uniformity (t=2) over pairs of the window sample; lower is more spread.",
-    "alignment": "Wang & Isola alignment (alpha=2): mean distance^alpha between declared positive pairs.",
-    "dimension": "Dimension of the model's vectors.",
-    "window_records": "Records in the current sliding window.",
-    "sample_records": "Rows in the window's uniform sample (used by pair-based metrics and probes).",
-}
-
-STREAM_LABELS = ["model", "stream"]
+# Intrinsic gauges: the IntrinsicReport fields exported under embmon_<field>{model, stream}.
+INTRINSIC_FIELDS = tuple(s.name.removeprefix("embmon_") for s in catalog.CATALOG.values() if s.area == "intrinsic")
+AUTH_ENDPOINTS = ("metrics", "admin", "other")
 
 
 class CoreCollector(Collector):
@@ -54,71 +38,35 @@ class CoreCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         m = self._status
-        yield InfoMetricFamily("embmon_build", "embedding-monitor build information.", value={"version": __version__})
+        yield catalog.info("embmon_build_info", {"version": __version__})
         yield from self._ingest_families()
         yield from self._intrinsic_families()
-        source_up = GaugeMetricFamily("embmon_source_up", "1 when the record source is connected and readable.")
+        source_up = catalog.gauge("embmon_source_up")
         source_up.add_metric([], 1.0 if m.source_up() else 0.0)
         yield source_up
         lag = m.source_lag()
         if lag is not None:
-            family = GaugeMetricFamily(
-                "embmon_consumer_lag_records", "Records behind the end of the topic, summed over assigned partitions.",
-                labels=["topic"],
-            )
-            for topic, value in sorted(lag.items()):
-                family.add_metric([topic], float(value))
-            yield family
+            yield _by_label(catalog.gauge("embmon_consumer_lag_records"), lag)
 
     def _ingest_families(self) -> Iterable[Metric]:
         m = self._status
-        records = CounterMetricFamily("embmon_records", "Valid embedding records ingested.", labels=STREAM_LABELS)
-        last = GaugeMetricFamily(
-            "embmon_last_record_timestamp_seconds", "When the last valid record of the stream was ingested.",
-            labels=STREAM_LABELS,
-        )
+        records = catalog.counter("embmon_records_total")
+        last = catalog.gauge("embmon_last_record_timestamp_seconds")
         for state in m.streams():
             records.add_metric([state.model, state.stream], float(state.records_total))
             if state.last_record_time is not None:
                 last.add_metric([state.model, state.stream], state.last_record_time)
         yield records
         yield last
-        invalid = CounterMetricFamily(
-            "embmon_records_invalid", "Records rejected by decoding or the label budget, by reason.",
-            labels=["stream", "reason"],
-        )
-        for (stream, reason), count in sorted(m.invalid_counts().items()):
-            invalid.add_metric([stream, reason], float(count))
-        yield invalid
-        interactions = CounterMetricFamily("embmon_interactions", "Valid interaction events ingested.", labels=["model"])
-        for model, count in sorted(m.interaction_counts().items()):
-            interactions.add_metric([model], float(count))
-        yield interactions
-        errors = CounterMetricFamily(
-            "embmon_internal_errors", "Unexpected exceptions caught inside the daemon, by stage (a bug: report it).",
-            labels=["stage"],
-        )
-        for stage, count in sorted(m.internal_error_counts().items()):
-            errors.add_metric([stage], float(count))
-        yield errors
-        runs = CounterMetricFamily(
-            "embmon_job_runs", "Runs of scheduled jobs (refresh, drift, probes) by outcome.", labels=["job", "outcome"]
-        )
-        for (job, outcome), count in sorted(m.job_run_counts().items()):
-            runs.add_metric([job, outcome], float(count))
-        yield runs
+        yield _by_label(catalog.counter("embmon_records_invalid_total"), m.invalid_counts())
+        yield _by_label(catalog.counter("embmon_interactions_total"), m.interaction_counts())
+        yield _by_label(catalog.counter("embmon_internal_errors_total"), m.internal_error_counts())
+        yield _by_label(catalog.counter("embmon_job_runs_total"), m.job_run_counts())
 
     def _intrinsic_families(self) -> Iterable[Metric]:
         published = self._status.published
-        families = {
-            name: GaugeMetricFamily(f"embmon_{name}", help_text, labels=STREAM_LABELS)
-            for name, help_text in INTRINSIC_HELP.items()
-        }
-        updated = GaugeMetricFamily(
-            "embmon_metrics_last_update_timestamp_seconds",
-            "When the window metrics of the stream were last recomputed.",
-            labels=STREAM_LABELS,
-        )
+        families = {name: catalog.gauge(f"embmon_{name}") for name in INTRINSIC_FIELDS}
+        updated = catalog.gauge("embmon_metrics_last_update_timestamp_seconds")
         for (model, stream), entry in sorted(published.reports.items()):
             labels = [model, stream]
             for field in dataclasses.fields(entry.report):
@@ -145,46 +93,27 @@ class OperationsCollector(Collector):
         checkpoint = m.checkpoint()
         if checkpoint is not None:
             yield from _checkpoint_families(m, checkpoint)
-        depth = GaugeMetricFamily(
-            "embmon_ingest_queue_polls", "Decoded polls waiting to be applied (queue plus backlog)."
-        )
+        depth = catalog.gauge("embmon_ingest_queue_polls")
         depth.add_metric([], float(m.queue_depth()))
         yield depth
-        paused = GaugeMetricFamily(
-            "embmon_ingest_paused", "1 while fetching is paused because the apply queue is full (backpressure)."
-        )
+        paused = catalog.gauge("embmon_ingest_paused")
         paused.add_metric([], 1.0 if m.ingest_paused() else 0.0)
         yield paused
-        pressure = CounterMetricFamily(
-            "embmon_ingest_backpressure_seconds", "Time fetching was paused because applying could not keep up."
-        )
+        pressure = catalog.counter("embmon_ingest_backpressure_seconds_total")
         pressure.add_metric([], m.backpressure_seconds())
         yield pressure
         lag_updated = m.lag_updated()
         if lag_updated is not None:
-            fresh = GaugeMetricFamily(
-                "embmon_consumer_lag_timestamp_seconds", "When embmon_consumer_lag_records was last measured."
-            )
+            fresh = catalog.gauge("embmon_consumer_lag_timestamp_seconds")
             fresh.add_metric([], lag_updated)
             yield fresh
-        auth = CounterMetricFamily(
-            "embmon_http_auth_failures", "HTTP requests rejected for missing or wrong credentials, by endpoint kind.",
-            labels=["endpoint"],
-        )
-        counts = m.auth_failure_counts()
-        for kind in ("metrics", "admin", "other"):
-            auth.add_metric([kind], float(counts.get(kind, 0)))
-        yield auth
+        yield _by_label(catalog.counter("embmon_http_auth_failures_total"), m.auth_failure_counts(), AUTH_ENDPOINTS)
 
 
 def _checkpoint_families(m: DaemonStatus, status: CheckpointStatus) -> Iterable[Metric]:
-    when = GaugeMetricFamily(
-        "embmon_checkpoint_last_success_timestamp_seconds", "When the last checkpoint was written."
-    )
-    age = GaugeMetricFamily(
-        "embmon_checkpoint_age_seconds", "Seconds since the last checkpoint was written (since start-up if none)."
-    )
-    size = GaugeMetricFamily("embmon_checkpoint_size_bytes", "Size of the last checkpoint file.")
+    when = catalog.gauge("embmon_checkpoint_last_success_timestamp_seconds")
+    age = catalog.gauge("embmon_checkpoint_age_seconds")
+    size = catalog.gauge("embmon_checkpoint_size_bytes")
     now = m.wall_clock()
     if status.last_success is not None:
         when.add_metric([], status.last_success)
@@ -195,21 +124,20 @@ def _checkpoint_families(m: DaemonStatus, status: CheckpointStatus) -> Iterable[
     yield when
     yield age
     yield size
-    failures = CounterMetricFamily(
-        "embmon_checkpoint_write_failures", "Checkpoints that could not be taken or written, by stage.",
-        labels=["stage"],
+    yield _by_label(catalog.counter("embmon_checkpoint_write_failures_total"), status.write_failures, WRITE_STAGES)
+    yield _by_label(
+        catalog.counter("embmon_checkpoint_restore_failures_total"), status.restore_failures, RESTORE_FAILURE_REASONS
     )
-    for stage in ("capture", "write"):
-        failures.add_metric([stage], float(status.write_failures.get(stage, 0)))
-    yield failures
-    restore = CounterMetricFamily(
-        "embmon_checkpoint_restore_failures",
-        "Checkpoint files rejected at start-up (the previous one, or empty state, was used), by reason.",
-        labels=["reason"],
-    )
-    for reason in RESTORE_FAILURE_REASONS:
-        restore.add_metric([reason], float(status.restore_failures.get(reason, 0)))
-    yield restore
+
+
+def _by_label(family: Metric, counts: Mapping[object, float], always: Sequence[str] = ()) -> Metric:
+    """``family`` with one sample per key of ``counts`` (a label value or a tuple of them), sorted;
+    the label values in ``always`` are present from the start, at 0 until counted."""
+    values = {**{key: 0.0 for key in always}, **counts}
+    for key, count in sorted(values.items()):
+        labels = list(key) if isinstance(key, tuple) else [key]
+        family.add_metric(labels, float(count))  # type: ignore[attr-defined]
+    return family
 
 
 class ComponentCollector(Collector):

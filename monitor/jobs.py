@@ -15,8 +15,9 @@ from typing import Any
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.util import undefined
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry
 
+from monitor import catalog
 from monitor.component import ScheduledJob
 from monitor.counters import Tally
 from monitor.refresh import REFRESH_BUCKETS
@@ -31,13 +32,7 @@ class JobRunner:
 
     def __init__(self, metrics: CollectorRegistry):
         self.runs: Tally[tuple[str, str]] = Tally()  # (job, outcome)
-        self.duration = Histogram(
-            "embmon_job_duration_seconds",
-            "Wall time of one run of a scheduled job.",
-            ["job"],
-            buckets=REFRESH_BUCKETS,
-            registry=metrics,
-        )
+        self.duration = catalog.histogram("embmon_job_duration_seconds", metrics, REFRESH_BUCKETS)
         self.scheduler = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(JOB_WORKERS)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},

@@ -11,8 +11,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry
 
+from monitor import catalog
 from monitor.config import Settings
 from monitor.counters import InternalErrors
 from monitor.memory import release_free_memory
@@ -54,12 +55,7 @@ class Refresher:
         self.errors = errors
         self.clock = clock
         self.published = Published()
-        self.duration = Histogram(
-            "embmon_refresh_duration_seconds",
-            "Wall time of one window-metric refresh over all streams.",
-            buckets=REFRESH_BUCKETS,
-            registry=metrics,
-        )
+        self.duration = catalog.histogram("embmon_refresh_duration_seconds", metrics, REFRESH_BUCKETS)
 
     def refresh(self) -> Published:
         """Recompute window metrics for every stream and publish them (the scheduled job)."""

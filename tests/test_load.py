@@ -80,6 +80,7 @@ def test_burst_backpressures_without_eviction_loss_or_slow_scrapes(broker: Broke
     assert max(depths) <= APPLY_QUEUE_POLLS + 2
     assert max(latencies) < 1.0, max(latencies)
     assert max(v for v in lags if v is not None) > 100  # the backlog is visible as lag (in Kafka records)
+    assert (value(samples, "embmon_consumer_lag_timestamp_seconds") or 0) > time.time() - 60  # and fresh
     print(f"\nscrape latency under burst: max {max(latencies) * 1000:.0f} ms, "
           f"median {sorted(latencies)[len(latencies) // 2] * 1000:.0f} ms over {len(latencies)} scrapes; "
           f"paused {backpressure:.1f} s; max queue {max(depths)} polls")

@@ -13,6 +13,7 @@ an intended change (say why in the commit); ``tests/service/test_golden.py`` com
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -63,7 +64,7 @@ def scenario(tmp: Path) -> tuple[dict[str, Any], list[list[Any]]]:
                                   "slice": "head" if q % 2 else "tail"}) + "\n")
     overrides: dict[str, Any] = {
         "source": "kafka",
-        "checkpoint": {"enabled": False},
+        "checkpoint": {"enabled": True},
         "http": {"host": "127.0.0.1", "port": 0},
         "state_dir": str(tmp / "state"),
         "window": {"seconds": 300, "subwindows": 6, "reservoir_size": 400},
@@ -195,9 +196,15 @@ def stable_values(text: str) -> dict[str, float | str]:
     return dict(sorted(out.items()))
 
 
-def current() -> dict[str, float | str]:
+@functools.lru_cache(maxsize=1)
+def exposition() -> str:
+    """The /metrics text of the scenario (run once per process)."""
     with tempfile.TemporaryDirectory(prefix="embmon-golden-") as tmp:
-        return stable_values(run_scenario(Path(tmp)))
+        return run_scenario(Path(tmp))
+
+
+def current() -> dict[str, float | str]:
+    return stable_values(exposition())
 
 
 def differences(expected: dict[str, Any], actual: dict[str, Any], rtol: float = 1e-6,
