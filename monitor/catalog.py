@@ -206,6 +206,20 @@ def _spec_rows() -> Iterable[MetricSpec]:
         yield MetricSpec(name, kind, help_text, labels, unit, "retrieval")
 
 
+    canary: list[tuple[str, Kind, str, str]] = [
+        ("embmon_canary_cosine_min", "gauge",
+         "Lowest cosine between a canary's embedding and its pinned vector over the window (1 = unchanged).", ""),
+        ("embmon_canary_mismatches_total", "counter",
+         "Canary records whose cosine to their pin fell below 1 - canaries.tolerance (the model changed).", ""),
+        ("embmon_canary_records_total", "counter", "Canary records compared with their pinned vector.", ""),
+        ("embmon_canary_pins", "gauge", "Canary ids of the model with a pinned vector.", ""),
+        ("embmon_canary_last_seen_timestamp_seconds", "gauge", "When a canary record of the model last arrived.",
+         "seconds"),
+    ]
+    for name, kind, help_text, unit in canary:
+        yield MetricSpec(name, kind, help_text, ("model",), unit, "canary")
+
+
 def _build() -> dict[str, MetricSpec]:
     specs: dict[str, MetricSpec] = {}
     for spec in _spec_rows():

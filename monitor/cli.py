@@ -156,6 +156,9 @@ def _optional_subcommands() -> list[Any]:
     from monitor.baseline import add_baseline_parser
 
     registrars.append(add_baseline_parser)
+    from monitor.canary.cli import add_canary_parser
+
+    registrars.append(add_canary_parser)
     return registrars
 
 

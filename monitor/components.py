@@ -21,6 +21,10 @@ def default_component_factories(settings: Settings) -> list[ComponentFactory]:
         from monitor.drift.component import DriftComponent
 
         factories.append(DriftComponent)
+    if settings.canaries.enabled:
+        from monitor.canary.component import CanaryComponent
+
+        factories.append(CanaryComponent)
     if settings.probes.enabled:
         from monitor.retrieval.probes.component import ProbeComponent
 

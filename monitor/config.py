@@ -19,6 +19,7 @@ from kafka import KafkaConsumer
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from monitor.canary.settings import CanarySettings
 from monitor.drift.references import DaemonDriftSettings
 from monitor.quality.intrinsic import IntrinsicSettings
 from monitor.retrieval.settings import ProbeSettings
@@ -238,6 +239,7 @@ class Settings(BaseSettings):
     quality: IntrinsicSettings = Field(default_factory=IntrinsicSettings)
     probes: ProbeSettings = Field(default_factory=ProbeSettings)
     drift: DaemonDriftSettings = Field(default_factory=DaemonDriftSettings)  # docs/drift.md
+    canaries: CanarySettings = Field(default_factory=CanarySettings)  # docs/canaries.md
     limits: LimitSettings = Field(default_factory=LimitSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)

@@ -79,6 +79,7 @@ def scenario(tmp: Path) -> tuple[dict[str, Any], list[list[Any]]]:
             "reference": {"records": 300},
             "online": {"aggregate": 16},
         },
+        "canaries": {"ids": {"beta": ["doc-0", "doc-1"]}},
         "probes": {
             "statistics": {"resamples": 100},
             "golden": [{"name": "gold", "file": str(golden), "model": "beta", "k": [5, 10],
@@ -147,6 +148,9 @@ def scenario(tmp: Path) -> tuple[dict[str, Any], list[list[Any]]]:
             "clicks": clicks, "slice": "head" if q % 2 else "tail"}), kind="interactions"))
     events.append(message(b"[]", kind="interactions"))
     polls.append(events)
+    # Canaries re-sent: doc-0 unchanged, doc-1 from a changed model (a mismatch).
+    polls.append([event("beta", "doc-0", catalog[0], stream="canaries"),
+                  event("beta", "doc-1", gamma_catalog[1], stream="canaries")])
     return overrides, polls
 
 
