@@ -34,16 +34,22 @@ def run_inspect(args: argparse.Namespace) -> int:
     if args.model:
         reports = {k: v for k, v in reports.items() if k[0] == args.model}
     if not reports:
-        print(f"embedding-monitor: {path}: no valid embeddings" + (f" for model {args.model}" if args.model else ""), file=sys.stderr)
-        return 1
+        rejected = f" (rejected: {_counts(invalid)})" if invalid else ""
+        for_model = f" for model {args.model}" if args.model else ""
+        print(f"embedding-monitor: {path}: no usable embeddings{for_model}{rejected}", file=sys.stderr)
+        return 2
     if args.json:
         for (model, stream), report in sorted(reports.items()):
             print(json.dumps({"model": model, "stream": stream, **report_dict(report)}, sort_keys=False))
     else:
         print(format_table(reports))
     if invalid:
-        print("invalid records: " + ", ".join(f"{reason}={n}" for reason, n in sorted(invalid.items())), file=sys.stderr)
+        print(f"invalid records: {_counts(invalid)}", file=sys.stderr)
     return 0
+
+
+def _counts(invalid: Counter[str]) -> str:
+    return ", ".join(f"{reason}={n}" for reason, n in sorted(invalid.items()))
 
 
 def inspect_file(path: Path, settings: Settings) -> tuple[dict[tuple[str, str], IntrinsicReport], Counter[str]]:
@@ -55,8 +61,10 @@ def inspect_file(path: Path, settings: Settings) -> tuple[dict[tuple[str, str], 
     if path.suffix == ".npy":
         try:
             matrix = np.load(path, allow_pickle=False)
-        except ValueError as exc:
-            raise ConfigError(f"{path}: not a numeric .npy file ({exc})") from None
+        except EOFError:
+            raise ConfigError(f"{path}: empty file, not an .npy matrix") from None
+        except (ValueError, OSError) as exc:  # a truncated header or data section, not .npy at all
+            raise ConfigError(f"{path}: not a readable .npy file ({exc})") from None
         if matrix.ndim != 2 or matrix.dtype.kind not in "fiu":
             raise ConfigError(f"{path}: expected a numeric (n, d) matrix, got shape {matrix.shape} {matrix.dtype}")
         rows = np.ascontiguousarray(matrix, dtype="<f4")

@@ -80,6 +80,30 @@ def test_inspect_missing_or_bad_file_exits_2(tmp_path: Path, capsys: pytest.Capt
     assert "expected a numeric (n, d) matrix" in capsys.readouterr().err
 
 
+def test_inspect_empty_truncated_or_unusable_npy_exits_2_with_a_clear_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = tmp_path / "good.npy"
+    np.save(good, np.random.default_rng(0).standard_normal((10, 4)).astype(np.float32))
+    data = good.read_bytes()
+    cases = {
+        "empty.npy": (b"", "empty file, not an .npy matrix"),
+        "header.npy": (data[:100], "not a readable .npy file (EOF: reading array header"),
+        "rows.npy": (data[:-20], "not a readable .npy file (Failed to read all data"),
+    }
+    for name, (content, message) in cases.items():
+        (tmp_path / name).write_bytes(content)
+        assert main(["inspect", str(tmp_path / name)]) == 2, name
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, (name, err)
+    zeros = tmp_path / "zeros.npy"
+    rows = np.zeros((5, 4), dtype=np.float32)
+    rows[0, 0] = np.nan
+    np.save(zeros, rows)
+    assert main(["inspect", str(zeros)]) == 2
+    assert "no usable embeddings (rejected: non_finite=1, zero_vector=4)" in capsys.readouterr().err
+
+
 def test_bad_config_exits_2_naming_the_field(tmp_path: Path) -> None:
     config = tmp_path / "bad.yaml"
     config.write_text("window:\n  subwindows: 0\nkafka:\n  group_id: ok\n")

@@ -115,31 +115,43 @@ def test_sigterm_commits_and_exits_zero_within_ten_seconds(broker: Broker, tmp_p
         producer.send(topic, rng.standard_normal((50, 8)).astype(np.float32).tobytes(), headers=headers)
     producer.flush()
     producer.close()
-    port = free_port()
     options = [f"--kafka-option={k}={v}" for k, v in FAST_GROUP_OPTIONS.items()]
     env = dict(os.environ, EMBMON_KAFKA__AUTO_OFFSET_RESET="earliest", EMBMON_KAFKA__COMMIT_INTERVAL_SECONDS="3600")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "monitor", "run", "--bootstrap-servers", broker.bootstrap, "--embeddings-topic", topic,
-         "--group-id", group, "--metrics-port", str(port), "--state-dir", str(tmp_path / "state"),
-         "--refresh-seconds", "0.5", *options],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        wait_until(
-            lambda: value(scrape(port), "embmon_records_total", model="m", stream="default") == 1000,
-            timeout=60,
-            message="records consumed",
+
+    def run_until_sigterm(state_dir: Path, records: int | None) -> str:
+        """Run a daemon until it was assigned the partition (it measured its lag) and holds ``records``
+        records, SIGTERM it, and return its output."""
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "monitor", "run", "--bootstrap-servers", broker.bootstrap, "--embeddings-topic",
+             topic, "--group-id", group, "--metrics-port", str(port), "--state-dir", str(state_dir),
+             "--refresh-seconds", "0.5", *options],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )
-        # the commit interval is an hour: only the shutdown path can have committed
-        started = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
-        assert time.monotonic() - started < 10
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        output = proc.communicate(timeout=10)[0].decode()
-    assert "shutting down" in output
+        try:
+            def done() -> bool:
+                samples = scrape(port)
+                return (value(samples, "embmon_consumer_lag_records", topic=topic) == 0
+                        and value(samples, "embmon_records_total", model="m", stream="default") == records)
+
+            wait_until(done, timeout=60, message="partition assigned and records consumed")
+            # the commit interval is an hour: only the shutdown path can have committed
+            started = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=10) == 0
+            assert time.monotonic() - started < 10
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            output = proc.communicate(timeout=10)[0].decode()
+        assert "shutting down" in output
+        return output
+
+    first = run_until_sigterm(tmp_path / "state", 1000)
     assert committed_offset(broker, topic, group) == 20
+    # the start-up log says where each partition starts and why
+    assert "no committed offset for this group: starting at the beginning (auto_offset_reset=earliest)" in first
+    fresh_state = run_until_sigterm(tmp_path / "other-state", None)
+    assert "starting at offset 20, the group's committed offset" in fresh_state
+    restored = run_until_sigterm(tmp_path / "state", 1000)
+    assert "starting at offset 20, after what the restored checkpoint reflects (up to 19" in restored

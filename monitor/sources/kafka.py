@@ -62,6 +62,20 @@ def seek_position(checkpoint_offset: int | None, committed: int | None) -> int |
     return max(checkpoint_offset + 1, committed if committed is not None and committed >= 0 else 0)
 
 
+def start_reason(committed: int | None, auto_offset_reset: str) -> str:
+    """Where a partition without checkpoint state starts, and why, for the start-up log.
+
+    >>> start_reason(120, "latest")
+    "starting at offset 120, the group's committed offset"
+    >>> start_reason(None, "earliest")
+    'no committed offset for this group: starting at the beginning (auto_offset_reset=earliest)'
+    """
+    if committed is not None:
+        return f"starting at offset {committed}, the group's committed offset"
+    where = "the beginning" if auto_offset_reset == "earliest" else "the end, skipping what is already there"
+    return f"no committed offset for this group: starting at {where} (auto_offset_reset={auto_offset_reset})"
+
+
 class _Rebalance(AsyncConsumerRebalanceListener):
     def __init__(self, source: KafkaSource):
         self._source = source
@@ -121,18 +135,19 @@ class _Rebalance(AsyncConsumerRebalanceListener):
         if consumer is None or not keys:
             return
         known = source.listener.resume_offsets()
-        restore = [tp for tp in assigned if (tp.topic, tp.partition) in known]
         committed: dict[Any, Any] = {}
-        if restore:
-            try:
-                committed = await fetch_committed(consumer, restore, 10_000)
-            except KafkaError as exc:
-                logger.warning("cannot read committed offsets (%s); resuming from the checkpoint", exc)
+        try:
+            committed = await fetch_committed(consumer, sorted(assigned), 10_000)
+        except KafkaError as exc:
+            logger.warning("cannot read committed offsets (%s); resuming from the checkpoint where there is one", exc)
         positions: dict[Partition, int] = {}
-        for tp in restore:
+        for tp in sorted(assigned):
             key = (tp.topic, tp.partition)
             meta = committed.get(tp)
             group = meta.offset if meta is not None and meta.offset is not None and meta.offset >= 0 else None
+            if key not in known:
+                logger.info("partition %s: %s", key, start_reason(group, source.settings.auto_offset_reset))
+                continue
             position = seek_position(known[key], group)
             assert position is not None
             consumer.seek(tp, position)
@@ -140,8 +155,8 @@ class _Rebalance(AsyncConsumerRebalanceListener):
             if group is None or position > group:
                 source._pending_commit[key] = position - 1
             logger.info(
-                "partition %s: resuming at %d (checkpoint reflects up to %d, group committed %s)",
-                key, position, known[key], group,
+                "partition %s: starting at offset %d, after what the restored checkpoint reflects (up to %d; "
+                "group committed %s)", key, position, known[key], group,
             )
         source.listener.on_assigned(positions)
 
