@@ -281,6 +281,13 @@ def test_reference_settings_are_checked_at_start(tmp_path: Path) -> None:
         Harness(settings)
 
 
+def test_detector_values_river_refuses_stop_the_start(tmp_path: Path) -> None:
+    # the settings check parameter names only (no river at load time); river checks the values
+    settings = settings_for(tmp_path / "state", online={"detectors": {"kswin": {"alpha": 2.0}}})
+    with pytest.raises(ConfigError, match=r"drift.online.detectors.kswin: Alpha must be between 0 and 1"):
+        Harness(settings)
+
+
 def test_a_capture_survives_restarts_until_the_pinned_file_changes(tmp_path: Path, rng: np.random.Generator) -> None:
     pin = tmp_path / "pin.npy"
     np.save(pin, unit_rows(rng, 80, axis(0)))

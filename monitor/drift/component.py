@@ -42,7 +42,7 @@ from prometheus_client.metrics_core import Metric
 from monitor.component import Component, MonitorContext, ScheduledJob
 from monitor.config import ConfigError
 from monitor.drift.calibration import TestResult
-from monitor.drift.detectors import OnlineDriftMonitor
+from monitor.drift.detectors import OnlineDriftMonitor, build_detector
 from monitor.drift.export import ChangeKey, ChangeTotals, CycleResult, DriftSnapshot, ReferenceInfo, families
 from monitor.drift.online_state import decode_monitor, encode_monitor
 from monitor.drift.references import (
@@ -107,6 +107,7 @@ class DriftComponent(Component):
         self.suite_settings = self.settings.model_copy(update={"threads": threads})
         self.min_records = min(MIN_TEST_RECORDS, self.settings.window_sample_size)
         self.fallback = "lagged" if self.reference_settings.lagged_seconds is not None else "first_records"
+        _check_detector_values(self.settings)
         try:
             self.pins = PinnedFiles(
                 self.reference_settings, max_rows=self.max_rows, seed=self.settings.seed  # type: ignore[arg-type]
@@ -479,6 +480,16 @@ class DriftComponent(Component):
 
     def close(self) -> None:
         self._writer.shutdown(wait=True)
+
+
+def _check_detector_values(settings: DriftSettings) -> None:
+    """Build each configured detector once, so a value river refuses stops the start (settings only
+    check the parameter names: they never import river)."""
+    for kind, params in settings.online.detectors.items():
+        try:
+            build_detector(kind, params)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"drift.online.detectors.{kind}: {exc}") from None
 
 
 def _json(status: int, body: Any) -> tuple[int, str, bytes]:

@@ -32,7 +32,8 @@ from monitor.drift.calibration import (
     per_test_alpha,
     permutations_needed,
 )
-from monitor.drift.detectors import DEFAULT_DETECTOR_PARAMS, DEFAULT_DETECTORS, SIGNALS, build_detector
+from monitor.drift.detector_kinds import DEFAULT_DETECTOR_PARAMS, DEFAULT_DETECTORS, check_detector_params
+from monitor.drift.signals import SIGNALS
 
 TEST_NAMES = ("mmd", "ks", "centroid", "classifier")
 
@@ -81,7 +82,11 @@ class ClassifierSettings(_Section):
 
 
 class OnlineSettings(_Section):
-    """river detectors on per-record signals, fed on the ingest thread (:mod:`monitor.drift.detectors`)."""
+    """river detectors on per-record signals, fed on the ingest thread (:mod:`monitor.drift.detectors`).
+
+    Parameter names are checked here; their values when the drift component builds the detectors
+    at start-up (river's constructors check them), so loading settings never imports river.
+    """
 
     enabled: bool = True
     signals: list[Literal["cosine", "norm"]] = Field(default_factory=lambda: list(SIGNALS), min_length=1)
@@ -95,10 +100,7 @@ class OnlineSettings(_Section):
     @classmethod
     def _check_detectors(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for kind, params in value.items():
-            try:
-                build_detector(kind, params)
-            except (TypeError, ValueError) as error:
-                raise ValueError(str(error)) from None
+            check_detector_params(kind, params)
         return value
 
 
