@@ -19,7 +19,7 @@ from kafka import KafkaConsumer
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from monitor.drift.references import DaemonDriftSettings
+from monitor.drift.settings import DaemonDriftSettings
 from monitor.quality.intrinsic import IntrinsicSettings
 from monitor.retrieval.settings import ProbeSettings
 

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from monitor.cli import main
-from monitor.drift.references import LaggedRing, ReferenceStore
-from monitor.drift.suite import ReferenceProfile
+from monitor.drift.lagged import LaggedRing
+from monitor.drift.profile import ReferenceProfile
+from monitor.drift.store import ReferenceStore
 from tests.test_drift_component import Harness, axis, settings_for, unit_rows
 
 

@@ -24,7 +24,8 @@ from monitor.drift.calibration import (
     sustained_onset_probability,
 )
 from monitor.drift.settings import DriftSettings
-from monitor.drift.suite import ReferenceProfile, run_drift_suite, thread_limit
+from monitor.drift.profile import ReferenceProfile
+from monitor.drift.suite import run_drift_suite, thread_limit
 
 NULL_WINDOWS = 300
 

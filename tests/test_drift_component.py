@@ -23,8 +23,9 @@ from monitor.component import MonitorContext
 from monitor.config import ConfigError, Settings, deep_merge, load_settings
 from monitor.drift.component import DriftComponent
 from monitor.drift.online_state import decode_detector, encode_detector
-from monitor.drift.references import LAGGED_DIR, ReferenceStore, StoredReference
-from monitor.drift.suite import ReferenceProfile
+from monitor.drift.lagged import LAGGED_DIR
+from monitor.drift.profile import ReferenceProfile
+from monitor.drift.store import ReferenceStore, StoredReference
 from monitor.records import EmbeddingBatch
 from monitor.state.registry import StateRegistry
 from monitor.state.window import WindowSnapshot

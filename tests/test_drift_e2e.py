@@ -17,7 +17,8 @@ import pytest
 
 from monitor.config import load_settings
 from monitor.drift.component import DriftComponent
-from monitor.drift.references import ReferenceStore, sha256_file
+from monitor.drift.pinned import sha256_file
+from monitor.drift.store import ReferenceStore
 from monitor.service import Monitor
 from tests.support.broker import Broker, kafka_daemon_overrides
 from tests.support.scrape import Samples, scrape, value, wait_until

@@ -2,10 +2,14 @@
 
 One :class:`DriftComponent` serves every (model, stream) (docs/drift.md, "In the daemon"):
 
-* **references** (:mod:`monitor.drift.references`): a pinned file, an explicit capture, a lagged
-  window or the first N records. A first-N reference is built on the ingest thread in bounded
-  memory and written to ``<state_dir>/references`` by a background writer; references are
-  reloaded at start, so a restart never re-captures;
+* **references**, most specific first: a **pinned file** (:mod:`monitor.drift.pinned`;
+  ``MODEL/STREAM`` over ``MODEL`` over ``drift.reference.path``); an **explicit capture** or a
+  file prepared offline, stored in the state directory (:mod:`monitor.drift.store`); a **lagged
+  window** (``drift.reference.lagged_seconds``, :mod:`monitor.drift.lagged`); the **first N
+  records** (:mod:`monitor.drift.first_records`), built on the ingest thread in bounded memory.
+  Every reference but a lagged one is written to ``<state_dir>/references`` (by a background
+  writer) and reloaded at start, so a restart never re-captures; a pinned file replaces the
+  stored reference only when its content differs from the file last applied to that stream;
 * **test cycle** (the ``drift`` job, every ``drift.interval_seconds``): for each (model, stream)
   with a reference and at least :attr:`DriftComponent.min_records` window records, run
   :func:`~monitor.drift.suite.run_drift_suite` on the window sample the last refresh published
@@ -45,15 +49,13 @@ from monitor.drift.calibration import TestResult
 from monitor.drift.detectors import OnlineDriftMonitor, build_detector
 from monitor.drift.export import ChangeKey, ChangeTotals, CycleResult, DriftSnapshot, ReferenceInfo, families
 from monitor.drift.online_state import decode_monitor, encode_monitor
-from monitor.drift.references import (
-    FirstRecords,
-    LaggedRing,
-    PinnedFiles,
-    ReferenceStore,
-    StoredReference,
-)
+from monitor.drift.first_records import FirstRecords
+from monitor.drift.lagged import LaggedRing
+from monitor.drift.pinned import PinnedFiles
+from monitor.drift.profile import ReferenceProfile, uniform_subsample
 from monitor.drift.settings import DriftSettings
-from monitor.drift.suite import DriftReport, ReferenceProfile, run_drift_suite, uniform_subsample
+from monitor.drift.store import ReferenceStore, StoredReference
+from monitor.drift.suite import DriftReport, run_drift_suite
 from monitor.logs import RateLimitedLog
 from monitor.records import EmbeddingBatch
 from monitor.state.window import WindowSnapshot
@@ -106,7 +108,6 @@ class DriftComponent(Component):
         threads = self.settings.threads or default_threads()
         self.suite_settings = self.settings.model_copy(update={"threads": threads})
         self.min_records = min(MIN_TEST_RECORDS, self.settings.window_sample_size)
-        self.fallback = "lagged" if self.reference_settings.lagged_seconds is not None else "first_records"
         _check_detector_values(self.settings)
         try:
             self.pins = PinnedFiles(
@@ -159,14 +160,15 @@ class DriftComponent(Component):
                     stored.path, stored.profile.dim, model, stream, dim,
                 )
                 stored = None
+            fallback = self.reference_settings.fallback_mode
             if pin is not None and (stored is None or stored.pin_sha256 != pin.sha256):
                 logger.info("drift: %s/%s uses the pinned reference %s", model, stream, pin.path)
                 pinned = StoredReference(model, stream, pin.profile, "pinned", pin.sha256)
                 self._install(slot, key, pinned, persist=True)
-            elif stored is not None and not (stored.origin == "first_records" and self.fallback == "lagged"):
+            elif stored is not None and not (stored.origin == "first_records" and fallback == "lagged"):
                 logger.info("drift: %s/%s uses the stored reference %s (%s)", model, stream, stored.path, stored.origin)
                 self._install(slot, key, stored, persist=False)
-            elif self.fallback == "first_records":
+            elif fallback == "first_records":
                 slot.builder = FirstRecords(
                     self.reference_settings.records, dim, self.max_rows, seed=self._seed(key, 0)
                 )
@@ -424,7 +426,8 @@ class DriftComponent(Component):
                 if slot.dim != int(entry["dim"]):
                     continue
                 saved_ref = entry.get("reference")
-                if saved_ref is not None and slot.reference is None and self.fallback == "first_records":
+                builds = self.reference_settings.fallback_mode == "first_records"
+                if saved_ref is not None and slot.reference is None and builds:
                     logger.warning(
                         "drift: the checkpoint has a reference for %s/%s but %s is missing; capturing a new one",
                         key[0], key[1], self.store.path(*key),
