@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from monitor.drift.settings import DaemonDriftSettings
-from monitor.quality.intrinsic import IntrinsicSettings
+from monitor.quality.settings import IntrinsicSettings
 from monitor.retrieval.settings import ProbeSettings
 
 ENV_PREFIX = "EMBMON_"
