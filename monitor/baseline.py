@@ -10,23 +10,20 @@
   daemon stopped; it then falls back to its configured source at the next start).
 
 Exit status: 0 success, 1 the daemon refused or could not be reached, 2 bad usage or input.
+
+The CLI registers this command whenever it builds its parser, so importing this module stays
+cheap (the standard library only); numpy and the drift modules load when a command runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import ssl
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
-
-import numpy as np
 
 DEFAULT_MAX_ROWS = 10_000
 
@@ -95,6 +92,11 @@ class _Usage(Exception):
 
 
 def _capture_remote(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
+    import ssl
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
     from monitor.security import read_token_file
 
     if not args.model:
@@ -128,6 +130,8 @@ def _capture_remote(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) ->
 
 
 def _capture_offline(args: argparse.Namespace, stdout: TextIO) -> int:
+    import numpy as np
+
     from monitor.drift.profile import profile_from_matrix
     from monitor.drift.store import ReferenceStore, StoredReference
 
