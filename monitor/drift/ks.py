@@ -32,6 +32,7 @@ import numpy as np
 from scipy import stats
 
 from monitor.drift.calibration import TestResult
+from monitor.multiple_testing import benjamini_hochberg
 
 logger = logging.getLogger(__name__)
 
@@ -67,24 +68,6 @@ def ks_p_values(statistics: np.ndarray, m: int, n: int) -> np.ndarray:
     """Asymptotic two-sided p-values, identical to ``ks_2samp(..., method="asymp")`` but vectorised."""
     effective = np.round(m * n / (m + n))
     return np.clip(stats.kstwo.sf(statistics, effective), 0.0, 1.0)
-
-
-def benjamini_hochberg(p_values: np.ndarray) -> np.ndarray:
-    """BH-adjusted p-values (step-up, ``min_{j>=i} p_(j) k / j``, capped at 1), in input order.
-
-    Examples
-    --------
-    >>> benjamini_hochberg(np.array([0.01, 0.04, 0.03, 0.5])).round(3).tolist()
-    [0.04, 0.053, 0.053, 0.5]
-    """
-    p = np.asarray(p_values, dtype=float)
-    k = p.size
-    order = np.argsort(p, kind="stable")
-    scaled = p[order] * k / np.arange(1, k + 1)
-    adjusted_sorted = np.minimum.accumulate(scaled[::-1])[::-1]
-    adjusted = np.empty(k)
-    adjusted[order] = np.minimum(adjusted_sorted, 1.0)
-    return adjusted
 
 
 def pca_basis(sample: np.ndarray, components: int) -> tuple[np.ndarray, np.ndarray]:
