@@ -19,12 +19,12 @@ from monitor.drift.calibration import (
     holm_reject,
     parse_duration,
     permutations_needed,
-    sequential_p_value,
     sustained_false_alarm_every,
     sustained_onset_probability,
 )
-from monitor.drift.settings import DriftSettings
+from monitor.drift.permutation import sequential_p_value
 from monitor.drift.profile import ReferenceProfile
+from monitor.drift.settings import DriftSettings
 from monitor.drift.suite import run_drift_suite, thread_limit
 
 NULL_WINDOWS = 300

@@ -159,54 +159,6 @@ def apply_multiplicity(
     )
 
 
-def exceedances(observed: float, null_statistics: np.ndarray) -> np.ndarray:
-    """Which null statistics are at least the observed one (ties within a relative 1e-9 count:
-    they are float noise from summation order)."""
-    null = np.asarray(null_statistics, dtype=float)
-    tol = 1e-9 * max(abs(observed), float(np.max(np.abs(null), initial=0.0)), 1e-300)
-    return null >= observed - tol
-
-
-def permutation_p_value(observed: float, null_statistics: np.ndarray) -> float:
-    """``(1 + #{null >= observed}) / (1 + P)``: a p-value that is valid (never below its level).
-
-    Counting the observed labelling among the permutations is what makes
-    ``P(p <= alpha) <= alpha`` hold exactly under exchangeability.
-
-    Examples
-    --------
-    >>> permutation_p_value(3.0, np.array([1.0, 2.0, 3.0, 4.0]))
-    0.6
-    """
-    return sequential_p_value(exceedances(observed, null_statistics), None)[0]
-
-
-def sequential_p_value(exceeded: np.ndarray, stop_after: int | None) -> tuple[float, int, bool]:
-    """Besag–Clifford sequential Monte Carlo p-value from the permutations drawn so far, in order.
-
-    Permutations are drawn until ``stop_after`` of them have reached the observed statistic, or
-    until the budget runs out. Stopped at the ``L``-th permutation: ``p = stop_after / L``;
-    otherwise ``p = (1 + G) / (1 + P)`` with ``G`` exceedances among all ``P``. The p-value is
-    valid (Besag & Clifford 1991), and under no drift it stops after about
-    ``stop_after / p`` permutations, so a large budget (needed to reach a tiny per-test alpha)
-    is only spent when the data look drifted. Returns ``(p_value, permutations_used, stopped)``;
-    the caller draws more while ``stopped`` is False and the budget lasts.
-
-    Examples
-    --------
-    >>> sequential_p_value(np.array([False, True, True, False, True]), stop_after=2)
-    (0.6666666666666666, 3, True)
-    >>> sequential_p_value(np.array([False, True, False, False]), stop_after=2)
-    (0.4, 4, False)
-    """
-    count = np.cumsum(np.asarray(exceeded, dtype=bool))
-    if stop_after is not None and count.size and count[-1] >= stop_after:
-        used = int(np.argmax(count >= stop_after)) + 1
-        return stop_after / used, used, True
-    total = int(count[-1]) if count.size else 0
-    return (1.0 + total) / (1.0 + count.size), int(count.size), False
-
-
 def permutations_needed(alpha: float) -> int:
     """Fewest permutations whose smallest attainable p-value, ``1 / (1 + P)``, is below ``alpha``.
 
