@@ -100,7 +100,7 @@ def test_kafka_security_settings_pass_through_and_are_validated(tmp_path: Path) 
 
 
 def test_kafka_option_names_match_the_installed_kafka_python() -> None:
-    """Settings check options against a static copy (no kafka import at load time); an upgrade must not drift from it."""
+    """Settings check options against a static copy (no kafka import when they load); keep it current."""
     assert CONSUMER_OPTIONS == set(KafkaConsumer.DEFAULT_CONFIG)
     assert RESERVED_OPTIONS <= CONSUMER_OPTIONS
 

@@ -54,6 +54,11 @@ class TestResult:
     detected: bool
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def at_level(cls, test: str, statistic: float, p_value: float, alpha: float, extra: dict[str, Any]) -> TestResult:
+        """A test's own verdict at ``alpha`` (before any multiplicity correction): detected when ``p <= alpha``."""
+        return cls(test, statistic, p_value, alpha, p_value <= alpha, extra)
+
 
 def parse_duration(text: str) -> float:
     """Seconds in a human duration such as ``"30d"``, ``"12h"``, ``"1w 2d"`` or ``"90m"``.

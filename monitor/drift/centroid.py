@@ -93,20 +93,13 @@ def centroid_test(
         observed, null_statistics, base, rng, permutations=permutations, stop_after=stop_after,
         chunk_sizes=itertools.repeat(_CHUNK),
     )
-    p_value, used, stopped = outcome.p_value, outcome.used, outcome.stopped
+    p_value = outcome.p_value
     elapsed = time.perf_counter() - started
     logger.debug("centroid: distance=%.3g p=%.3g in %.2fs", observed, p_value, elapsed)
-    return TestResult(
-        test="centroid",
-        statistic=observed,
-        p_value=p_value,
-        threshold=alpha,
-        detected=p_value <= alpha,
+    return TestResult.at_level(
+        "centroid", observed, p_value, alpha,
         extra={
-            "permutations": used,
-            "max_permutations": permutations,
-            "stopped_early": stopped,
-            "null_p95": float(np.quantile(outcome.null, 0.95)),
+            **outcome.diagnostics(permutations),
             "window_mean_norm": float(np.linalg.norm(x_mean)),
             "reference_mean_norm": float(np.linalg.norm(y_mean)),
             "window_size": m,

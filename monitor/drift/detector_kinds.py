@@ -39,10 +39,10 @@ DEFAULT_DETECTORS: tuple[str, ...] = ("adwin", "page_hinkley")
 def check_detector_params(kind: str, params: Mapping[str, Any]) -> None:
     """ValueError naming the valid choices when ``kind`` is unknown or a parameter name is not its own.
 
-    >>> check_detector_params("adwin", {"threshold": 3})
+    >>> check_detector_params("adwin", {"threshold": 3})  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: adwin does not take ['threshold']; its parameters are ['clock', 'delta', 'grace_period', 'max_buckets', 'min_window_length']
+    ValueError: adwin does not take ['threshold']; its parameters are ['clock', 'delta', ...]
     """
     if kind not in DETECTOR_PARAMETERS:
         raise ValueError(f"unknown detector {kind!r}; choose from {sorted(DETECTOR_PARAMETERS)}")

@@ -154,12 +154,8 @@ def ks_test(
     worst = int(np.argmin(adjusted))
     elapsed = time.perf_counter() - started
     logger.debug("ks: %d components, min adjusted p=%.3g in %.2fs", len(p_values), p_value, elapsed)
-    return TestResult(
-        test="ks",
-        statistic=float(statistics.max()),
-        p_value=p_value,
-        threshold=alpha,
-        detected=p_value <= alpha,
+    return TestResult.at_level(
+        "ks", float(statistics.max()), p_value, alpha,
         extra={
             "basis": basis,
             "components": int(len(p_values)),

@@ -246,23 +246,15 @@ def mmd_test(
         observed, null_statistics, base, rng, permutations=permutations, stop_after=stop_after,
         chunk_sizes=_doubling(chunk, budget_columns), first_null=stats[1:],
     )
-    p_value, used, stopped = outcome.p_value, outcome.used, outcome.stopped
+    p_value = outcome.p_value
     elapsed = time.perf_counter() - started
-    logger.debug("mmd: m=%d n=%d d=%d permutations=%d/%d mmd2=%.3g p=%.3g in %.2fs", m, n, x.shape[1], used,
-                 permutations, observed, p_value, elapsed)
-    return TestResult(
-        test="mmd",
-        statistic=observed,
-        p_value=p_value,
-        threshold=alpha,
-        detected=p_value <= alpha,
+    logger.debug("mmd: m=%d n=%d d=%d permutations=%d/%d mmd2=%.3g p=%.3g in %.2fs", m, n, x.shape[1],
+                 outcome.used, permutations, observed, p_value, elapsed)
+    return TestResult.at_level(
+        "mmd", observed, p_value, alpha,
         extra={
             "bandwidth": sigma,
-            "permutations": used,
-            "max_permutations": permutations,
-            "stopped_early": stopped,
-            # what the statistic is compared with: the null's 95th percentile (for dashboards)
-            "null_p95": float(np.quantile(outcome.null, 0.95)),
+            **outcome.diagnostics(permutations),
             "window_size": m,
             "reference_size": n,
             "device": dev.type,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -24,6 +25,16 @@ class PermutationOutcome:
     used: int
     stopped: bool
     null: np.ndarray
+
+    def diagnostics(self, budget: int) -> dict[str, Any]:
+        """The test result's ``extra`` entries about the permutations; ``null_p95`` is what the
+        statistic is compared with (the null's 95th percentile, for dashboards)."""
+        return {
+            "permutations": self.used,
+            "max_permutations": budget,
+            "stopped_early": self.stopped,
+            "null_p95": float(np.quantile(self.null, 0.95)),
+        }
 
 
 def check_permutation_budget(permutations: int, stop_after: int | None) -> None:
