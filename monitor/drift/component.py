@@ -47,7 +47,15 @@ from monitor.component import Component, MonitorContext, ScheduledJob
 from monitor.config import ConfigError
 from monitor.drift.calibration import TestResult
 from monitor.drift.detectors import OnlineDriftMonitor, build_detector
-from monitor.drift.export import ChangeKey, ChangeTotals, CycleResult, DriftSnapshot, ReferenceInfo, families
+from monitor.drift.export import (
+    ERROR_STAGES,
+    ChangeKey,
+    ChangeTotals,
+    CycleResult,
+    DriftSnapshot,
+    ReferenceInfo,
+    families,
+)
 from monitor.drift.online_state import decode_monitor, encode_monitor
 from monitor.drift.first_records import FirstRecords
 from monitor.drift.lagged import LaggedRing
@@ -91,8 +99,7 @@ class _Stream:
 @dataclass
 class _Counters:
     cycles: int = 0
-    tested: int = 0
-    errors: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_STAGES, 0))
 
 
 class DriftComponent(Component):
@@ -322,6 +329,8 @@ class DriftComponent(Component):
         if reference is None or not enough or window.end == slot.last_end:
             return
         report = run_drift_suite(window.sample, reference.sample, self.suite_settings, seed=self._seed(key, cycle))
+        if report.errors:
+            self._count_error("test", len(report.errors))
         with self._lock:
             if slot.reference is not fixed:  # replaced while the tests ran: this verdict is about the old one
                 return
@@ -330,7 +339,6 @@ class DriftComponent(Component):
             slot.history.append(report.detected)
             sustained = sum(slot.history) >= self.settings.sustained.detections
             self._results = {**self._results, key: CycleResult(report, sustained, now, reference.captured_at)}
-            self._counters.tested += 1
         if report.detected and not was:
             tests = ", ".join(report.detected_tests)
             logger.warning("drift: %s/%s drifted from its reference (%s)", key[0], key[1], tests)
@@ -468,18 +476,18 @@ class DriftComponent(Component):
                 else:
                     continue
                 references[key] = ReferenceInfo(p.count, p.captured_at, origin, p.source, p.dim)
-            return DriftSnapshot(results=self._results, references=references, changes=dict(self._changes))
+            return DriftSnapshot(
+                results=self._results, references=references, changes=dict(self._changes),
+                errors=dict(self._counters.errors),
+            )
 
     def collect(self) -> Iterable[Metric]:
         return families(self.snapshot())
 
-    def error_counts(self) -> dict[str, int]:
+    def _count_error(self, stage: str, count: int = 1) -> None:
+        """One of :data:`~monitor.drift.export.ERROR_STAGES` failed (exported as ``embmon_drift_errors_total``)."""
         with self._lock:
-            return dict(self._counters.errors)
-
-    def _count_error(self, stage: str) -> None:
-        with self._lock:
-            self._counters.errors[stage] = self._counters.errors.get(stage, 0) + 1
+            self._counters.errors[stage] += count
 
     def close(self) -> None:
         self._writer.shutdown(wait=True)

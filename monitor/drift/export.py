@@ -12,6 +12,10 @@ Definitions, healthy and unhealthy values: docs/metrics.md, "Drift". Per (model,
 * from the online detectors: ``embmon_drift_change_points_total{signal,detector}`` and
   ``embmon_drift_last_change_timestamp_seconds{signal,detector}`` (only once a change happened).
 
+And for the component itself, ``embmon_drift_errors_total{stage}`` (every stage of
+:data:`ERROR_STAGES`, from 0): failures it caught and lived with, which the verdicts above
+cannot show.
+
 The suite's p-value is the Bonferroni-adjusted minimum ``min(1, k · min p)`` over the k tests that
 ran, and its threshold the per-cycle α: ``detected{test="suite"}`` is 1 exactly when that p-value
 is at most that threshold (Holm and Bonferroni reject the global null in the same cycles).
@@ -29,6 +33,10 @@ from monitor.drift.suite import DriftReport
 StreamKey = tuple[str, str]
 ChangeKey = tuple[str, str, str, str]  # (model, stream, signal, detector)
 MS = ["model", "stream"]
+# store: a reference could not be written to the state directory (kept in memory; a restart
+# would capture it again); cycle: one stream's test cycle raised (that stream got no verdict);
+# test: one drift test raised inside a cycle (left out of the verdict; the others still decide).
+ERROR_STAGES = ("store", "cycle", "test")
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,7 @@ class DriftSnapshot:
     results: Mapping[StreamKey, CycleResult] = field(default_factory=dict)
     references: Mapping[StreamKey, ReferenceInfo] = field(default_factory=dict)
     changes: Mapping[ChangeKey, ChangeTotals] = field(default_factory=dict)
+    errors: Mapping[str, int] = field(default_factory=dict)  # stage -> failures since start
 
 
 def suite_p_value(report: DriftReport) -> float | None:
@@ -152,3 +161,14 @@ def families(snapshot: DriftSnapshot) -> Iterable[Metric]:
             last.add_metric(list(key), totals.last_timestamp)
     yield changes
     yield last
+
+    errors = CounterMetricFamily(
+        "embmon_drift_errors",
+        "Failures the drift component caught, by stage: store (a reference could not be written to the state "
+        "directory), cycle (a stream's test cycle failed), test (a drift test failed and was left out of the verdict). "
+        "0 when healthy.",
+        labels=["stage"],
+    )
+    for stage in ERROR_STAGES:
+        errors.add_metric([stage], float(snapshot.errors.get(stage, 0)))
+    yield errors
