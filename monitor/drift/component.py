@@ -45,7 +45,6 @@ from prometheus_client.metrics_core import Metric
 
 from monitor.component import Component, MonitorContext, ScheduledJob
 from monitor.config import ConfigError
-from monitor.drift.calibration import TestResult
 from monitor.drift.detectors import OnlineDriftMonitor, build_detector
 from monitor.drift.export import (
     ERROR_STAGES,
@@ -63,7 +62,7 @@ from monitor.drift.pinned import PinnedFiles
 from monitor.drift.profile import ReferenceProfile, uniform_subsample
 from monitor.drift.settings import DriftSettings
 from monitor.drift.store import ReferenceStore, StoredReference
-from monitor.drift.suite import DriftReport, run_drift_suite
+from monitor.drift.suite import run_drift_suite
 from monitor.logs import RateLimitedLog
 from monitor.records import EmbeddingBatch
 from monitor.state.window import WindowSnapshot
@@ -413,7 +412,7 @@ class DriftComponent(Component):
                         "online_for": slot.online_for,
                         "history": [bool(h) for h in slot.history],
                         "last_end": slot.last_end,
-                        "result": None if (r := self._results.get((model, stream))) is None else _encode_result(r),
+                        "result": None if (r := self._results.get((model, stream))) is None else r.state_dict(),
                     }
                 )
             return {
@@ -456,7 +455,7 @@ class DriftComponent(Component):
                     slot.history.extend(bool(h) for h in entry.get("history") or [])
                     slot.last_end = entry.get("last_end")
                     if entry.get("result") is not None:
-                        self._results = {**self._results, key: _decode_result(dict(entry["result"]))}
+                        self._results = {**self._results, key: CycleResult.from_state_dict(dict(entry["result"]))}
             for model, stream, signal, detector, count, last in state.get("changes") or []:
                 ckey = (str(model), str(stream), str(signal), str(detector))
                 old = self._changes.get(ckey, ChangeTotals(0, None))
@@ -505,41 +504,3 @@ def _check_detector_values(settings: DriftSettings) -> None:
 
 def _json(status: int, body: Any) -> tuple[int, str, bytes]:
     return status, "application/json", (json.dumps(body, indent=2) + "\n").encode()
-
-
-def _encode_result(result: CycleResult) -> dict[str, Any]:
-    report = result.report
-    return {
-        "tests": [
-            [r.test, r.statistic, r.p_value, r.threshold, r.detected, r.extra.get("drifted_components_ratio")]
-            for r in report.results
-        ],
-        "detected": report.detected,
-        "cycle_alpha": report.cycle_alpha,
-        "multiplicity": report.multiplicity,
-        "window_size": report.window_size,
-        "reference_size": report.reference_size,
-        "seconds": report.seconds,
-        "errors": dict(report.errors),
-        "sustained": result.sustained,
-        "computed_at": result.computed_at,
-        "reference_captured_at": result.reference_captured_at,
-    }
-
-
-def _decode_result(state: dict[str, Any]) -> CycleResult:
-    tests = tuple(
-        TestResult(
-            str(t), float(s), float(p), float(th), bool(d), {} if r is None else {"drifted_components_ratio": float(r)}
-        )
-        for t, s, p, th, d, r in state["tests"]
-    )
-    report = DriftReport(
-        results=tests, detected=bool(state["detected"]), cycle_alpha=float(state["cycle_alpha"]),
-        multiplicity=str(state["multiplicity"]), window_size=int(state["window_size"]),
-        reference_size=int(state["reference_size"]), seconds=float(state["seconds"]),
-        errors={str(k): str(v) for k, v in dict(state["errors"]).items()},
-    )
-    return CycleResult(
-        report, bool(state["sustained"]), float(state["computed_at"]), float(state["reference_captured_at"])
-    )

@@ -25,9 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from monitor.drift.calibration import TestResult
 from monitor.drift.suite import DriftReport
 
 StreamKey = tuple[str, str]
@@ -47,6 +49,44 @@ class CycleResult:
     sustained: bool
     computed_at: float
     reference_captured_at: float
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain values for a checkpoint: what the exported series need (per-test diagnostics beyond
+        ``drifted_components_ratio`` are dropped)."""
+        report = self.report
+        return {
+            "tests": [
+                [r.test, r.statistic, r.p_value, r.threshold, r.detected, r.extra.get("drifted_components_ratio")]
+                for r in report.results
+            ],
+            "detected": report.detected,
+            "cycle_alpha": report.cycle_alpha,
+            "multiplicity": report.multiplicity,
+            "window_size": report.window_size,
+            "reference_size": report.reference_size,
+            "seconds": report.seconds,
+            "errors": dict(report.errors),
+            "sustained": self.sustained,
+            "computed_at": self.computed_at,
+            "reference_captured_at": self.reference_captured_at,
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> CycleResult:
+        tests = tuple(
+            TestResult(
+                str(t), float(s), float(p), float(th), bool(d),
+                {} if r is None else {"drifted_components_ratio": float(r)},
+            )
+            for t, s, p, th, d, r in state["tests"]
+        )
+        report = DriftReport(
+            results=tests, detected=bool(state["detected"]), cycle_alpha=float(state["cycle_alpha"]),
+            multiplicity=str(state["multiplicity"]), window_size=int(state["window_size"]),
+            reference_size=int(state["reference_size"]), seconds=float(state["seconds"]),
+            errors={str(k): str(v) for k, v in dict(state["errors"]).items()},
+        )
+        return cls(report, bool(state["sustained"]), float(state["computed_at"]), float(state["reference_captured_at"]))
 
 
 @dataclass(frozen=True)
