@@ -123,10 +123,7 @@ class DriftComponent(Component):
             raise ConfigError(str(exc)) from None
         self.store = ReferenceStore(context.state_dir)
         self.ring = (
-            LaggedRing(
-                context.state_dir, self.reference_settings.lagged_seconds, self.settings.interval_seconds,
-                self.settings.reference_sample_size,
-            )
+            LaggedRing(context.state_dir, self.reference_settings.lagged_seconds, self.settings.interval_seconds)
             if self.reference_settings.lagged_seconds is not None
             else None
         )

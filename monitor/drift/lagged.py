@@ -67,16 +67,16 @@ class LaggedRing:
     (snapshots are ``spacing`` to ``spacing + interval`` apart, so a ring without gaps always has
     one; none does during the first ``lag`` seconds). Snapshots older than ``now - lag - tolerance`` are
     deleted, and at most ``capacity = ceil(lag / spacing) + 2`` are kept per (model, stream): disk
-    use is at most ``capacity × max_rows × d × 4`` bytes per (model, stream).
+    use is at most ``capacity × rows × d × 4`` bytes per (model, stream), ``rows`` being the
+    snapshots' sample size (the component's ``drift.reference_sample_size``).
     """
 
-    def __init__(self, state_dir: Path, lag_seconds: float, interval_seconds: float, max_rows: int):
+    def __init__(self, state_dir: Path, lag_seconds: float, interval_seconds: float):
         self.root = Path(state_dir) / LAGGED_DIR
         self.lag = float(lag_seconds)
         self.spacing = max(float(interval_seconds), self.lag / LAGGED_SLOTS)
         self.tolerance = (self.spacing + float(interval_seconds)) / 2
         self.capacity = math.ceil(self.lag / self.spacing) + 2
-        self.max_rows = int(max_rows)
         self._cache: dict[StreamKey, tuple[Path, ReferenceProfile]] = {}
         self._index, leftovers = list_snapshots(self.root)
         for path in leftovers:

@@ -99,6 +99,3 @@ class PinnedFiles:
         if best is not None and best.profile.dim != dim:
             return None, f"pinned reference {best.path} has dimension {best.profile.dim}, {model}/{stream} has {dim}"
         return best, None
-
-    def __bool__(self) -> bool:
-        return bool(self.pins)
