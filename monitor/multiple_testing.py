@@ -1,9 +1,9 @@
-"""Benjamini–Hochberg adjusted p-values: false discovery rate control when many things are tested at once.
+"""Corrections for testing many things at once: Holm (family-wise error) and Benjamini–Hochberg (false discovery rate).
 
-Used by the KS drift test (across principal components, :mod:`monitor.drift.ks`) and by the
-retrieval comparisons (across metrics, :mod:`monitor.retrieval.stats`). numpy only. The drift
-cycle's family-wise corrections across its tests (Bonferroni, Holm) are in
-:mod:`monitor.drift.calibration`.
+Holm decides the drift cycle across its tests (:func:`monitor.drift.suite.apply_multiplicity`).
+Benjamini–Hochberg serves the KS drift test (across principal components,
+:mod:`monitor.drift.ks`) and the retrieval comparisons (across metrics,
+:mod:`monitor.retrieval.stats`). numpy only.
 """
 
 from __future__ import annotations
@@ -38,3 +38,39 @@ def benjamini_hochberg(p_values: Sequence[float] | np.ndarray) -> np.ndarray:
     adjusted = np.empty(m)
     adjusted[order] = np.minimum(step_up, 1.0)
     return adjusted
+
+
+def holm_thresholds(p_values: Sequence[float], alpha: float) -> np.ndarray:
+    """Holm's critical value for each test, in input order, and which of them reject.
+
+    The test with the ``r``-th smallest p-value (rank 1..k) is compared with ``alpha / (k - r + 1)``,
+    but only while every smaller p-value rejected; ties are ranked in input order.
+    Returns an array of thresholds; a test is rejected when its p-value is at most its threshold
+    *and* all smaller-ranked tests were rejected (see :func:`holm_reject`).
+    """
+    p = np.asarray(p_values, dtype=float)
+    k = p.size
+    order = np.argsort(p, kind="stable")
+    thresholds = np.empty(k)
+    thresholds[order] = alpha / (k - np.arange(k))
+    return thresholds
+
+
+def holm_reject(p_values: Sequence[float], alpha: float) -> np.ndarray:
+    """Holm's step-down decisions, in input order.
+
+    Examples
+    --------
+    >>> holm_reject([0.01, 0.04, 0.03], alpha=0.05).tolist()
+    [True, False, False]
+    >>> holm_reject([0.01, 0.02, 0.03], alpha=0.05).tolist()
+    [True, True, True]
+    """
+    p = np.asarray(p_values, dtype=float)
+    order = np.argsort(p, kind="stable")
+    passed = p[order] <= alpha / (p.size - np.arange(p.size))
+    # step-down: stop at the first non-rejection
+    steps = np.cumprod(passed).astype(bool)
+    reject = np.zeros(p.size, dtype=bool)
+    reject[order] = steps
+    return reject

@@ -1,4 +1,5 @@
-"""The online detector kinds (river's), the parameters each takes and our defaults, without river.
+"""The online detectors' vocabulary, without river or numpy: the signals they can watch, the detector
+kinds (river's), the parameters each takes and our defaults.
 
 Settings check detector parameters against these names when they load, so a typo fails at
 start-up, and loading settings never imports river (it pulls in scikit-learn and scipy: seconds).
@@ -12,6 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, Literal
+
+Signal = Literal["cosine", "norm"]
+SIGNALS: tuple[Signal, ...] = ("cosine", "norm")  # computed in monitor.drift.signals
 
 DetectorKind = Literal["adwin", "page_hinkley", "kswin"]
 

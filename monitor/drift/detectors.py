@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 from river import base, drift
 
-from monitor.drift.detector_kinds import DEFAULT_DETECTOR_PARAMS, DEFAULT_DETECTORS, check_detector_params
-from monitor.drift.signals import SIGNALS, SignalBaseline, record_signals
+from monitor.drift.detector_kinds import DEFAULT_DETECTOR_PARAMS, DEFAULT_DETECTORS, SIGNALS, check_detector_params
+from monitor.drift.signals import SignalBaseline, record_signals
 
 logger = logging.getLogger(__name__)
 

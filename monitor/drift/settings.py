@@ -18,7 +18,8 @@ Examples
 
 :class:`DriftSettings` is everything the drift library needs; :class:`DaemonDriftSettings` (what
 the daemon's ``Settings.drift`` holds) adds per-(model, stream) reference pins and the ``run``
-flags that set them. Light on purpose: numpy and pydantic only, so loading settings stays fast.
+flags that set them. Light on purpose (pydantic and the standard library), so loading settings
+stays fast.
 """
 
 from __future__ import annotations
@@ -37,8 +38,7 @@ from monitor.drift.calibration import (
     per_test_alpha,
     permutations_needed,
 )
-from monitor.drift.detector_kinds import DEFAULT_DETECTOR_PARAMS, DEFAULT_DETECTORS, check_detector_params
-from monitor.drift.signals import SIGNALS
+from monitor.drift.detector_kinds import DEFAULT_DETECTOR_PARAMS, DEFAULT_DETECTORS, SIGNALS, check_detector_params
 
 TEST_NAMES = ("mmd", "ks", "centroid", "classifier")
 REFERENCE_SUFFIXES = (".npz", ".npy")

@@ -5,21 +5,17 @@
 - ``norm``: the record's L2 norm (a normalisation bug, a quantisation change, a new model).
 
 Signals are standardised with the reference's own mean and spread of that signal, so detector
-parameters are in units of standard deviations whatever the model. numpy only: the settings and
-the reference profile use this module without loading river.
+parameters are in units of standard deviations whatever the model. numpy only: the reference
+profile uses this module without loading river. (The signal names, for the settings:
+``monitor.drift.detector_kinds.SIGNALS``.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
-
-Signal = Literal["cosine", "norm"]
-
-SIGNALS: tuple[Signal, ...] = ("cosine", "norm")
 
 
 def record_signals(

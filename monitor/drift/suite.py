@@ -8,20 +8,21 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
-from monitor.drift.calibration import TestResult, apply_multiplicity
+from monitor.drift.calibration import Multiplicity, TestResult, per_test_alpha
 from monitor.drift.centroid import centroid_test
 from monitor.drift.classifier import classifier_test
 from monitor.drift.ks import ks_test
 from monitor.drift.mmd import mmd_test
 from monitor.drift.profile import uniform_subsample
 from monitor.drift.settings import DriftSettings
+from monitor.multiple_testing import holm_reject, holm_thresholds
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,26 @@ def thread_limit(threads: int | None) -> Iterator[None]:
             yield
     finally:
         torch.set_num_threads(previous)
+
+
+def apply_multiplicity(
+    results: Sequence[TestResult], alpha: float, method: Multiplicity
+) -> tuple[TestResult, ...]:
+    """Re-decide each test with its corrected threshold so the cycle's false-alarm rate is ≤ ``alpha``."""
+    if not results:
+        return ()
+    p = [r.p_value for r in results]
+    if method == "bonferroni":
+        thresholds = np.full(len(p), per_test_alpha(alpha, len(p)))
+        decisions = np.asarray(p) <= thresholds
+    elif method == "holm":
+        thresholds = holm_thresholds(p, alpha)
+        decisions = holm_reject(p, alpha)
+    else:
+        raise ValueError(f"unknown multiplicity correction {method!r}; use 'bonferroni' or 'holm'")
+    return tuple(
+        replace(r, threshold=float(t), detected=bool(d)) for r, t, d in zip(results, thresholds, decisions)
+    )
 
 
 def run_drift_suite(
