@@ -53,23 +53,22 @@ from monitor.drift.export import (
     CycleResult,
     DriftSnapshot,
     ReferenceInfo,
+    StreamKey,
     families,
 )
-from monitor.drift.online_state import decode_monitor, encode_monitor
 from monitor.drift.first_records import FirstRecords
 from monitor.drift.lagged import LaggedRing
+from monitor.drift.online_state import decode_monitor, encode_monitor
 from monitor.drift.pinned import PinnedFiles
 from monitor.drift.profile import ReferenceProfile, uniform_subsample
 from monitor.drift.settings import DriftSettings
 from monitor.drift.store import ReferenceStore, StoredReference
 from monitor.drift.suite import run_drift_suite
-from monitor.logs import RateLimitedLog
 from monitor.records import EmbeddingBatch
 from monitor.state.window import WindowSnapshot
 
 logger = logging.getLogger(__name__)
 
-StreamKey = tuple[str, str]
 _STATE_VERSION = 1
 MIN_TEST_RECORDS = 200  # a window needs min(this, drift.window_sample_size) records to be tested
 ADMIN_PATH = "/admin/baseline"
@@ -134,7 +133,6 @@ class DriftComponent(Component):
         self._counters = _Counters()
         self._cycle_lock = threading.Lock()  # one cycle at a time (the job, or a test calling run_cycle)
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="embmon-drift-store")
-        self._log = RateLimitedLog(logger, interval=60.0)
         self._stored = self.store.load_all()
         for key, ref in sorted(self._stored.items()):
             self._init_stream(key, ref.profile.dim)
