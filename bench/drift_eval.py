@@ -45,10 +45,12 @@ import scipy.linalg
 from monitor.drift.calibration import TestResult
 from monitor.drift.centroid import centroid_test
 from monitor.drift.classifier import classifier_test
-from monitor.drift.detectors import DEFAULT_DETECTOR_PARAMS, OnlineDriftMonitor, SignalBaseline
+from monitor.drift.detector_kinds import DEFAULT_DETECTOR_PARAMS
+from monitor.drift.detectors import OnlineDriftMonitor
 from monitor.drift.ks import ks_test
 from monitor.drift.mmd import mmd_test
 from monitor.drift.settings import DriftSettings
+from monitor.drift.signals import SignalBaseline
 from monitor.drift.suite import run_drift_suite
 
 logger = logging.getLogger("drift_eval")

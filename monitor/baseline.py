@@ -10,23 +10,20 @@
   daemon stopped; it then falls back to its configured source at the next start).
 
 Exit status: 0 success, 1 the daemon refused or could not be reached, 2 bad usage or input.
+
+The CLI registers this command whenever it builds its parser, so importing this module stays
+cheap (the standard library only); numpy and the drift modules load when a command runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import ssl
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
-
-import numpy as np
 
 DEFAULT_MAX_ROWS = 10_000
 
@@ -95,6 +92,11 @@ class _Usage(Exception):
 
 
 def _capture_remote(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
+    import ssl
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
     from monitor.security import read_token_file
 
     if not args.model:
@@ -128,7 +130,10 @@ def _capture_remote(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) ->
 
 
 def _capture_offline(args: argparse.Namespace, stdout: TextIO) -> int:
-    from monitor.drift.references import ReferenceStore, StoredReference, profile_from_matrix
+    import numpy as np
+
+    from monitor.drift.profile import profile_from_matrix
+    from monitor.drift.store import ReferenceStore, StoredReference
 
     if not args.state_dir and not args.out:
         raise _Usage("--from needs --state-dir DIR or --out FILE")
@@ -161,17 +166,18 @@ def _capture_offline(args: argparse.Namespace, stdout: TextIO) -> int:
 
 
 def _show(state_dir: Path, as_json: bool, stdout: TextIO) -> int:
-    from monitor.drift.references import LAGGED_DIR, ReferenceStore, unsafe_name
+    from monitor.drift.lagged import LAGGED_DIR, list_snapshots
+    from monitor.drift.store import ReferenceStore
 
     refs = [r.describe() for r in ReferenceStore(state_dir).load_all().values()]
     lagged = []
-    for stream_dir in sorted((state_dir / LAGGED_DIR).glob("*/*")):
-        times = sorted(int(p.stem) / 1000 for p in stream_dir.glob("*.npz") if p.stem.isdigit())
-        if times:
+    snapshots, _ = list_snapshots(state_dir / LAGGED_DIR)  # leftovers are the daemon's to remove
+    for (model, stream), snaps in snapshots.items():
+        if snaps:
             lagged.append({
-                "model": unsafe_name(stream_dir.parent.name), "stream": unsafe_name(stream_dir.name),
-                "snapshots": len(times), "oldest": times[0], "newest": times[-1],
-                "bytes": sum(p.stat().st_size for p in stream_dir.glob("*.npz")),
+                "model": model, "stream": stream,
+                "snapshots": len(snaps), "oldest": snaps[0].taken_at, "newest": snaps[-1].taken_at,
+                "bytes": sum(s.path.stat().st_size for s in snaps),
             })
     if as_json:
         print(json.dumps({"references": refs, "lagged": lagged}, indent=2), file=stdout)
@@ -190,7 +196,7 @@ def _show(state_dir: Path, as_json: bool, stdout: TextIO) -> int:
 
 
 def _clear(state_dir: Path, model: str, stream: str | None, stdout: TextIO, stderr: TextIO) -> int:
-    from monitor.drift.references import ReferenceStore
+    from monitor.drift.store import ReferenceStore
 
     store = ReferenceStore(state_dir)
     targets = [k for k in store.load_all() if k[0] == model and (stream is None or k[1] == stream)]

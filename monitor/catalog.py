@@ -162,6 +162,10 @@ def _spec_rows() -> Iterable[MetricSpec]:
          "Change points the online detectors flagged, by signal and detector.", (*MS, "signal", "detector"), ""),
         ("embmon_drift_last_change_timestamp_seconds", "gauge",
          "When the online detector last flagged a change (unix seconds).", (*MS, "signal", "detector"), "seconds"),
+        ("embmon_drift_errors_total", "counter",
+         "Failures the drift component caught, by stage: store (a reference could not be written to the state "
+         "directory), cycle (a stream's test cycle failed), test (a drift test failed and was left out of the "
+         "verdict). 0 when healthy.", ("stage",), ""),
     ]
     for name, kind, help_text, labels, unit in drift:
         yield MetricSpec(name, kind, help_text, labels, unit, "drift")

@@ -60,7 +60,7 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
 def settings_from_args(args: argparse.Namespace, defaults: dict[str, Any] | None = None) -> Settings:
     """Settings from ``defaults`` < --config < the environment < the flags; raises ConfigError."""
     options = dict(parse_kafka_option(text) for text in args.kafka_option)
-    from monitor.drift.references import reference_overrides
+    from monitor.drift.settings import reference_overrides
 
     try:
         reference = reference_overrides(getattr(args, "reference", None), getattr(args, "reference_records", None))

@@ -9,28 +9,23 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from kafka import KafkaConsumer
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from monitor.canary.settings import CanarySettings
-from monitor.drift.references import DaemonDriftSettings
-from monitor.quality.intrinsic import IntrinsicSettings
+from monitor.drift.settings import DaemonDriftSettings
+from monitor.kafka_options import CONSUMER_OPTIONS, RESERVED_OPTIONS
+from monitor.labels import LABEL_VALUE_RE
+from monitor.quality.settings import IntrinsicSettings
 from monitor.retrieval.settings import ProbeSettings
 
 ENV_PREFIX = "EMBMON_"
-# Settings the daemon owns itself; passing them as --kafka-option would break offset handling.
-_RESERVED_KAFKA_OPTIONS = frozenset(
-    {"enable_auto_commit", "group_id", "bootstrap_servers", "key_deserializer", "value_deserializer"}
-)
 _SECRET_WORDS = ("password", "secret", "token", "keyfile", "key_password", "sasl_oauth")
-LABEL_VALUE_RE = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,64}$")
 
 
 class ConfigError(ValueError):
@@ -79,9 +74,9 @@ class KafkaSettings(_Section):
     @classmethod
     def _check_options(cls, value: dict[str, Any]) -> dict[str, Any]:
         for key in value:
-            if key in _RESERVED_KAFKA_OPTIONS:
+            if key in RESERVED_OPTIONS:
                 raise ValueError(f"{key!r} is set by embedding-monitor itself; use the dedicated setting")
-            if key not in KafkaConsumer.DEFAULT_CONFIG:
+            if key not in CONSUMER_OPTIONS:
                 raise ValueError(f"{key!r} is not a kafka-python consumer setting")
         sasl = value.get("sasl_mechanism")
         protocol = value.get("security_protocol", "PLAINTEXT")

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from monitor.config import LABEL_VALUE_RE, LimitSettings
+from monitor.config import LimitSettings
+from monitor.labels import is_label_value
 from monitor.records import EmbeddingBatch, InteractionEvent
 
 logger = logging.getLogger(__name__)
@@ -66,10 +67,6 @@ class DecodeResult:
         self.rejected[(stream, reason)] += count
         if detail and reason not in self.examples:
             self.examples[reason] = detail
-
-
-def is_label_value(value: Any) -> bool:
-    return isinstance(value, str) and LABEL_VALUE_RE.match(value) is not None
 
 
 @dataclass

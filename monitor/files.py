@@ -1,13 +1,16 @@
-"""Crash-safe file writes: whatever instant the process dies, a reader sees the old file or the new one.
+"""Files in the state directory: crash-safe writes, and label values as file names.
 
-Used for everything the daemon persists in its state directory (references, lagged snapshots);
-checkpoints add a rotation of the previous file on top (monitor/checkpoint.py).
+Whatever instant the process dies, a reader sees the old file or the new one. Used for everything
+the daemon persists in its state directory (references, lagged snapshots); checkpoints add a
+rotation of the previous file on top (monitor/checkpoint.py). Model and stream names become path
+components through :func:`safe_name`, which no label value can turn into ``..`` or a separator.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -49,3 +52,17 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
 def atomic_savez(path: Path, arrays: dict[str, Any]) -> None:
     """``np.savez`` to ``path`` with :func:`atomic_write`."""
     atomic_write(path, lambda handle: np.savez(handle, **arrays))
+
+
+def safe_name(label: str) -> str:
+    """A label value as one path component: anything but ASCII letters, digits, ``_`` and ``-`` is %XX.
+
+    >>> safe_name("sentence-transformers/all-MiniLM.v2"), safe_name("..")
+    ('sentence-transformers%2Fall-MiniLM%2Ev2', '%2E%2E')
+    """
+    return "".join(c if (c.isascii() and c.isalnum()) or c in "_-" else f"%{ord(c):02X}" for c in label)
+
+
+def unsafe_name(name: str) -> str:
+    """Inverse of :func:`safe_name`."""
+    return re.sub(r"%([0-9A-F]{2})", lambda m: chr(int(m.group(1), 16)), name)

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from monitor.cli import main
-from monitor.drift.references import LaggedRing, ReferenceStore
-from monitor.drift.suite import ReferenceProfile
+from monitor.drift.lagged import LaggedRing
+from monitor.drift.profile import ReferenceProfile
+from monitor.drift.store import ReferenceStore
 from tests.test_drift_component import Harness, axis, settings_for, unit_rows
 
 
@@ -63,7 +64,7 @@ def test_capture_to_a_reference_file(tmp_path: Path, vectors: tuple[Path, np.nda
 
 
 def test_show_lists_lagged_snapshots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    ring = LaggedRing(tmp_path, lag_seconds=3600, interval_seconds=60, max_rows=50)
+    ring = LaggedRing(tmp_path, lag_seconds=3600, interval_seconds=60)
     profile = ReferenceProfile.from_sample(unit_rows(np.random.default_rng(1), 20, axis(0)), captured_at=0, source="w")
     for t in (1_700_000_000.0, 1_700_000_100.0):
         ring.add(("m", "s/x"), profile, t)

@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from kafka import KafkaConsumer
 
 from monitor.config import ConfigError, load_settings, nested_override, parse_kafka_option
+from monitor.kafka_options import CONSUMER_OPTIONS, RESERVED_OPTIONS
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -95,6 +97,12 @@ def test_kafka_security_settings_pass_through_and_are_validated(tmp_path: Path) 
         load_settings(overrides={"kafka": {"options": {"security_protocol": "SSL", "ssl_cafile": "/nope.pem"}}})
     with pytest.raises(ConfigError, match="enable_auto_commit"):
         load_settings(overrides={"kafka": {"options": {"enable_auto_commit": True}}})
+
+
+def test_kafka_option_names_match_the_installed_kafka_python() -> None:
+    """Settings check options against a static copy (no kafka import when they load); keep it current."""
+    assert CONSUMER_OPTIONS == set(KafkaConsumer.DEFAULT_CONFIG)
+    assert RESERVED_OPTIONS <= CONSUMER_OPTIONS
 
 
 def test_parse_kafka_option() -> None:

@@ -13,18 +13,18 @@ from scipy import stats
 
 from monitor.drift.calibration import (
     TestResult,
-    apply_multiplicity,
     cycle_alpha,
     cycle_alpha_for_sustained,
-    holm_reject,
     parse_duration,
     permutations_needed,
-    sequential_p_value,
     sustained_false_alarm_every,
     sustained_onset_probability,
 )
+from monitor.drift.permutation import sequential_p_value
+from monitor.drift.profile import ReferenceProfile
 from monitor.drift.settings import DriftSettings
-from monitor.drift.suite import ReferenceProfile, run_drift_suite, thread_limit
+from monitor.drift.suite import apply_multiplicity, run_drift_suite, thread_limit
+from monitor.multiple_testing import holm_reject
 
 NULL_WINDOWS = 300
 

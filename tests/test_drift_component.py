@@ -23,8 +23,9 @@ from monitor.component import MonitorContext
 from monitor.config import ConfigError, Settings, deep_merge, load_settings
 from monitor.drift.component import DriftComponent
 from monitor.drift.online_state import decode_detector, encode_detector
-from monitor.drift.references import LAGGED_DIR, ReferenceStore, StoredReference
-from monitor.drift.suite import ReferenceProfile
+from monitor.drift.lagged import LAGGED_DIR
+from monitor.drift.profile import ReferenceProfile
+from monitor.drift.store import ReferenceStore, StoredReference
 from monitor.records import EmbeddingBatch
 from monitor.state.registry import StateRegistry
 from monitor.state.window import WindowSnapshot
@@ -281,6 +282,13 @@ def test_reference_settings_are_checked_at_start(tmp_path: Path) -> None:
         Harness(settings)
 
 
+def test_detector_values_river_refuses_stop_the_start(tmp_path: Path) -> None:
+    # the settings check parameter names only (no river at load time); river checks the values
+    settings = settings_for(tmp_path / "state", online={"detectors": {"kswin": {"alpha": 2.0}}})
+    with pytest.raises(ConfigError, match=r"drift.online.detectors.kswin: Alpha must be between 0 and 1"):
+        Harness(settings)
+
+
 def test_a_capture_survives_restarts_until_the_pinned_file_changes(tmp_path: Path, rng: np.random.Generator) -> None:
     pin = tmp_path / "pin.npy"
     np.save(pin, unit_rows(rng, 80, axis(0)))
@@ -351,6 +359,57 @@ def test_lagged_reference_follows_the_clock(tmp_path: Path, rng: np.random.Gener
     h2.component.run_cycle()
     assert h2.component.reference("m", "s").captured_at == h2.now - 100
     h2.close()
+
+
+def test_store_and_cycle_failures_are_counted_in_the_scrape(tmp_path: Path, rng: np.random.Generator) -> None:
+    def errors(h: Harness) -> dict[str, float | None]:
+        return {stage: h.value("embmon_drift_errors_total", stage=stage) for stage in ("store", "cycle", "test")}
+
+    # a file where the references directory belongs: the first-N reference cannot be stored
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "references").write_text("in the way")
+    h = Harness(settings_for(state))
+    assert errors(h) == {"store": 0, "cycle": 0, "test": 0}  # every stage from the start
+    h.feed("m", "s", unit_rows(rng, 400, axis(0)))
+    h.component.flush()
+    assert h.component.reference("m", "s") is not None  # still used, from memory
+    assert errors(h) == {"store": 1, "cycle": 0, "test": 0}
+    h.publish()
+    assert ("m", "s") in h.component.run_cycle()  # the cycle itself is fine
+    assert errors(h) == {"store": 1, "cycle": 0, "test": 0}
+    h.close()
+
+    # a file where the lagged ring belongs: the cycle cannot take its snapshot
+    lagged_state = tmp_path / "lagged"
+    lagged_state.mkdir()
+    (lagged_state / LAGGED_DIR).write_text("in the way")
+    h = Harness(settings_for(lagged_state, reference={"lagged_seconds": 100.0}))
+    h.feed("m", "s", unit_rows(rng, 250, axis(0)))
+    h.feed("m", "t", unit_rows(rng, 250, axis(0)))
+    h.publish()
+    with pytest.raises(RuntimeError, match="drift cycle failed for 2 stream"):
+        h.component.run_cycle()
+    assert errors(h) == {"store": 0, "cycle": 2, "test": 0}
+    h.close()
+
+
+def test_a_failing_drift_test_is_counted_and_left_out_of_the_verdict(
+    tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise FloatingPointError("degenerate sample")
+
+    monkeypatch.setattr("monitor.drift.suite.classifier_test", broken)
+    h = Harness(settings_for(tmp_path / "state"))
+    h.feed("m", "s", unit_rows(rng, 600, axis(0)))
+    h.publish()
+    report = h.component.run_cycle()[("m", "s")].report
+    assert [r.test for r in report.results] == ["mmd", "ks", "centroid"] and "classifier" in report.errors
+    assert h.value("embmon_drift_errors_total", stage="test") == 1
+    assert h.value("embmon_drift_errors_total", stage="cycle") == 0
+    assert h.value("embmon_drift_p_value", model="m", stream="s", test="classifier") is None
+    h.close()
 
 
 def round_trip(state: dict[str, Any]) -> dict[str, Any]:

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
 import pickle
 
 import numpy as np
 import pytest
+from river import drift as river_drift
 
-from monitor.drift.detectors import (
-    DEFAULT_DETECTOR_PARAMS,
-    DetectorStatus,
-    OnlineDriftMonitor,
-    SignalBaseline,
-    build_detector,
-    record_signals,
-)
+from monitor.drift.detector_kinds import DEFAULT_DETECTOR_PARAMS, DETECTOR_PARAMETERS
+from monitor.drift.detectors import DetectorStatus, OnlineDriftMonitor, build_detector
+from monitor.drift.signals import SignalBaseline, record_signals
 
 DIM = 16
 CHANGE_AT = 10_000
@@ -143,3 +140,11 @@ def test_misconfiguration_fails_at_construction(baseline: SignalBaseline) -> Non
         OnlineDriftMonitor(baseline).update(np.ones((3, 4), np.float32), now=0.0)
     with pytest.raises(ValueError, match="zero vector"):
         SignalBaseline.from_reference(np.r_[np.ones((2, 3)), -np.ones((2, 3))])
+
+
+def test_parameter_names_match_the_installed_river() -> None:
+    """Settings check names against a static table (no river at load time); an upgrade must not drift from it."""
+    classes = {"adwin": river_drift.ADWIN, "page_hinkley": river_drift.PageHinkley, "kswin": river_drift.KSWIN}
+    assert DETECTOR_PARAMETERS.keys() == classes.keys()
+    for kind, cls in classes.items():
+        assert DETECTOR_PARAMETERS[kind] == set(inspect.signature(cls).parameters), kind

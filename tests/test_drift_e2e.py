@@ -15,12 +15,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from monitor.config import load_settings
+from monitor.config import deep_merge, load_settings
 from monitor.drift.component import DriftComponent
-from monitor.drift.references import ReferenceStore, sha256_file
+from monitor.drift.pinned import sha256_file
+from monitor.drift.store import ReferenceStore
 from monitor.service import Monitor
 from tests.support.broker import Broker, kafka_daemon_overrides
 from tests.support.scrape import Samples, scrape, value, wait_until
+from tests.test_drift_component import BASE_DRIFT
 
 pytestmark = pytest.mark.broker
 
@@ -49,17 +51,11 @@ def settings_for(broker: Broker, topic: str, group: str, state_dir: Path) -> Any
             state_dir,
             refresh_seconds=REFRESH_SECONDS,
             window={"seconds": WINDOW_SECONDS, "subwindows": 4, "reservoir_size": 400},
-            drift={
-                "interval_seconds": INTERVAL_SECONDS,
-                "false_alarm_every": "1h",  # alpha 2.8e-4 per cycle
-                "window_sample_size": 300,
-                "reference_sample_size": 300,
-                "threads": 1,
-                "ks": {"components": 8},
-                "classifier": {"squared_components": 4},
-                "reference": {"records": 300},
-                "online": {"aggregate": 16},
-            },
+            # false_alarm_every 1h: alpha 2.8e-4 per cycle
+            drift=deep_merge(
+                BASE_DRIFT,
+                {"interval_seconds": INTERVAL_SECONDS, "window_sample_size": 300, "reference_sample_size": 300},
+            ),
         )
     )
 

@@ -19,7 +19,7 @@ import pytest
 
 from monitor.cli import main
 from monitor.config import load_settings
-from monitor.drift.references import ReferenceStore
+from monitor.drift.store import ReferenceStore
 from monitor.service import Monitor
 from tests.support.scrape import scrape, value, wait_until
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from monitor.drift.ks import benjamini_hochberg, ks_p_values, ks_statistics, ks_test, pca_basis
+from monitor.drift.ks import ks_p_values, ks_statistics, ks_test, pca_basis
+from monitor.multiple_testing import benjamini_hochberg
 
 
 def test_statistics_and_p_values_match_scipy_column_by_column() -> None:

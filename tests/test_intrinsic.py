@@ -15,13 +15,13 @@ import torch
 from monitor.quality import intrinsic
 from monitor.quality.intrinsic import (
     IntrinsicReport,
-    IntrinsicSettings,
     collapse_reasons,
     report_from_matrix,
     report_from_snapshot,
     report_from_stats,
     uniformity,
 )
+from monitor.quality.settings import IntrinsicSettings
 from monitor.records import EmbeddingBatch
 from monitor.state.stats import SufficientStats
 from monitor.state.window import SlidingWindow

@@ -10,7 +10,9 @@ budget is split across them: Bonferroni (each test at ``alpha_cycle / k``) or Ho
 procedure. Both keep the family-wise error rate (the chance that the cycle's verdict is a false
 alarm) at most ``alpha_cycle`` under any dependence between the tests, and both reject the global
 null in exactly the same cycles (Holm's first step *is* Bonferroni's test of the smallest
-p-value); Holm only names more of the tests as detected once one has.
+p-value); Holm only names more of the tests as detected once one has. The procedures are in
+:mod:`monitor.multiple_testing`; the suite applies them (:func:`monitor.drift.suite.apply_multiplicity`).
+Arithmetic only (no numpy), so the settings that use it load fast.
 
 A *sustained* alert (drift in at least ``n`` of the last ``m`` cycles) fires much less often than
 single cycles do; :func:`sustained_onset_probability` gives the exact rate of new sustained false
@@ -22,11 +24,8 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
-
-import numpy as np
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +52,11 @@ class TestResult:
     threshold: float
     detected: bool
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def at_level(cls, test: str, statistic: float, p_value: float, alpha: float, extra: dict[str, Any]) -> TestResult:
+        """A test's own verdict at ``alpha`` (before any multiplicity correction): detected when ``p <= alpha``."""
+        return cls(test, statistic, p_value, alpha, p_value <= alpha, extra)
 
 
 def parse_duration(text: str) -> float:
@@ -101,110 +105,6 @@ def per_test_alpha(alpha: float, tests: int) -> float:
     if tests < 1:
         raise ValueError(f"at least one test must run, got {tests}")
     return alpha / tests
-
-
-def holm_thresholds(p_values: Sequence[float], alpha: float) -> np.ndarray:
-    """Holm's critical value for each test, in input order, and which of them reject.
-
-    The test with the ``r``-th smallest p-value (rank 1..k) is compared with ``alpha / (k - r + 1)``,
-    but only while every smaller p-value rejected; ties are ranked in input order.
-    Returns an array of thresholds; a test is rejected when its p-value is at most its threshold
-    *and* all smaller-ranked tests were rejected (see :func:`holm_reject`).
-    """
-    p = np.asarray(p_values, dtype=float)
-    k = p.size
-    order = np.argsort(p, kind="stable")
-    thresholds = np.empty(k)
-    thresholds[order] = alpha / (k - np.arange(k))
-    return thresholds
-
-
-def holm_reject(p_values: Sequence[float], alpha: float) -> np.ndarray:
-    """Holm's step-down decisions, in input order.
-
-    Examples
-    --------
-    >>> holm_reject([0.01, 0.04, 0.03], alpha=0.05).tolist()
-    [True, False, False]
-    >>> holm_reject([0.01, 0.02, 0.03], alpha=0.05).tolist()
-    [True, True, True]
-    """
-    p = np.asarray(p_values, dtype=float)
-    order = np.argsort(p, kind="stable")
-    passed = p[order] <= alpha / (p.size - np.arange(p.size))
-    # step-down: stop at the first non-rejection
-    steps = np.cumprod(passed).astype(bool)
-    reject = np.zeros(p.size, dtype=bool)
-    reject[order] = steps
-    return reject
-
-
-def apply_multiplicity(
-    results: Sequence[TestResult], alpha: float, method: Multiplicity
-) -> tuple[TestResult, ...]:
-    """Re-decide each test with its corrected threshold so the cycle's false-alarm rate is ≤ ``alpha``."""
-    if not results:
-        return ()
-    p = [r.p_value for r in results]
-    if method == "bonferroni":
-        thresholds = np.full(len(p), per_test_alpha(alpha, len(p)))
-        decisions = np.asarray(p) <= thresholds
-    elif method == "holm":
-        thresholds = holm_thresholds(p, alpha)
-        decisions = holm_reject(p, alpha)
-    else:
-        raise ValueError(f"unknown multiplicity correction {method!r}; use 'bonferroni' or 'holm'")
-    return tuple(
-        replace(r, threshold=float(t), detected=bool(d)) for r, t, d in zip(results, thresholds, decisions)
-    )
-
-
-def exceedances(observed: float, null_statistics: np.ndarray) -> np.ndarray:
-    """Which null statistics are at least the observed one (ties within a relative 1e-9 count:
-    they are float noise from summation order)."""
-    null = np.asarray(null_statistics, dtype=float)
-    tol = 1e-9 * max(abs(observed), float(np.max(np.abs(null), initial=0.0)), 1e-300)
-    return null >= observed - tol
-
-
-def permutation_p_value(observed: float, null_statistics: np.ndarray) -> float:
-    """``(1 + #{null >= observed}) / (1 + P)``: a p-value that is valid (never below its level).
-
-    Counting the observed labelling among the permutations is what makes
-    ``P(p <= alpha) <= alpha`` hold exactly under exchangeability.
-
-    Examples
-    --------
-    >>> permutation_p_value(3.0, np.array([1.0, 2.0, 3.0, 4.0]))
-    0.6
-    """
-    return sequential_p_value(exceedances(observed, null_statistics), None)[0]
-
-
-def sequential_p_value(exceeded: np.ndarray, stop_after: int | None) -> tuple[float, int, bool]:
-    """Besag–Clifford sequential Monte Carlo p-value from the permutations drawn so far, in order.
-
-    Permutations are drawn until ``stop_after`` of them have reached the observed statistic, or
-    until the budget runs out. Stopped at the ``L``-th permutation: ``p = stop_after / L``;
-    otherwise ``p = (1 + G) / (1 + P)`` with ``G`` exceedances among all ``P``. The p-value is
-    valid (Besag & Clifford 1991), and under no drift it stops after about
-    ``stop_after / p`` permutations, so a large budget (needed to reach a tiny per-test alpha)
-    is only spent when the data look drifted. Returns ``(p_value, permutations_used, stopped)``;
-    the caller draws more while ``stopped`` is False and the budget lasts.
-
-    Examples
-    --------
-    >>> sequential_p_value(np.array([False, True, True, False, True]), stop_after=2)
-    (0.6666666666666666, 3, True)
-    >>> sequential_p_value(np.array([False, True, False, False]), stop_after=2)
-    (0.4, 4, False)
-    """
-    count = np.cumsum(np.asarray(exceeded, dtype=bool))
-    if stop_after is not None and count.size and count[-1] >= stop_after:
-        used = int(np.argmax(count >= stop_after)) + 1
-        return stop_after / used, used, True
-    total = int(count[-1]) if count.size else 0
-    return (1.0 + total) / (1.0 + count.size), int(count.size), False
 
 
 def permutations_needed(alpha: float) -> int:

@@ -12,12 +12,14 @@ and the window/reference sums of all relabellings come from one matrix product
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 
 import numpy as np
 
-from monitor.drift.calibration import TestResult, exceedances, sequential_p_value
+from monitor.drift.calibration import TestResult
+from monitor.drift.permutation import check_permutation_budget, sequential_permutation_test
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +72,7 @@ def centroid_test(
         raise ValueError(f"samples must be 2-D with the same dimension; got {x.shape} and {y.shape}")
     if len(x) < 1 or len(y) < 1:
         raise ValueError("both samples need at least one row")
-    if permutations < 1:
-        raise ValueError(f"permutations must be at least 1, got {permutations}")
+    check_permutation_budget(permutations, stop_after)
     started = time.perf_counter()
     rng = np.random.default_rng(seed)
     m, n = len(x), len(y)
@@ -82,33 +83,23 @@ def centroid_test(
         raise ValueError("a sample mean is the zero vector; its direction is undefined")
     observed = float(cosine_distance(x_mean, y_mean))
 
+    def null_statistics(labels: np.ndarray) -> np.ndarray:
+        x_sums = labels @ pooled
+        return cosine_distance(x_sums, total - x_sums)
+
     base = np.zeros(m + n)
     base[:m] = 1.0
-    null: list[np.ndarray] = []
-    exceeded = np.zeros(0, dtype=bool)
-    drawn, stopped = 0, False
-    while not stopped and drawn < permutations:
-        count = min(_CHUNK, permutations - drawn)
-        labels = rng.permuted(np.tile(base, (count, 1)), axis=1)
-        x_sums = labels @ pooled
-        null.append(cosine_distance(x_sums, total - x_sums))
-        drawn += count
-        exceeded = np.concatenate([exceeded, exceedances(observed, null[-1])])
-        p_value, used, stopped = sequential_p_value(exceeded, stop_after)
-    null_stats = np.concatenate(null)[:used]
+    outcome = sequential_permutation_test(
+        observed, null_statistics, base, rng, permutations=permutations, stop_after=stop_after,
+        chunk_sizes=itertools.repeat(_CHUNK),
+    )
+    p_value = outcome.p_value
     elapsed = time.perf_counter() - started
     logger.debug("centroid: distance=%.3g p=%.3g in %.2fs", observed, p_value, elapsed)
-    return TestResult(
-        test="centroid",
-        statistic=observed,
-        p_value=p_value,
-        threshold=alpha,
-        detected=p_value <= alpha,
+    return TestResult.at_level(
+        "centroid", observed, p_value, alpha,
         extra={
-            "permutations": used,
-            "max_permutations": permutations,
-            "stopped_early": stopped,
-            "null_p95": float(np.quantile(null_stats, 0.95)),
+            **outcome.diagnostics(permutations),
             "window_mean_norm": float(np.linalg.norm(x_mean)),
             "reference_mean_norm": float(np.linalg.norm(y_mean)),
             "window_size": m,

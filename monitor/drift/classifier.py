@@ -114,12 +114,8 @@ def classifier_test(
     p_value = float(u.pvalue)
     elapsed = time.perf_counter() - started
     logger.debug("classifier: auc=%.3f p=%.3g in %.2fs", auc, p_value, elapsed)
-    return TestResult(
-        test="classifier",
-        statistic=auc,
-        p_value=p_value,
-        threshold=alpha,
-        detected=p_value <= alpha,
+    return TestResult.at_level(
+        "classifier", auc, p_value, alpha,
         extra={
             "auc": auc,
             "train_rows": int(len(train)),

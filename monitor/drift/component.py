@@ -2,10 +2,14 @@
 
 One :class:`DriftComponent` serves every (model, stream) (docs/drift.md, "In the daemon"):
 
-* **references** (:mod:`monitor.drift.references`): a pinned file, an explicit capture, a lagged
-  window or the first N records. A first-N reference is built on the ingest thread in bounded
-  memory and written to ``<state_dir>/references`` by a background writer; references are
-  reloaded at start, so a restart never re-captures;
+* **references**, most specific first: a **pinned file** (:mod:`monitor.drift.pinned`;
+  ``MODEL/STREAM`` over ``MODEL`` over ``drift.reference.path``); an **explicit capture** or a
+  file prepared offline, stored in the state directory (:mod:`monitor.drift.store`); a **lagged
+  window** (``drift.reference.lagged_seconds``, :mod:`monitor.drift.lagged`); the **first N
+  records** (:mod:`monitor.drift.first_records`), built on the ingest thread in bounded memory.
+  Every reference but a lagged one is written to ``<state_dir>/references`` (by a background
+  writer) and reloaded at start, so a restart never re-captures; a pinned file replaces the
+  stored reference only when its content differs from the file last applied to that stream;
 * **test cycle** (the ``drift`` job, every ``drift.interval_seconds``): for each (model, stream)
   with a reference and at least :attr:`DriftComponent.min_records` window records, run
   :func:`~monitor.drift.suite.run_drift_suite` on the window sample the last refresh published
@@ -41,26 +45,30 @@ from prometheus_client.metrics_core import Metric
 
 from monitor.component import Component, MonitorContext, ScheduledJob
 from monitor.config import ConfigError
-from monitor.drift.calibration import TestResult
-from monitor.drift.detectors import OnlineDriftMonitor
-from monitor.drift.export import ChangeKey, ChangeTotals, CycleResult, DriftSnapshot, ReferenceInfo, families
-from monitor.drift.online_state import decode_monitor, encode_monitor
-from monitor.drift.references import (
-    FirstRecords,
-    LaggedRing,
-    PinnedFiles,
-    ReferenceStore,
-    StoredReference,
+from monitor.drift.detectors import OnlineDriftMonitor, build_detector
+from monitor.drift.export import (
+    ERROR_STAGES,
+    ChangeKey,
+    ChangeTotals,
+    CycleResult,
+    DriftSnapshot,
+    ReferenceInfo,
+    StreamKey,
+    families,
 )
+from monitor.drift.first_records import FirstRecords
+from monitor.drift.lagged import LaggedRing
+from monitor.drift.online_state import decode_monitor, encode_monitor
+from monitor.drift.pinned import PinnedFiles
+from monitor.drift.profile import ReferenceProfile, uniform_subsample
 from monitor.drift.settings import DriftSettings
-from monitor.drift.suite import DriftReport, ReferenceProfile, run_drift_suite, uniform_subsample
-from monitor.logs import RateLimitedLog
+from monitor.drift.store import ReferenceStore, StoredReference
+from monitor.drift.suite import run_drift_suite
 from monitor.records import EmbeddingBatch
 from monitor.state.window import WindowSnapshot
 
 logger = logging.getLogger(__name__)
 
-StreamKey = tuple[str, str]
 _STATE_VERSION = 1
 MIN_TEST_RECORDS = 200  # a window needs min(this, drift.window_sample_size) records to be tested
 ADMIN_PATH = "/admin/baseline"
@@ -89,8 +97,7 @@ class _Stream:
 @dataclass
 class _Counters:
     cycles: int = 0
-    tested: int = 0
-    errors: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_STAGES, 0))
 
 
 class DriftComponent(Component):
@@ -106,7 +113,7 @@ class DriftComponent(Component):
         threads = self.settings.threads or default_threads()
         self.suite_settings = self.settings.model_copy(update={"threads": threads})
         self.min_records = min(MIN_TEST_RECORDS, self.settings.window_sample_size)
-        self.fallback = "lagged" if self.reference_settings.lagged_seconds is not None else "first_records"
+        _check_detector_values(self.settings)
         try:
             self.pins = PinnedFiles(
                 self.reference_settings, max_rows=self.max_rows, seed=self.settings.seed  # type: ignore[arg-type]
@@ -115,10 +122,7 @@ class DriftComponent(Component):
             raise ConfigError(str(exc)) from None
         self.store = ReferenceStore(context.state_dir)
         self.ring = (
-            LaggedRing(
-                context.state_dir, self.reference_settings.lagged_seconds, self.settings.interval_seconds,
-                self.settings.reference_sample_size,
-            )
+            LaggedRing(context.state_dir, self.reference_settings.lagged_seconds, self.settings.interval_seconds)
             if self.reference_settings.lagged_seconds is not None
             else None
         )
@@ -129,7 +133,6 @@ class DriftComponent(Component):
         self._counters = _Counters()
         self._cycle_lock = threading.Lock()  # one cycle at a time (the job, or a test calling run_cycle)
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="embmon-drift-store")
-        self._log = RateLimitedLog(logger, interval=60.0)
         self._stored = self.store.load_all()
         for key, ref in sorted(self._stored.items()):
             self._init_stream(key, ref.profile.dim)
@@ -158,14 +161,15 @@ class DriftComponent(Component):
                     stored.path, stored.profile.dim, model, stream, dim,
                 )
                 stored = None
+            fallback = self.reference_settings.fallback_mode
             if pin is not None and (stored is None or stored.pin_sha256 != pin.sha256):
                 logger.info("drift: %s/%s uses the pinned reference %s", model, stream, pin.path)
                 pinned = StoredReference(model, stream, pin.profile, "pinned", pin.sha256)
                 self._install(slot, key, pinned, persist=True)
-            elif stored is not None and not (stored.origin == "first_records" and self.fallback == "lagged"):
+            elif stored is not None and not (stored.origin == "first_records" and fallback == "lagged"):
                 logger.info("drift: %s/%s uses the stored reference %s (%s)", model, stream, stored.path, stored.origin)
                 self._install(slot, key, stored, persist=False)
-            elif self.fallback == "first_records":
+            elif fallback == "first_records":
                 slot.builder = FirstRecords(
                     self.reference_settings.records, dim, self.max_rows, seed=self._seed(key, 0)
                 )
@@ -319,6 +323,8 @@ class DriftComponent(Component):
         if reference is None or not enough or window.end == slot.last_end:
             return
         report = run_drift_suite(window.sample, reference.sample, self.suite_settings, seed=self._seed(key, cycle))
+        if report.errors:
+            self._count_error("test", len(report.errors))
         with self._lock:
             if slot.reference is not fixed:  # replaced while the tests ran: this verdict is about the old one
                 return
@@ -327,7 +333,6 @@ class DriftComponent(Component):
             slot.history.append(report.detected)
             sustained = sum(slot.history) >= self.settings.sustained.detections
             self._results = {**self._results, key: CycleResult(report, sustained, now, reference.captured_at)}
-            self._counters.tested += 1
         if report.detected and not was:
             tests = ", ".join(report.detected_tests)
             logger.warning("drift: %s/%s drifted from its reference (%s)", key[0], key[1], tests)
@@ -402,7 +407,7 @@ class DriftComponent(Component):
                         "online_for": slot.online_for,
                         "history": [bool(h) for h in slot.history],
                         "last_end": slot.last_end,
-                        "result": None if (r := self._results.get((model, stream))) is None else _encode_result(r),
+                        "result": None if (r := self._results.get((model, stream))) is None else r.state_dict(),
                     }
                 )
             return {
@@ -423,7 +428,8 @@ class DriftComponent(Component):
                 if slot.dim != int(entry["dim"]):
                     continue
                 saved_ref = entry.get("reference")
-                if saved_ref is not None and slot.reference is None and self.fallback == "first_records":
+                builds = self.reference_settings.fallback_mode == "first_records"
+                if saved_ref is not None and slot.reference is None and builds:
                     logger.warning(
                         "drift: the checkpoint has a reference for %s/%s but %s is missing; capturing a new one",
                         key[0], key[1], self.store.path(*key),
@@ -444,7 +450,7 @@ class DriftComponent(Component):
                     slot.history.extend(bool(h) for h in entry.get("history") or [])
                     slot.last_end = entry.get("last_end")
                     if entry.get("result") is not None:
-                        self._results = {**self._results, key: _decode_result(dict(entry["result"]))}
+                        self._results = {**self._results, key: CycleResult.from_state_dict(dict(entry["result"]))}
             for model, stream, signal, detector, count, last in state.get("changes") or []:
                 ckey = (str(model), str(stream), str(signal), str(detector))
                 old = self._changes.get(ckey, ChangeTotals(0, None))
@@ -464,60 +470,32 @@ class DriftComponent(Component):
                 else:
                     continue
                 references[key] = ReferenceInfo(p.count, p.captured_at, origin, p.source, p.dim)
-            return DriftSnapshot(results=self._results, references=references, changes=dict(self._changes))
+            return DriftSnapshot(
+                results=self._results, references=references, changes=dict(self._changes),
+                errors=dict(self._counters.errors),
+            )
 
     def collect(self) -> Iterable[Metric]:
         return families(self.snapshot())
 
-    def error_counts(self) -> dict[str, int]:
+    def _count_error(self, stage: str, count: int = 1) -> None:
+        """One of :data:`~monitor.drift.export.ERROR_STAGES` failed (exported as ``embmon_drift_errors_total``)."""
         with self._lock:
-            return dict(self._counters.errors)
-
-    def _count_error(self, stage: str) -> None:
-        with self._lock:
-            self._counters.errors[stage] = self._counters.errors.get(stage, 0) + 1
+            self._counters.errors[stage] += count
 
     def close(self) -> None:
         self._writer.shutdown(wait=True)
 
 
+def _check_detector_values(settings: DriftSettings) -> None:
+    """Build each configured detector once, so a value river refuses stops the start (settings only
+    check the parameter names: they never import river)."""
+    for kind, params in settings.online.detectors.items():
+        try:
+            build_detector(kind, params)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"drift.online.detectors.{kind}: {exc}") from None
+
+
 def _json(status: int, body: Any) -> tuple[int, str, bytes]:
     return status, "application/json", (json.dumps(body, indent=2) + "\n").encode()
-
-
-def _encode_result(result: CycleResult) -> dict[str, Any]:
-    report = result.report
-    return {
-        "tests": [
-            [r.test, r.statistic, r.p_value, r.threshold, r.detected, r.extra.get("drifted_components_ratio")]
-            for r in report.results
-        ],
-        "detected": report.detected,
-        "cycle_alpha": report.cycle_alpha,
-        "multiplicity": report.multiplicity,
-        "window_size": report.window_size,
-        "reference_size": report.reference_size,
-        "seconds": report.seconds,
-        "errors": dict(report.errors),
-        "sustained": result.sustained,
-        "computed_at": result.computed_at,
-        "reference_captured_at": result.reference_captured_at,
-    }
-
-
-def _decode_result(state: dict[str, Any]) -> CycleResult:
-    tests = tuple(
-        TestResult(
-            str(t), float(s), float(p), float(th), bool(d), {} if r is None else {"drifted_components_ratio": float(r)}
-        )
-        for t, s, p, th, d, r in state["tests"]
-    )
-    report = DriftReport(
-        results=tests, detected=bool(state["detected"]), cycle_alpha=float(state["cycle_alpha"]),
-        multiplicity=str(state["multiplicity"]), window_size=int(state["window_size"]),
-        reference_size=int(state["reference_size"]), seconds=float(state["seconds"]),
-        errors={str(k): str(v) for k, v in dict(state["errors"]).items()},
-    )
-    return CycleResult(
-        report, bool(state["sustained"]), float(state["computed_at"]), float(state["reference_captured_at"])
-    )

@@ -1,15 +1,10 @@
 """Online change detection on cheap per-record signals, for the ingest thread.
 
 The scheduled two-sample tests answer "is this window different from the reference?" every few
-minutes. Between them, river's sequential detectors watch two scalars per record and say *when*
-something changed, within seconds:
-
-- ``cosine``: cosine similarity of the record to the reference centroid (a new topic mix or a new
-  model moves it);
-- ``norm``: the record's L2 norm (a normalisation bug, a quantisation change, a new model).
-
-Signals are standardised with the reference's own mean and spread of that signal, so detector
-parameters are in units of standard deviations whatever the model.
+minutes. Between them, river's sequential detectors watch two scalars per record (``cosine`` to
+the reference centroid and ``norm``, standardised with the reference's own spread:
+:mod:`monitor.drift.signals`) and say *when* something changed, within seconds. The detector kinds,
+their parameter names and our defaults are in :mod:`monitor.drift.detector_kinds`.
 
 Throughput. river's detectors are per-value Python (ADWIN ~3 µs, Page–Hinkley ~0.6 µs, KSWIN
 ~280 µs per value on one core of the development machine). Per-record feeding of two signals
@@ -24,24 +19,22 @@ record. Measured numbers are in docs/drift.md.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import threading
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from river import base, drift
 
+from monitor.drift.detector_kinds import DEFAULT_DETECTOR_PARAMS, DEFAULT_DETECTORS, SIGNALS, check_detector_params
+from monitor.drift.signals import SignalBaseline, record_signals
+
 logger = logging.getLogger(__name__)
 
-Signal = Literal["cosine", "norm"]
-DetectorKind = Literal["adwin", "page_hinkley", "kswin"]
-
-SIGNALS: tuple[Signal, ...] = ("cosine", "norm")
 DEFAULT_AGGREGATE = 64
 
 _FACTORIES: dict[str, type] = {
@@ -50,78 +43,13 @@ _FACTORIES: dict[str, type] = {
     "kswin": drift.KSWIN,
 }
 
-# Parameters for unit-variance inputs (standardised mini-batch means), chosen so that none of them
-# raised a false alarm in 10⁶ null updates (10⁵ for KSWIN) — about 20 minutes at 50k records/s and
-# aggregate=64 — while still catching a 1-sd shift of the mini-batch mean within ~50-70 updates;
-# see docs/drift.md. Page-Hinkley runs without fading (alpha=1): river's default fading factor
-# turns its cumulative sum into an AR(1) whose own noise (sd ~ 70 at 0.9999) crosses any
-# reasonable threshold, 58 false alarms per 10⁶ updates in our measurement.
-DEFAULT_DETECTOR_PARAMS: dict[str, dict[str, Any]] = {
-    "adwin": {"delta": 1e-4},
-    "page_hinkley": {"min_instances": 30, "delta": 0.5, "threshold": 25.0, "alpha": 1.0},
-    "kswin": {"alpha": 1e-6, "window_size": 300, "stat_size": 60, "seed": 0},
-}
-# KSWIN runs a scipy KS test per update (~0.3 ms); it is opt-in.
-DEFAULT_DETECTORS: tuple[str, ...] = ("adwin", "page_hinkley")
-
 
 def build_detector(kind: str, params: Mapping[str, Any] | None = None) -> base.DriftDetector:
-    """A fresh river detector; unknown kinds or parameter names fail here, with the valid ones listed."""
-    if kind not in _FACTORIES:
-        raise ValueError(f"unknown detector {kind!r}; choose from {sorted(_FACTORIES)}")
-    factory = _FACTORIES[kind]
+    """A fresh river detector; unknown kinds or parameter names fail here, with the valid ones listed,
+    and bad values where river's constructor checks them."""
     params = dict(params or {})
-    allowed = set(inspect.signature(factory).parameters)
-    unknown = set(params) - allowed
-    if unknown:
-        raise ValueError(f"{kind} does not take {sorted(unknown)}; its parameters are {sorted(allowed)}")
-    return factory(**params)
-
-
-def record_signals(
-    vectors: np.ndarray, centroid_unit: np.ndarray, norms: np.ndarray | None = None
-) -> dict[str, np.ndarray]:
-    """Per-record ``cosine`` (to the unit reference centroid) and ``norm``, vectorised, float64 (n,).
-
-    ``norms`` are the rows' L2 norms when the caller already has them.
-    """
-    if norms is None:
-        norms = np.sqrt(np.einsum("ij,ij->i", vectors, vectors, dtype=np.float64))
-    projections = vectors @ centroid_unit.astype(vectors.dtype, copy=False)
-    return {"cosine": projections / norms, "norm": norms}
-
-
-@dataclass(frozen=True)
-class SignalBaseline:
-    """The reference's centroid direction and each signal's mean and standard deviation."""
-
-    centroid_unit: np.ndarray
-    means: Mapping[str, float]
-    stds: Mapping[str, float]
-
-    @classmethod
-    def from_reference(cls, sample: np.ndarray, centroid: np.ndarray | None = None) -> SignalBaseline:
-        """Baseline from a reference sample (n, d); ``centroid`` defaults to the sample mean.
-
-        A signal that is constant on the reference (every vector unit-norm: ``norm``'s spread is
-        float noise) gets a spread floor of 1e-3 of its mean, so a later jump is still measured
-        in sensible units instead of in units of rounding error.
-        """
-        sample = np.asarray(sample, dtype=np.float32)
-        if sample.ndim != 2 or len(sample) < 2:
-            raise ValueError(f"the reference sample must be (n >= 2, d); got shape {sample.shape}")
-        center = sample.mean(axis=0, dtype=np.float64) if centroid is None else np.asarray(centroid, np.float64)
-        length = np.linalg.norm(center)
-        if not length > 0:
-            raise ValueError("the reference centroid is the zero vector; cosine to it is undefined")
-        unit = center / length
-        signals = record_signals(sample, unit)
-        means = {name: float(values.mean()) for name, values in signals.items()}
-        stds = {
-            name: max(float(values.std(ddof=1)), 1e-3 * abs(means[name]), 1e-12)
-            for name, values in signals.items()
-        }
-        return cls(centroid_unit=unit, means=means, stds=stds)
+    check_detector_params(kind, params)
+    return _FACTORIES[kind](**params)
 
 
 @dataclass(frozen=True)

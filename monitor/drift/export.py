@@ -12,6 +12,10 @@ Definitions, healthy and unhealthy values: docs/metrics.md, "Drift". Per (model,
 * from the online detectors: ``embmon_drift_change_points_total{signal,detector}`` and
   ``embmon_drift_last_change_timestamp_seconds{signal,detector}`` (only once a change happened).
 
+And for the component itself, ``embmon_drift_errors_total{stage}`` (every stage of
+:data:`ERROR_STAGES`, from 0): failures it caught and lived with, which the verdicts above
+cannot show.
+
 The suite's p-value is the Bonferroni-adjusted minimum ``min(1, k · min p)`` over the k tests that
 ran, and its threshold the per-cycle α: ``detected{test="suite"}`` is 1 exactly when that p-value
 is at most that threshold (Holm and Bonferroni reject the global null in the same cycles).
@@ -21,14 +25,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import Metric
 
+from monitor import catalog
+
+from monitor.drift.calibration import TestResult
 from monitor.drift.suite import DriftReport
 
 StreamKey = tuple[str, str]
 ChangeKey = tuple[str, str, str, str]  # (model, stream, signal, detector)
 MS = ["model", "stream"]
+# store: a reference could not be written to the state directory (kept in memory; a restart
+# would capture it again); cycle: one stream's test cycle raised (that stream got no verdict);
+# test: one drift test raised inside a cycle (left out of the verdict; the others still decide).
+ERROR_STAGES = ("store", "cycle", "test")
 
 
 @dataclass(frozen=True)
@@ -39,6 +51,44 @@ class CycleResult:
     sustained: bool
     computed_at: float
     reference_captured_at: float
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain values for a checkpoint: what the exported series need (per-test diagnostics beyond
+        ``drifted_components_ratio`` are dropped)."""
+        report = self.report
+        return {
+            "tests": [
+                [r.test, r.statistic, r.p_value, r.threshold, r.detected, r.extra.get("drifted_components_ratio")]
+                for r in report.results
+            ],
+            "detected": report.detected,
+            "cycle_alpha": report.cycle_alpha,
+            "multiplicity": report.multiplicity,
+            "window_size": report.window_size,
+            "reference_size": report.reference_size,
+            "seconds": report.seconds,
+            "errors": dict(report.errors),
+            "sustained": self.sustained,
+            "computed_at": self.computed_at,
+            "reference_captured_at": self.reference_captured_at,
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> CycleResult:
+        tests = tuple(
+            TestResult(
+                str(t), float(s), float(p), float(th), bool(d),
+                {} if r is None else {"drifted_components_ratio": float(r)},
+            )
+            for t, s, p, th, d, r in state["tests"]
+        )
+        report = DriftReport(
+            results=tests, detected=bool(state["detected"]), cycle_alpha=float(state["cycle_alpha"]),
+            multiplicity=str(state["multiplicity"]), window_size=int(state["window_size"]),
+            reference_size=int(state["reference_size"]), seconds=float(state["seconds"]),
+            errors={str(k): str(v) for k, v in dict(state["errors"]).items()},
+        )
+        return cls(report, bool(state["sustained"]), float(state["computed_at"]), float(state["reference_captured_at"]))
 
 
 @dataclass(frozen=True)
@@ -65,6 +115,7 @@ class DriftSnapshot:
     results: Mapping[StreamKey, CycleResult] = field(default_factory=dict)
     references: Mapping[StreamKey, ReferenceInfo] = field(default_factory=dict)
     changes: Mapping[ChangeKey, ChangeTotals] = field(default_factory=dict)
+    errors: Mapping[str, int] = field(default_factory=dict)  # stage -> failures since start
 
 
 def suite_p_value(report: DriftReport) -> float | None:
@@ -75,46 +126,21 @@ def suite_p_value(report: DriftReport) -> float | None:
 
 
 def families(snapshot: DriftSnapshot) -> Iterable[Metric]:
-    ref_records = GaugeMetricFamily(
-        "embmon_reference_records", "Records the drift reference summarises (its centroid is exact over them).",
-        labels=MS,
-    )
-    ref_time = GaugeMetricFamily(
-        "embmon_reference_timestamp_seconds", "When the drift reference was captured (unix seconds).", labels=MS
-    )
+    ref_records = catalog.gauge("embmon_reference_records")
+    ref_time = catalog.gauge("embmon_reference_timestamp_seconds")
     for (model, stream), ref in sorted(snapshot.references.items()):
         ref_records.add_metric([model, stream], float(ref.records))
         ref_time.add_metric([model, stream], ref.captured_at)
     yield ref_records
     yield ref_time
 
-    mmd2 = GaugeMetricFamily(
-        "embmon_drift_mmd2", "Unbiased MMD² (RBF kernel) between the window and reference samples.", labels=MS
-    )
-    p_value = GaugeMetricFamily(
-        "embmon_drift_p_value", "p-value of each drift test at the last cycle (suite: Bonferroni-adjusted minimum).",
-        labels=[*MS, "test"],
-    )
-    threshold = GaugeMetricFamily(
-        "embmon_drift_threshold",
-        "p-value threshold each test was held to (multiplicity-corrected; suite: cycle alpha).",
-        labels=[*MS, "test"],
-    )
-    detected = GaugeMetricFamily(
-        "embmon_drift_detected", "1 when the test flagged drift at the last cycle (suite: combined verdict; "
-        "sustained: drift.sustained rule over the last cycles).", labels=[*MS, "test"],
-    )
-    ratio = GaugeMetricFamily(
-        "embmon_drift_drifted_components_ratio",
-        "Share of principal components whose KS test rejects after Benjamini-Hochberg.", labels=MS,
-    )
-    cosine = GaugeMetricFamily(
-        "embmon_drift_centroid_cosine_distance", "Cosine distance between the window and reference mean vectors.",
-        labels=MS,
-    )
-    auc = GaugeMetricFamily(
-        "embmon_drift_classifier_auc", "Held-out ROC AUC of a classifier separating window from reference.", labels=MS
-    )
+    mmd2 = catalog.gauge("embmon_drift_mmd2")
+    p_value = catalog.gauge("embmon_drift_p_value")
+    threshold = catalog.gauge("embmon_drift_threshold")
+    detected = catalog.gauge("embmon_drift_detected")
+    ratio = catalog.gauge("embmon_drift_drifted_components_ratio")
+    cosine = catalog.gauge("embmon_drift_centroid_cosine_distance")
+    auc = catalog.gauge("embmon_drift_classifier_auc")
     for (model, stream), cycle in sorted(snapshot.results.items()):
         labels = [model, stream]
         report = cycle.report
@@ -138,17 +164,16 @@ def families(snapshot: DriftSnapshot) -> Iterable[Metric]:
             detected.add_metric([*labels, "sustained"], 1.0 if cycle.sustained else 0.0)
     yield from (mmd2, p_value, threshold, detected, ratio, cosine, auc)
 
-    changes = CounterMetricFamily(
-        "embmon_drift_change_points", "Change points the online detectors flagged, by signal and detector.",
-        labels=[*MS, "signal", "detector"],
-    )
-    last = GaugeMetricFamily(
-        "embmon_drift_last_change_timestamp_seconds", "When the online detector last flagged a change (unix seconds).",
-        labels=[*MS, "signal", "detector"],
-    )
+    changes = catalog.counter("embmon_drift_change_points_total")
+    last = catalog.gauge("embmon_drift_last_change_timestamp_seconds")
     for key, totals in sorted(snapshot.changes.items()):
         changes.add_metric(list(key), float(totals.changes))
         if totals.last_timestamp is not None:
             last.add_metric(list(key), totals.last_timestamp)
     yield changes
     yield last
+
+    errors = catalog.counter("embmon_drift_errors_total")
+    for stage in ERROR_STAGES:
+        errors.add_metric([stage], float(snapshot.errors.get(stage, 0)))
+    yield errors

@@ -32,6 +32,7 @@ import numpy as np
 from scipy import stats
 
 from monitor.drift.calibration import TestResult
+from monitor.multiple_testing import benjamini_hochberg
 
 logger = logging.getLogger(__name__)
 
@@ -67,24 +68,6 @@ def ks_p_values(statistics: np.ndarray, m: int, n: int) -> np.ndarray:
     """Asymptotic two-sided p-values, identical to ``ks_2samp(..., method="asymp")`` but vectorised."""
     effective = np.round(m * n / (m + n))
     return np.clip(stats.kstwo.sf(statistics, effective), 0.0, 1.0)
-
-
-def benjamini_hochberg(p_values: np.ndarray) -> np.ndarray:
-    """BH-adjusted p-values (step-up, ``min_{j>=i} p_(j) k / j``, capped at 1), in input order.
-
-    Examples
-    --------
-    >>> benjamini_hochberg(np.array([0.01, 0.04, 0.03, 0.5])).round(3).tolist()
-    [0.04, 0.053, 0.053, 0.5]
-    """
-    p = np.asarray(p_values, dtype=float)
-    k = p.size
-    order = np.argsort(p, kind="stable")
-    scaled = p[order] * k / np.arange(1, k + 1)
-    adjusted_sorted = np.minimum.accumulate(scaled[::-1])[::-1]
-    adjusted = np.empty(k)
-    adjusted[order] = np.minimum(adjusted_sorted, 1.0)
-    return adjusted
 
 
 def pca_basis(sample: np.ndarray, components: int) -> tuple[np.ndarray, np.ndarray]:
@@ -171,12 +154,8 @@ def ks_test(
     worst = int(np.argmin(adjusted))
     elapsed = time.perf_counter() - started
     logger.debug("ks: %d components, min adjusted p=%.3g in %.2fs", len(p_values), p_value, elapsed)
-    return TestResult(
-        test="ks",
-        statistic=float(statistics.max()),
-        p_value=p_value,
-        threshold=alpha,
-        detected=p_value <= alpha,
+    return TestResult.at_level(
+        "ks", float(statistics.max()), p_value, alpha,
         extra={
             "basis": basis,
             "components": int(len(p_values)),

@@ -26,12 +26,14 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Iterator
 from typing import Literal
 
 import numpy as np
 import torch
 
-from monitor.drift.calibration import TestResult, exceedances, sequential_p_value
+from monitor.drift.calibration import TestResult
+from monitor.drift.permutation import check_permutation_budget, relabellings, sequential_permutation_test
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +144,14 @@ def mmd2_unbiased(x: np.ndarray, y: np.ndarray, bandwidth: float) -> float:
     return float(mmd2_from_products(labels[:, :1], products[:, :1], products[:, 1], m, n)[0])
 
 
+def _doubling(start: int, cap: int) -> Iterator[int]:
+    """Chunk sizes after a first chunk of ``start``: each twice the last, at most ``cap``."""
+    chunk = start
+    while True:
+        chunk = min(2 * chunk, cap)
+        yield chunk
+
+
 def _validate_samples(x: np.ndarray, y: np.ndarray, minimum: int = 2) -> None:
     if x.ndim != 2 or y.ndim != 2:
         raise ValueError(f"samples must be 2-D (rows, dim); got shapes {x.shape} and {y.shape}")
@@ -173,7 +183,7 @@ def mmd_test(
     of the pooled rows, ``(1 + #{perm ≥ observed}) / (1 + permutations)``, or, with
     ``stop_after`` set, the Besag–Clifford sequential p-value that stops drawing once that many
     relabellings reached the observed statistic (see
-    :func:`~monitor.drift.calibration.sequential_p_value`; ``None`` always draws all of them).
+    :func:`~monitor.drift.permutation.sequential_p_value`; ``None`` always draws all of them).
     Relabellings are processed in chunks whose label matrices fit ``label_budget_bytes``; the
     kernel tiles are recomputed per chunk rather than stored. Deterministic given ``seed``.
 
@@ -192,10 +202,7 @@ def mmd_test(
     x = np.asarray(x, dtype=np.float32)
     y = np.asarray(y, dtype=np.float32)
     _validate_samples(x, y)
-    if permutations < 1:
-        raise ValueError(f"permutations must be at least 1, got {permutations}")
-    if stop_after is not None and stop_after < 1:
-        raise ValueError(f"stop_after must be at least 1 or None, got {stop_after}")
+    check_permutation_budget(permutations, stop_after)
     if block_size < 1:
         raise ValueError(f"block_size must be at least 1, got {block_size}")
     started = time.perf_counter()
@@ -217,50 +224,37 @@ def mmd_test(
     base = np.zeros(size, dtype=np.uint8)
     base[:m] = 1
 
-    def relabellings(count: int) -> torch.Tensor:
-        drawn = rng.permuted(np.tile(base, (count, 1)), axis=1)
+    def as_columns(drawn: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(drawn.T)).to(dev, torch.float64)
 
     # first pass: the observed labelling, the row sums (the all-ones column) and a first chunk
     first = min(permutations, chunk)
     observed_labels = torch.from_numpy(base[:, None].astype(np.float64)).to(dev)
     ones = torch.ones((size, 1), dtype=torch.float64, device=dev)
-    labels = torch.cat([observed_labels, relabellings(first), ones], 1)
+    labels = torch.cat([observed_labels, as_columns(relabellings(base, first, rng)), ones], 1)
     products = kernel_label_products(pooled, labels, sigma, block_size)
     row_sums = products[:, -1].clone()
     stats = mmd2_from_products(labels[:, :-1], products[:, :-1], row_sums, m, n)
-    observed, null = float(stats[0]), [stats[1:]]
     del labels, products
-    exceeded = exceedances(observed, null[0])
-    p_value, used, stopped = sequential_p_value(exceeded, stop_after)
-    drawn = first
-    while not stopped and drawn < permutations:
-        chunk = min(2 * chunk, budget_columns)
-        count = min(chunk, permutations - drawn)
-        labels = relabellings(count)
-        products = kernel_label_products(pooled, labels, sigma, block_size)
-        null.append(mmd2_from_products(labels, products, row_sums, m, n))
-        del labels, products
-        drawn += count
-        exceeded = np.concatenate([exceeded, exceedances(observed, null[-1])])
-        p_value, used, stopped = sequential_p_value(exceeded, stop_after)
-    null_stats = np.concatenate(null)[:used]
+
+    def null_statistics(drawn: np.ndarray) -> np.ndarray:
+        columns = as_columns(drawn)
+        return mmd2_from_products(columns, kernel_label_products(pooled, columns, sigma, block_size), row_sums, m, n)
+
+    observed = float(stats[0])
+    outcome = sequential_permutation_test(
+        observed, null_statistics, base, rng, permutations=permutations, stop_after=stop_after,
+        chunk_sizes=_doubling(chunk, budget_columns), first_null=stats[1:],
+    )
+    p_value = outcome.p_value
     elapsed = time.perf_counter() - started
-    logger.debug("mmd: m=%d n=%d d=%d permutations=%d/%d mmd2=%.3g p=%.3g in %.2fs", m, n, x.shape[1], used,
-                 permutations, observed, p_value, elapsed)
-    return TestResult(
-        test="mmd",
-        statistic=observed,
-        p_value=p_value,
-        threshold=alpha,
-        detected=p_value <= alpha,
+    logger.debug("mmd: m=%d n=%d d=%d permutations=%d/%d mmd2=%.3g p=%.3g in %.2fs", m, n, x.shape[1],
+                 outcome.used, permutations, observed, p_value, elapsed)
+    return TestResult.at_level(
+        "mmd", observed, p_value, alpha,
         extra={
             "bandwidth": sigma,
-            "permutations": used,
-            "max_permutations": permutations,
-            "stopped_early": stopped,
-            # what the statistic is compared with: the null's 95th percentile (for dashboards)
-            "null_p95": float(np.quantile(null_stats, 0.95)),
+            **outcome.diagnostics(permutations),
             "window_size": m,
             "reference_size": n,
             "device": dev.type,

@@ -11,7 +11,8 @@ fails to decode with ``ValueError`` and the caller starts the detectors afresh.
 Examples
 --------
 >>> import numpy as np
->>> from monitor.drift.detectors import OnlineDriftMonitor, SignalBaseline
+>>> from monitor.drift.detectors import OnlineDriftMonitor
+>>> from monitor.drift.signals import SignalBaseline
 >>> rng = np.random.default_rng(0)
 >>> reference = rng.normal(1.0, 0.3, size=(500, 8)).astype(np.float32)
 >>> monitor = OnlineDriftMonitor(SignalBaseline.from_reference(reference), aggregate=8)
@@ -32,7 +33,8 @@ import numpy as np
 from river import stats as river_stats
 from river._river_rust.drift import AdaptiveWindowing
 
-from monitor.drift.detectors import ChangePoint, DetectorStatus, OnlineDriftMonitor, SignalBaseline, build_detector
+from monitor.drift.detectors import ChangePoint, DetectorStatus, OnlineDriftMonitor, build_detector
+from monitor.drift.signals import SignalBaseline
 
 _VERSION = 1
 # Rust classes inside river's detectors: their own byte serialisation (bincode), no pickle.

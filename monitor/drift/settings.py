@@ -1,4 +1,4 @@
-"""Drift settings (nested as ``drift:`` in the daemon's Settings).
+"""Drift settings (nested as ``drift:`` in the daemon's Settings): the library's and the daemon's.
 
 One knob sets how often the operator accepts a false drift alarm (``false_alarm_every``); the
 per-cycle and per-test p-value thresholds, and how many permutations the permutation tests need
@@ -15,10 +15,16 @@ Examples
 (0.001389, 0.0003472)
 >>> s.permutations_for("mmd")
 2880
+
+:class:`DriftSettings` is everything the drift library needs; :class:`DaemonDriftSettings` (what
+the daemon's ``Settings.drift`` holds) adds per-(model, stream) reference pins and the ``run``
+flags that set them. Light on purpose (pydantic and the standard library), so loading settings
+stays fast.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,9 +38,11 @@ from monitor.drift.calibration import (
     per_test_alpha,
     permutations_needed,
 )
-from monitor.drift.detectors import DEFAULT_DETECTOR_PARAMS, DEFAULT_DETECTORS, SIGNALS, build_detector
+from monitor.drift.detector_kinds import DEFAULT_DETECTOR_PARAMS, DEFAULT_DETECTORS, SIGNALS, check_detector_params
 
 TEST_NAMES = ("mmd", "ks", "centroid", "classifier")
+REFERENCE_SUFFIXES = (".npz", ".npy")
+_TARGET_RE = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,129}$")  # MODEL or MODEL/STREAM (label characters)
 
 
 class _Section(BaseModel):
@@ -81,7 +89,11 @@ class ClassifierSettings(_Section):
 
 
 class OnlineSettings(_Section):
-    """river detectors on per-record signals, fed on the ingest thread (:mod:`monitor.drift.detectors`)."""
+    """river detectors on per-record signals, fed on the ingest thread (:mod:`monitor.drift.detectors`).
+
+    Parameter names are checked here; their values when the drift component builds the detectors
+    at start-up (river's constructors check them), so loading settings never imports river.
+    """
 
     enabled: bool = True
     signals: list[Literal["cosine", "norm"]] = Field(default_factory=lambda: list(SIGNALS), min_length=1)
@@ -95,10 +107,7 @@ class OnlineSettings(_Section):
     @classmethod
     def _check_detectors(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for kind, params in value.items():
-            try:
-                build_detector(kind, params)
-            except (TypeError, ValueError) as error:
-                raise ValueError(str(error)) from None
+            check_detector_params(kind, params)
         return value
 
 
@@ -116,11 +125,12 @@ class ReferenceSettings(_Section):
 
     @property
     def mode(self) -> Literal["pinned", "lagged", "first_records"]:
-        if self.path is not None:
-            return "pinned"
-        if self.lagged_seconds is not None:
-            return "lagged"
-        return "first_records"
+        return "pinned" if self.path is not None else self.fallback_mode
+
+    @property
+    def fallback_mode(self) -> Literal["lagged", "first_records"]:
+        """What a (model, stream) that no pinned file applies to uses."""
+        return "lagged" if self.lagged_seconds is not None else "first_records"
 
 
 class SustainedSettings(_Section):
@@ -223,3 +233,92 @@ class DriftSettings(_Section):
             return configured
         return max(self.min_permutations, permutations_needed(self.test_alpha))
 
+
+# ---------------------------------------------------------------------------------- the daemon's
+def _check_reference_file(path: Path, what: str) -> Path:
+    if Path(path).suffix not in REFERENCE_SUFFIXES:
+        raise ValueError(f"{what}: {str(path)!r} must be an .npz reference or an .npy (n, d) matrix")
+    if not Path(path).is_file():
+        raise ValueError(f"{what}: file {str(path)!r} does not exist")
+    return path
+
+
+class DaemonReferenceSettings(ReferenceSettings):
+    """``drift.reference`` in the daemon: the library's settings plus per-(model, stream) pins.
+
+    ``path`` applies to every (model, stream) whose dimension matches the file; ``pinned`` maps
+    ``MODEL`` (all its streams) or ``MODEL/STREAM`` to a file and wins over ``path``. Streams no
+    pin applies to use ``lagged_seconds`` when set, else the first ``records`` records.
+    """
+
+    pinned: dict[str, Path] = Field(
+        default_factory=dict, description="MODEL or MODEL/STREAM -> .npz/.npy reference file"
+    )
+
+    @field_validator("pinned")
+    @classmethod
+    def _check_pinned(cls, value: dict[str, Path]) -> dict[str, Path]:
+        for target, path in value.items():
+            if not _TARGET_RE.match(target) or target.startswith("/") or target.endswith("/"):
+                raise ValueError(f"{target!r} is not MODEL or MODEL/STREAM")
+            _check_reference_file(path, f"pinned[{target}]")
+        return value
+
+    @model_validator(mode="after")
+    def _check_path(self) -> DaemonReferenceSettings:
+        if self.path is not None:
+            _check_reference_file(self.path, "path")
+        return self
+
+
+class DaemonDriftSettings(DriftSettings):
+    """``drift:`` in the daemon's settings (the library's :class:`DriftSettings`, daemon references)."""
+
+    reference: DaemonReferenceSettings = Field(default_factory=DaemonReferenceSettings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_library_settings(cls, value: Any) -> Any:
+        """Accept the library's own ``DriftSettings`` (e.g. ``Settings(drift=DriftSettings(...))``)."""
+        if isinstance(value, DriftSettings) and not isinstance(value, cls):
+            return value.model_dump()
+        return value
+
+
+def parse_reference_flag(text: str) -> tuple[str | None, str]:
+    """``--reference`` → (target, file): ``FILE`` or ``*=FILE`` is for every stream, else ``MODEL[/STREAM]=FILE``.
+
+    Model and stream names cannot contain ``=``, so the first ``=`` separates the target.
+
+    >>> parse_reference_flag("ref.npz")
+    (None, 'ref.npz')
+    >>> parse_reference_flag("minilm/queries=/refs/q.npy")
+    ('minilm/queries', '/refs/q.npy')
+    """
+    target, sep, path = text.partition("=")
+    if not sep:
+        return None, text
+    if not path:
+        raise ValueError(f"--reference {text!r}: the file is missing after '='")
+    return (None if target == "*" else target), path
+
+
+def reference_overrides(flags: list[str] | None, records: int | None) -> dict[str, Any]:
+    """The ``drift.reference`` overrides for ``--reference`` (repeatable) and ``--reference-records``."""
+    out: dict[str, Any] = {}
+    pinned: dict[str, str] = {}
+    for text in flags or []:
+        target, path = parse_reference_flag(text)
+        if target is None:
+            if "path" in out:
+                raise ValueError(
+                    "--reference FILE (for every stream) was given twice; target the others with MODEL[/STREAM]=FILE"
+                )
+            out["path"] = path
+        else:
+            pinned[target] = path
+    if pinned:
+        out["pinned"] = pinned
+    if records is not None:
+        out["records"] = records
+    return out

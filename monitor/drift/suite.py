@@ -1,36 +1,30 @@
 """One drift-test cycle: run the enabled tests on bounded samples, correct for multiplicity, decide.
 
-Also the reference a window is compared with (:class:`ReferenceProfile`), in a form the daemon
-can persist in its state directory and reload after a restart.
+The reference a window is compared with is a :class:`~monitor.drift.profile.ReferenceProfile`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
-from monitor.drift.calibration import TestResult, apply_multiplicity
+from monitor.drift.calibration import Multiplicity, TestResult, per_test_alpha
 from monitor.drift.centroid import centroid_test
 from monitor.drift.classifier import classifier_test
-from monitor.drift.detectors import SignalBaseline
 from monitor.drift.ks import ks_test
 from monitor.drift.mmd import mmd_test
+from monitor.drift.profile import uniform_subsample
 from monitor.drift.settings import DriftSettings
-from monitor.files import atomic_savez
+from monitor.multiple_testing import holm_reject, holm_thresholds
 
 logger = logging.getLogger(__name__)
-
-_NPZ_FORMAT_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -63,13 +57,6 @@ class DriftReport:
         return tuple(r.test for r in self.results if r.detected)
 
 
-def uniform_subsample(sample: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
-    """At most ``size`` rows, uniformly without replacement, in their original order."""
-    if len(sample) <= size:
-        return sample
-    return sample[np.sort(rng.choice(len(sample), size=size, replace=False))]
-
-
 @contextlib.contextmanager
 def thread_limit(threads: int | None) -> Iterator[None]:
     """Cap numpy/scipy BLAS, OpenMP and torch intra-op threads for the duration, then restore.
@@ -88,6 +75,26 @@ def thread_limit(threads: int | None) -> Iterator[None]:
             yield
     finally:
         torch.set_num_threads(previous)
+
+
+def apply_multiplicity(
+    results: Sequence[TestResult], alpha: float, method: Multiplicity
+) -> tuple[TestResult, ...]:
+    """Re-decide each test with its corrected threshold so the cycle's false-alarm rate is ≤ ``alpha``."""
+    if not results:
+        return ()
+    p = [r.p_value for r in results]
+    if method == "bonferroni":
+        thresholds = np.full(len(p), per_test_alpha(alpha, len(p)))
+        decisions = np.asarray(p) <= thresholds
+    elif method == "holm":
+        thresholds = holm_thresholds(p, alpha)
+        decisions = holm_reject(p, alpha)
+    else:
+        raise ValueError(f"unknown multiplicity correction {method!r}; use 'bonferroni' or 'holm'")
+    return tuple(
+        replace(r, threshold=float(t), detected=bool(d)) for r, t, d in zip(results, thresholds, decisions)
+    )
 
 
 def run_drift_suite(
@@ -169,105 +176,3 @@ def run_drift_suite(
     )
     logger.debug("drift suite: detected=%s tests=%s in %.2fs", report.detected, report.detected_tests, report.seconds)
     return report
-
-
-@dataclass(frozen=True)
-class ReferenceProfile:
-    """What a window is compared with: a uniform sample of the reference records and their centroid.
-
-    ``centroid`` is the mean over all ``count`` reference records (exact, from the running sums),
-    not only over ``sample``. ``captured_at`` is unix seconds; ``source`` says where it came from
-    (e.g. ``"first 5000 records"``, ``"pinned /etc/embmon/ref.npz"``, ``"lagged 86400s"``).
-
-    Examples
-    --------
-    >>> import io
-    >>> rng = np.random.default_rng(0)
-    >>> profile = ReferenceProfile.from_sample(rng.normal(size=(50, 4)), captured_at=1.7e9, source="test")
-    >>> buffer = io.BytesIO()
-    >>> profile.to_npz(buffer)
-    >>> _ = buffer.seek(0)
-    >>> restored = ReferenceProfile.from_npz(buffer)
-    >>> restored.count, restored.source, restored.sample.dtype, bool(np.all(restored.sample == profile.sample))
-    (50, 'test', dtype('float32'), True)
-    """
-
-    sample: np.ndarray
-    centroid: np.ndarray
-    count: int
-    captured_at: float
-    source: str
-
-    def __post_init__(self) -> None:
-        sample = np.ascontiguousarray(self.sample, dtype=np.float32)
-        centroid = np.asarray(self.centroid, dtype=np.float64)
-        if sample.ndim != 2 or len(sample) < 2:
-            raise ValueError(f"the reference sample must be (n >= 2, d); got shape {sample.shape}")
-        if centroid.shape != (sample.shape[1],):
-            raise ValueError(f"the centroid must have shape ({sample.shape[1]},); got {centroid.shape}")
-        if not np.all(np.isfinite(sample)) or not np.all(np.isfinite(centroid)):
-            raise ValueError("the reference contains non-finite values")
-        if self.count < len(sample):
-            raise ValueError(f"count ({self.count}) is smaller than the sample ({len(sample)} rows)")
-        object.__setattr__(self, "sample", sample)
-        object.__setattr__(self, "centroid", centroid)
-        object.__setattr__(self, "count", int(self.count))
-        object.__setattr__(self, "captured_at", float(self.captured_at))
-
-    @classmethod
-    def from_sample(
-        cls,
-        sample: np.ndarray,
-        *,
-        captured_at: float,
-        source: str,
-        centroid: np.ndarray | None = None,
-        count: int | None = None,
-    ) -> ReferenceProfile:
-        """A profile whose centroid and count default to the sample's own."""
-        sample = np.asarray(sample, dtype=np.float32)
-        return cls(
-            sample=sample,
-            centroid=sample.mean(axis=0, dtype=np.float64) if centroid is None else centroid,
-            count=len(sample) if count is None else count,
-            captured_at=captured_at,
-            source=source,
-        )
-
-    @property
-    def dim(self) -> int:
-        return int(self.sample.shape[1])
-
-    def signal_baseline(self) -> SignalBaseline:
-        """The online detectors' baseline (centroid direction and signal scales) from this reference."""
-        return SignalBaseline.from_reference(self.sample, self.centroid)
-
-    def to_npz(self, target: str | os.PathLike[str] | Any) -> None:
-        """Write to a path (atomically: temporary file, then rename) or to a binary file object."""
-        arrays: dict[str, Any] = {
-            "format_version": np.int64(_NPZ_FORMAT_VERSION),
-            "sample": self.sample,
-            "centroid": self.centroid,
-            "count": np.int64(self.count),
-            "captured_at": np.float64(self.captured_at),
-            "source": np.str_(self.source),
-        }
-        if not isinstance(target, (str, os.PathLike)):
-            np.savez(target, **arrays)
-            return
-        atomic_savez(Path(target), arrays)
-
-    @classmethod
-    def from_npz(cls, source: str | os.PathLike[str] | Any) -> ReferenceProfile:
-        """Read what :meth:`to_npz` wrote; a file from another format version is refused."""
-        with np.load(source, allow_pickle=False) as data:
-            version = int(data["format_version"]) if "format_version" in data else None
-            if version != _NPZ_FORMAT_VERSION:
-                raise ValueError(f"unsupported reference format version {version}; expected {_NPZ_FORMAT_VERSION}")
-            return cls(
-                sample=data["sample"],
-                centroid=data["centroid"],
-                count=int(data["count"]),
-                captured_at=float(data["captured_at"]),
-                source=str(data["source"]),
-            )

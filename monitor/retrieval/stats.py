@@ -19,6 +19,8 @@ from typing import Literal
 
 import numpy as np
 
+from monitor.multiple_testing import benjamini_hochberg
+
 __all__ = [
     "ConfidenceInterval",
     "PairedComparison",
@@ -167,30 +169,6 @@ def compare_paired(
         )
         for j, name in enumerate(names)
     }
-
-
-def benjamini_hochberg(p_values: Sequence[float] | np.ndarray) -> np.ndarray:
-    """Benjamini–Hochberg adjusted p-values (step-up; reject where adjusted <= FDR level).
-
-    adjusted p₍ᵢ₎ = min over j >= i of p₍ⱼ₎·m/j, capped at 1, for the sorted p-values p₍₁₎ <= … <= p₍ₘ₎.
-
-    >>> benjamini_hochberg([0.001, 0.02, 0.03, 0.04, 0.06, 0.15, 0.25]).round(3).tolist()
-    [0.007, 0.07, 0.07, 0.07, 0.084, 0.175, 0.25]
-    """
-    p = np.asarray(p_values, dtype=np.float64)
-    if p.ndim != 1:
-        raise ValueError("p_values must be one-dimensional")
-    if np.isnan(p).any() or (p < 0).any() or (p > 1).any():
-        raise ValueError("p-values must lie in [0, 1]")
-    m = p.size
-    if m == 0:
-        return p.copy()
-    order = np.argsort(p, kind="stable")
-    scaled = p[order] * m / np.arange(1, m + 1)
-    step_up = np.minimum.accumulate(scaled[::-1])[::-1]
-    adjusted = np.empty(m)
-    adjusted[order] = np.minimum(step_up, 1.0)
-    return adjusted
 
 
 def fold_slices(

@@ -1,0 +1,160 @@
+"""The reference a window is compared with, and its ``.npz`` form; numpy only.
+
+A :class:`ReferenceProfile` is what the daemon pins, stores in its state directory, reloads after
+a restart and hands to the drift tests. Settings, the reference store and the ``baseline`` command
+use it without loading torch or scikit-learn.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from monitor.drift.signals import SignalBaseline
+from monitor.files import atomic_savez
+
+_NPZ_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ReferenceProfile:
+    """What a window is compared with: a uniform sample of the reference records and their centroid.
+
+    ``centroid`` is the mean over all ``count`` reference records (exact, from the running sums),
+    not only over ``sample``. ``captured_at`` is unix seconds; ``source`` says where it came from
+    (e.g. ``"first 5000 records"``, ``"pinned /etc/embmon/ref.npz"``, ``"lagged 86400s"``).
+
+    Examples
+    --------
+    >>> import io
+    >>> rng = np.random.default_rng(0)
+    >>> profile = ReferenceProfile.from_sample(rng.normal(size=(50, 4)), captured_at=1.7e9, source="test")
+    >>> buffer = io.BytesIO()
+    >>> profile.to_npz(buffer)
+    >>> _ = buffer.seek(0)
+    >>> restored = ReferenceProfile.from_npz(buffer)
+    >>> restored.count, restored.source, restored.sample.dtype, bool(np.all(restored.sample == profile.sample))
+    (50, 'test', dtype('float32'), True)
+    """
+
+    sample: np.ndarray
+    centroid: np.ndarray
+    count: int
+    captured_at: float
+    source: str
+
+    def __post_init__(self) -> None:
+        sample = np.ascontiguousarray(self.sample, dtype=np.float32)
+        centroid = np.asarray(self.centroid, dtype=np.float64)
+        if sample.ndim != 2 or len(sample) < 2:
+            raise ValueError(f"the reference sample must be (n >= 2, d); got shape {sample.shape}")
+        if centroid.shape != (sample.shape[1],):
+            raise ValueError(f"the centroid must have shape ({sample.shape[1]},); got {centroid.shape}")
+        if not np.all(np.isfinite(sample)) or not np.all(np.isfinite(centroid)):
+            raise ValueError("the reference contains non-finite values")
+        if self.count < len(sample):
+            raise ValueError(f"count ({self.count}) is smaller than the sample ({len(sample)} rows)")
+        object.__setattr__(self, "sample", sample)
+        object.__setattr__(self, "centroid", centroid)
+        object.__setattr__(self, "count", int(self.count))
+        object.__setattr__(self, "captured_at", float(self.captured_at))
+
+    @classmethod
+    def from_sample(
+        cls,
+        sample: np.ndarray,
+        *,
+        captured_at: float,
+        source: str,
+        centroid: np.ndarray | None = None,
+        count: int | None = None,
+    ) -> ReferenceProfile:
+        """A profile whose centroid and count default to the sample's own."""
+        sample = np.asarray(sample, dtype=np.float32)
+        return cls(
+            sample=sample,
+            centroid=sample.mean(axis=0, dtype=np.float64) if centroid is None else centroid,
+            count=len(sample) if count is None else count,
+            captured_at=captured_at,
+            source=source,
+        )
+
+    @property
+    def dim(self) -> int:
+        return int(self.sample.shape[1])
+
+    def signal_baseline(self) -> SignalBaseline:
+        """The online detectors' baseline (centroid direction and signal scales) from this reference."""
+        return SignalBaseline.from_reference(self.sample, self.centroid)
+
+    def to_arrays(self) -> dict[str, Any]:
+        """The members of the ``.npz`` archive (the reference store adds a metadata member to them)."""
+        return {
+            "format_version": np.int64(_NPZ_FORMAT_VERSION),
+            "sample": self.sample,
+            "centroid": self.centroid,
+            "count": np.int64(self.count),
+            "captured_at": np.float64(self.captured_at),
+            "source": np.str_(self.source),
+        }
+
+    def to_npz(self, target: str | os.PathLike[str] | Any) -> None:
+        """Write to a path (atomically: temporary file, then rename) or to a binary file object."""
+        arrays = self.to_arrays()
+        if not isinstance(target, (str, os.PathLike)):
+            np.savez(target, **arrays)
+            return
+        atomic_savez(Path(target), arrays)
+
+    @classmethod
+    def from_npz(cls, source: str | os.PathLike[str] | Any) -> ReferenceProfile:
+        """Read what :meth:`to_npz` wrote; a file from another format version is refused."""
+        with np.load(source, allow_pickle=False) as data:
+            version = int(data["format_version"]) if "format_version" in data else None
+            if version != _NPZ_FORMAT_VERSION:
+                raise ValueError(f"unsupported reference format version {version}; expected {_NPZ_FORMAT_VERSION}")
+            return cls(
+                sample=data["sample"],
+                centroid=data["centroid"],
+                count=int(data["count"]),
+                captured_at=float(data["captured_at"]),
+                source=str(data["source"]),
+            )
+
+
+def uniform_subsample(sample: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+    """At most ``size`` rows, uniformly without replacement, in their original order."""
+    if len(sample) <= size:
+        return sample
+    return sample[np.sort(rng.choice(len(sample), size=size, replace=False))]
+
+
+def check_matrix(matrix: np.ndarray, what: str) -> np.ndarray:
+    """A float32 (n >= 2, d >= 2) matrix of finite, non-zero rows, or ValueError naming the problem."""
+    x = np.asarray(matrix)
+    if x.ndim != 2 or x.shape[0] < 2 or x.shape[1] < 2:
+        raise ValueError(f"{what}: expected an (n >= 2, d >= 2) matrix, got shape {x.shape}")
+    if x.dtype.kind not in "fiu":
+        raise ValueError(f"{what}: expected numbers, got dtype {x.dtype}")
+    x = np.asarray(x, dtype=np.float32)
+    bad = ~np.isfinite(x).all(axis=1)
+    if bad.any():
+        raise ValueError(f"{what}: {int(bad.sum())} rows contain NaN or infinity")
+    zero = ~np.any(x != 0, axis=1)
+    if zero.any():
+        raise ValueError(f"{what}: {int(zero.sum())} rows are all zeros (no direction)")
+    return x
+
+
+def profile_from_matrix(
+    matrix: np.ndarray, *, max_rows: int, captured_at: float, source: str, rng: np.random.Generator
+) -> ReferenceProfile:
+    """A reference from every row of ``matrix``: exact centroid and count, a uniform sample of ``max_rows``."""
+    x = check_matrix(matrix, source)
+    centroid = x.mean(axis=0, dtype=np.float64)
+    sample = uniform_subsample(x, max_rows, rng)
+    return ReferenceProfile(sample=sample, centroid=centroid, count=len(x), captured_at=captured_at, source=source)

@@ -1,0 +1,76 @@
+"""Corrections for testing many things at once: Holm (family-wise error) and Benjamini–Hochberg (false discovery rate).
+
+Holm decides the drift cycle across its tests (:func:`monitor.drift.suite.apply_multiplicity`).
+Benjamini–Hochberg serves the KS drift test (across principal components,
+:mod:`monitor.drift.ks`) and the retrieval comparisons (across metrics,
+:mod:`monitor.retrieval.stats`). numpy only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def benjamini_hochberg(p_values: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Benjamini–Hochberg adjusted p-values (step-up; reject where adjusted <= FDR level), in input order.
+
+    adjusted p₍ᵢ₎ = min over j >= i of p₍ⱼ₎·m/j, capped at 1, for the sorted p-values
+    p₍₁₎ <= … <= p₍ₘ₎ (ties keep their input order).
+
+    >>> benjamini_hochberg([0.001, 0.02, 0.03, 0.04, 0.06, 0.15, 0.25]).round(3).tolist()
+    [0.007, 0.07, 0.07, 0.07, 0.084, 0.175, 0.25]
+    >>> benjamini_hochberg(np.array([0.01, 0.04, 0.03, 0.5])).round(3).tolist()
+    [0.04, 0.053, 0.053, 0.5]
+    """
+    p = np.asarray(p_values, dtype=np.float64)
+    if p.ndim != 1:
+        raise ValueError("p_values must be one-dimensional")
+    if np.isnan(p).any() or (p < 0).any() or (p > 1).any():
+        raise ValueError("p-values must lie in [0, 1]")
+    m = p.size
+    if m == 0:
+        return p.copy()
+    order = np.argsort(p, kind="stable")
+    scaled = p[order] * m / np.arange(1, m + 1)
+    step_up = np.minimum.accumulate(scaled[::-1])[::-1]
+    adjusted = np.empty(m)
+    adjusted[order] = np.minimum(step_up, 1.0)
+    return adjusted
+
+
+def holm_thresholds(p_values: Sequence[float], alpha: float) -> np.ndarray:
+    """Holm's critical value for each test, in input order, and which of them reject.
+
+    The test with the ``r``-th smallest p-value (rank 1..k) is compared with ``alpha / (k - r + 1)``,
+    but only while every smaller p-value rejected; ties are ranked in input order.
+    Returns an array of thresholds; a test is rejected when its p-value is at most its threshold
+    *and* all smaller-ranked tests were rejected (see :func:`holm_reject`).
+    """
+    p = np.asarray(p_values, dtype=float)
+    k = p.size
+    order = np.argsort(p, kind="stable")
+    thresholds = np.empty(k)
+    thresholds[order] = alpha / (k - np.arange(k))
+    return thresholds
+
+
+def holm_reject(p_values: Sequence[float], alpha: float) -> np.ndarray:
+    """Holm's step-down decisions, in input order.
+
+    Examples
+    --------
+    >>> holm_reject([0.01, 0.04, 0.03], alpha=0.05).tolist()
+    [True, False, False]
+    >>> holm_reject([0.01, 0.02, 0.03], alpha=0.05).tolist()
+    [True, True, True]
+    """
+    p = np.asarray(p_values, dtype=float)
+    order = np.argsort(p, kind="stable")
+    passed = p[order] <= alpha / (p.size - np.arange(p.size))
+    # step-down: stop at the first non-rejection
+    steps = np.cumprod(passed).astype(bool)
+    reject = np.zeros(p.size, dtype=bool)
+    reject[order] = steps
+    return reject
