@@ -44,7 +44,8 @@ def _reference(x: np.ndarray, pairs: list[tuple[int, int]], dead_ratio: float = 
     n, d = x.shape
     centred = x - x.mean(axis=0)
     sigma = np.linalg.svd(centred, compute_uv=False)
-    lam = np.sort(np.clip(sigma**2 / (n - 1), 1e-10, None))[::-1]
+    sigma = np.where(sigma > sigma.max() * max(n, d) * np.finfo(float).eps, sigma, 0.0)  # matrix_rank's tolerance
+    lam = np.sort(sigma**2 / (n - 1))[::-1]
     units = x / np.linalg.norm(x, axis=1, keepdims=True)
     cosines = units @ units.T
     off_diagonal = cosines[~np.eye(n, dtype=bool)]
@@ -52,7 +53,7 @@ def _reference(x: np.ndarray, pairs: list[tuple[int, int]], dead_ratio: float = 
     kernel = [
         math.exp(-t * float(np.sum((units[i] - units[j]) ** 2))) for i, j in itertools.combinations(range(n), 2)
     ]
-    p = sigma / sigma.sum()
+    p = sigma[sigma > 0] / sigma.sum()
     return {
         "partition_isotropy": d * lam.min() / lam.sum(),
         "effective_dimension": lam.sum() ** 2 / (lam**2).sum(),
@@ -326,5 +327,67 @@ def test_minilm_on_real_text_is_healthy(minilm_embeddings: np.ndarray) -> None:
     assert 0.55 < report.effective_rank / 384 < 0.85
     assert 10 < report.stable_rank < 40
     assert -3.6 < report.uniformity < -2.8  # type: ignore[operator]
-    assert report.partition_isotropy < 1e-6  # dead channels pin λmin to the floor
+    assert report.partition_isotropy == 0.0  # 3 constant channels: the covariance is singular
     assert report.vector_norm_mean == pytest.approx(1.0, abs=1e-5) and report.vector_norm_stddev < 1e-5
+
+
+# -- scale-free: the same data at any scale, rank bounds, collapse at every scale ---------------
+
+RATIO_METRICS = ("partition_isotropy", "effective_dimension", "effective_dimension_ratio", "top10_variance_ratio",
+                 "mean_cosine_similarity", "dead_dimensions", "effective_rank", "stable_rank", "collapse_detected")
+SCALES = (1e-4, 1.0, 1e4)
+
+
+def _at_scales(x: np.ndarray) -> list[IntrinsicReport]:
+    return [report_from_matrix(np.asarray(x, dtype=np.float64) * c) for c in SCALES]
+
+
+def _assert_same_ratios(reports: list[IntrinsicReport], rel: float = 1e-9) -> None:
+    first = reports[0]
+    for other in reports[1:]:
+        for name in RATIO_METRICS:
+            a, b = getattr(first, name), getattr(other, name)
+            assert b == pytest.approx(a, rel=rel, abs=1e-12), (name, a, b)
+        # uniformity works on the float32 sample, whose rounding depends on the scale
+        assert other.uniformity == pytest.approx(first.uniformity, rel=1e-6)
+
+
+def rank_k(k: int, n: int = 1000, d: int = 384, seed: int = 0, norm: float = 1.0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, k)) @ rng.standard_normal((k, d)) + rng.standard_normal(d)
+    return x * (norm / np.linalg.norm(x, axis=1).mean())  # one factor for every row: still rank k
+
+
+def test_every_ratio_metric_is_the_same_at_any_scale() -> None:
+    _assert_same_ratios(_at_scales(_awkward_matrix(n=400, d=32)))
+    _assert_same_ratios(_at_scales(rank_k(6)))
+
+
+@pytest.mark.parametrize("k", [1, 6, 20])
+def test_a_rank_k_collapse_is_flagged_at_every_scale(k: int) -> None:
+    reports = _at_scales(rank_k(k, norm=0.001))  # the case: vectors of norm 0.001
+    _assert_same_ratios(reports)
+    for report in reports:
+        assert report.collapse_detected == 1
+        assert report.effective_rank <= k + 1e-9 and report.stable_rank <= k + 1e-9
+        assert report.partition_isotropy == 0.0
+
+
+def test_ranks_are_bounded_by_min_d_and_n_minus_one() -> None:
+    ten = np.random.default_rng(3).standard_normal((10, 384))
+    for report in _at_scales(ten):
+        assert report.effective_rank <= 9 + 1e-9 and report.stable_rank <= 9 + 1e-9
+        assert report.effective_dimension <= 9 + 1e-9
+
+
+def test_identical_vectors_have_rank_zero() -> None:
+    report = report_from_matrix(np.tile(np.arange(1.0, 9.0), (200, 1)))
+    assert (report.effective_rank, report.stable_rank, report.partition_isotropy) == (0.0, 0.0, 0.0)
+    assert math.isnan(report.top10_variance_ratio) and report.collapse_detected == 1
+
+
+def test_real_minilm_embeddings_are_never_flagged_at_any_scale(minilm_embeddings: np.ndarray) -> None:
+    reports = _at_scales(minilm_embeddings)
+    _assert_same_ratios(reports)
+    assert [r.collapse_detected for r in reports] == [0, 0, 0]
+    assert [r.dead_dimensions for r in reports] == [3, 3, 3]

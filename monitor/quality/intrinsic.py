@@ -5,8 +5,13 @@ and its alignment sums to an immutable ``IntrinsicReport``. Every field of the r
 exported gauge (``embmon_<field>``); docs/metrics.md gives each formula, its source and what
 healthy and unhealthy values look like.
 
-Spectral metrics use the eigenvalues λ₁ ≥ … ≥ λ_d of the window covariance, clamped at 1e-10,
-which costs one d × d ``eigvalsh`` (≈ 25 ms at d = 768) whatever the number of records.
+Spectral metrics use the eigenvalues λ₁ ≥ … ≥ λ_d of the window covariance, one d × d
+``eigvalsh`` (≈ 25 ms at d = 768) whatever the number of records. Eigenvalues below the
+rounding floor d·ε·E‖x‖² (:func:`rounding_floor`) are exact zeros, so every ratio metric is the
+same for the data multiplied by any c > 0, and ranks never exceed min(d, n − 1).
+
+Uniformity runs in numpy on the CPU and in torch only on a CUDA device, so a CPU-only daemon
+never imports torch for it.
 """
 
 from __future__ import annotations
@@ -14,12 +19,12 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
-import torch
 
+from monitor.devices import torch_device, use_cuda
 from monitor.quality.settings import IntrinsicSettings
 from monitor.state.stats import SufficientStats
 from monitor.state.window import PositivePairMatcher, WindowSnapshot
@@ -27,17 +32,14 @@ from monitor.state.window import PositivePairMatcher, WindowSnapshot
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "EIGENVALUE_FLOOR",
     "IntrinsicReport",
     "collapse_reasons",
     "report_from_matrix",
     "report_from_snapshot",
     "report_from_stats",
+    "rounding_floor",
     "uniformity",
 ]
-
-EIGENVALUE_FLOOR = 1e-10
-"""Covariance eigenvalues are clamped here: rounding makes null directions slightly negative."""
 
 _VARIANCE_ROUNDING = 1e-12
 """A dimension whose variance is below this share of the mean square coordinate is treated as
@@ -89,7 +91,7 @@ def report_from_snapshot(
     snapshot: WindowSnapshot,
     settings: IntrinsicSettings | None = None,
     *,
-    device: str | torch.device | None = None,
+    device: str | None = None,
 ) -> IntrinsicReport:
     """The report of one published window snapshot (the scheduled refresh calls this)."""
     settings = settings or IntrinsicSettings()
@@ -113,7 +115,7 @@ def report_from_matrix(
     *,
     pair_ids: Sequence[str | None] | None = None,
     seed: int = 0,
-    device: str | torch.device | None = None,
+    device: str | None = None,
 ) -> IntrinsicReport:
     """The report of a whole (n, d) matrix, as if it were one window (the ``inspect`` CLI).
 
@@ -161,7 +163,7 @@ def report_from_stats(
     alignment: tuple[float, int] = (0.0, 0),
     settings: IntrinsicSettings | None = None,
     *,
-    device: str | torch.device | None = None,
+    device: str | None = None,
 ) -> IntrinsicReport:
     """All intrinsic metrics from exact window statistics plus a uniform sample.
 
@@ -174,8 +176,8 @@ def report_from_stats(
     alignment : (float, int)
         Σ‖u₁ − u₂‖^α over completed positive pairs, and their number.
     settings : IntrinsicSettings, optional
-    device : str or torch.device, optional
-        Where uniformity runs: ``"cpu"`` (default), ``"cuda"``, or ``"auto"``.
+    device : str, optional
+        Where uniformity runs: ``"cpu"`` (default), ``"cuda"``, or ``"auto"`` (monitor/devices.py).
     """
     settings = settings or IntrinsicSettings()
     started = time.perf_counter()
@@ -199,7 +201,8 @@ def report_from_stats(
         )  # fmt: skip
 
     cov = stats.covariance()
-    eigenvalues = np.maximum(np.linalg.eigvalsh(cov)[::-1], EIGENVALUE_FLOOR)  # descending
+    eigenvalues = np.linalg.eigvalsh(cov)[::-1]  # descending
+    eigenvalues = np.where(eigenvalues > rounding_floor(stats), eigenvalues, 0.0)
     spectrum = _spectrum_metrics(eigenvalues)
     norm_mean = stats.norm_sum / n
     norm_var = max(0.0, (stats.sq_norm_sum - n * norm_mean * norm_mean) / (n - 1))
@@ -234,15 +237,36 @@ def report_from_stats(
 # -- the metrics -----------------------------------------------------------------------------
 
 
+def rounding_floor(stats: SufficientStats) -> float:
+    """The smallest covariance eigenvalue that is not rounding: d·ε·E‖x‖² (ε of float64).
+
+    The covariance is (XᵀX − n·μμᵀ)/(n − 1) from float64 sums, so each of its eigenvalues is
+    known to within a few ε times the second moment's norm, which E‖x‖² = trace(XᵀX)/n bounds.
+    Like ``numpy.linalg.matrix_rank``'s tolerance (σ_max·max(M, N)·ε), the floor scales with the
+    data: multiplying every vector by c > 0 multiplies the floor and every eigenvalue by c², so
+    what counts as a null direction, and every ratio below, does not depend on the scale.
+    Measured noise eigenvalues of rank-deficient data (rank 1–20, d = 384–768, means up to 100×
+    the spread, scales 1e-4–1e4) stay below 7·10⁻¹⁶·E‖x‖², over 100× under the floor.
+    """
+    n = stats.count
+    return stats.dim * float(np.finfo(np.float64).eps) * (stats.sq_norm_sum / n if n else 0.0)
+
+
 def _spectrum_metrics(eigenvalues: np.ndarray) -> dict[str, float]:
-    """Isotropy, effective dimension and ranks from descending, clamped covariance eigenvalues.
+    """Isotropy, effective dimension and ranks from descending covariance eigenvalues, rounding
+    already set to exact zeros (zeros add nothing to an entropy or a sum).
 
     Singular values of the centred data are σᵢ = sqrt((n − 1)·λᵢ); the (n − 1) factor cancels in
-    every ratio below, so no SVD of the data is needed.
+    every ratio below, so no SVD of the data is needed. A window without variance (identical
+    vectors) has rank 0: isotropy, effective dimension and both ranks are 0, the top-10 share
+    undefined (NaN).
     """
     lam = eigenvalues
     total = float(lam.sum())
-    sigma = np.sqrt(lam)
+    if total <= 0.0:
+        zero = {"partition_isotropy": 0.0, "effective_dimension": 0.0, "effective_rank": 0.0, "stable_rank": 0.0}
+        return {**zero, "top10_variance_ratio": math.nan}
+    sigma = np.sqrt(lam[lam > 0.0])
     p = sigma / sigma.sum()
     entropy = float(-(p * np.log(p)).sum())
     return {
@@ -297,29 +321,18 @@ def _max_sample_rows(pair_budget: int) -> int:
     return max(m, 1)
 
 
-def _resolve_device(device: str | torch.device | None) -> torch.device:
-    if device is None or device == "auto":
-        return torch.device("cuda" if device == "auto" and torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def _pair_logits(rows: torch.Tensor, cols: torch.Tensor, t: float) -> torch.Tensor:
-    """−t·‖uᵢ − uⱼ‖² = t·(2uᵢ·uⱼ − 2) for unit rows, clamped at 0 against rounding."""
-    return (rows @ cols.T).mul_(2.0).sub_(2.0).clamp_(max=0.0).mul_(t)
-
-
 def uniformity(
     sample: np.ndarray,
     t: float = 2.0,
     pair_budget: int = 2_000_000,
-    device: str | torch.device | None = None,
+    device: str | None = None,
 ) -> tuple[float | None, int]:
     """Wang & Isola uniformity log E[exp(−t‖uᵢ − uⱼ‖²)] over all distinct pairs of a prefix.
 
     Uses the first m rows with m(m − 1)/2 ≤ ``pair_budget`` (the sample is in random order, so
     the prefix is itself a uniform sample), normalises them to unit length and evaluates every
-    pair exactly, one row block at a time (‖uᵢ − uⱼ‖² = 2 − 2uᵢ·uⱼ), combining blocks with
-    logsumexp. Returns ``(value, m)``; value is ``None`` when m < 2.
+    pair exactly, one row block at a time (‖uᵢ − uⱼ‖² = 2 − 2uᵢ·uⱼ, float32 products), combining
+    blocks with a float64 logsumexp. Returns ``(value, m)``; value is ``None`` when m < 2.
 
     Examples
     --------
@@ -332,21 +345,58 @@ def uniformity(
     m = min(x.shape[0], _max_sample_rows(pair_budget))
     if m < 2:
         return None, m
-    torch_device = _resolve_device(device)
+    u = np.ascontiguousarray(x[:m], dtype=np.float32)
+    u = u / np.linalg.norm(u, axis=1, keepdims=True)
+    if use_cuda(device):
+        total = _pair_logsumexp_torch(u, t, device)
+    else:
+        total = _logsumexp(np.array([_logsumexp(block) for block in _pair_logit_blocks(u, t) if block.size]))
+    return total - math.log(m * (m - 1) // 2), m
+
+
+def _pair_logit_blocks(u: np.ndarray, t: float) -> Iterator[np.ndarray]:
+    """−t·‖uᵢ − uⱼ‖² for every pair i < j of unit rows, one row block at a time."""
+    m = u.shape[0]
+    rows_per_block = max(1, min(m, _BLOCK_ELEMENTS // m))
+    for start in range(0, m - 1, rows_per_block):
+        stop = min(start + rows_per_block, m)
+        # Pairs i < j with start <= i < stop: inside the block (upper triangle), then every later row.
+        inside = _pair_logits(u[start:stop], u[start:stop], t)
+        yield inside[np.triu_indices(stop - start, k=1)]
+        if stop < m:
+            yield _pair_logits(u[start:stop], u[stop:], t).ravel()
+
+
+def _pair_logits(rows: np.ndarray, cols: np.ndarray, t: float) -> np.ndarray:
+    """−t·‖uᵢ − uⱼ‖² = t·(2uᵢ·uⱼ − 2) for unit rows, clamped at 0 against rounding."""
+    logits = rows @ cols.T
+    logits *= 2.0
+    logits -= 2.0
+    np.minimum(logits, 0.0, out=logits)
+    logits *= t
+    return logits
+
+
+def _logsumexp(values: np.ndarray) -> float:
+    top = float(values.max())
+    return top + math.log(float(np.exp(np.asarray(values, dtype=np.float64) - top).sum()))
+
+
+def _pair_logsumexp_torch(u: np.ndarray, t: float, device: str | None) -> float:
+    """The same sum on a CUDA device (the pair matrix of a large sample is a GPU-sized GEMM)."""
+    import torch
+
     with torch.no_grad():
-        u = torch.as_tensor(np.ascontiguousarray(x[:m], dtype=np.float32), device=torch_device)
-        u = u / torch.linalg.vector_norm(u, dim=1, keepdim=True)
+        rows = torch.as_tensor(u, device=torch_device(device))
+        m = rows.shape[0]
         rows_per_block = max(1, min(m, _BLOCK_ELEMENTS // m))
-        block_lse = []
+        parts = []
         for start in range(0, m - 1, rows_per_block):
             stop = min(start + rows_per_block, m)
-            # Pairs i < j with start <= i < stop: inside the block (upper triangle only), and
-            # against every later row.
-            inside = _pair_logits(u[start:stop], u[start:stop], t)
+            inside = (rows[start:stop] @ rows[start:stop].T).mul_(2.0).sub_(2.0).clamp_(max=0.0).mul_(t)
             upper = torch.ones_like(inside, dtype=torch.bool).triu_(diagonal=1)
-            block_lse.append(torch.logsumexp(inside[upper], dim=0))
+            parts.append(torch.logsumexp(inside[upper], dim=0))
             if stop < m:
-                block_lse.append(torch.logsumexp(_pair_logits(u[start:stop], u[stop:], t).flatten(), dim=0))
-        total = torch.logsumexp(torch.stack(block_lse).double(), dim=0).item()
-    pairs = m * (m - 1) // 2
-    return total - math.log(pairs), m
+                later = (rows[start:stop] @ rows[stop:].T).mul_(2.0).sub_(2.0).clamp_(max=0.0).mul_(t)
+                parts.append(torch.logsumexp(later.flatten(), dim=0))
+        return float(torch.logsumexp(torch.stack(parts).double(), dim=0).item())
