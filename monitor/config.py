@@ -115,7 +115,7 @@ class SyntheticModel(_Section):
 class SyntheticPhase(_Section):
     """One step of a scripted scenario: the distribution the generator draws from, for a while."""
 
-    kind: Literal["healthy", "anisotropic", "collapsed", "shifted", "invalid"] = "healthy"
+    kind: Literal["healthy", "anisotropic", "collapsed", "shifted", "swapped", "topic_shift", "invalid"] = "healthy"
     seconds: float = Field(30.0, gt=0)
 
 
@@ -148,6 +148,8 @@ class SyntheticSourceSettings(_Section):
     loop: bool = True
     seed: int = 0
     interactions: SyntheticInteractions | None = None  # off: embeddings only
+    canaries: int = Field(0, ge=0, le=1000, description="fixed canary items per model (ids canary-0...), 0 = none")
+    canary_period_seconds: float = Field(5.0, gt=0, description="every canary is re-sent this often")
 
 
 class WindowSettings(_Section):

@@ -5,7 +5,14 @@ draws from a Gaussian with a power-law spectrum in a random basis plus a shared 
 which gives an effective-dimension ratio near 0.2 and a mean cosine near 0.15 (what
 all-MiniLM-L6-v2 shows on real text, docs/metrics.md). The incident phases then break it the way production
 models break: a few directions dominate (anisotropic), everything folds onto a handful of
-directions (collapsed), the distribution moves (shifted), or the producer sends garbage (invalid).
+directions (collapsed), the distribution moves (shifted), a different model ships whose space is a
+rotated copy of the old one (swapped: every intrinsic metric unchanged, only canaries and drift
+can tell), a share of traffic comes from a topic the reference never had (topic_shift), or the
+producer sends garbage (invalid).
+
+With ``canaries`` set, each model also has that many fixed items (ids ``canary-0`` ...), each a
+fixed latent draw, re-sent as JSON events every ``canary_period_seconds`` through the phase's
+"model": unchanged while healthy, rotated when swapped.
 
 With ``interactions`` set, the source also plays a small search system for the retrieval probes:
 a fixed catalog per model (healthy draws with ids, re-emitted on ``catalog_stream`` so the
@@ -35,6 +42,10 @@ class _ModelGenerator:
     scales: np.ndarray  # (d,)
     mean: np.ndarray  # (d,)
     shift: np.ndarray  # (d,) direction the "shifted" phase moves to
+    rotation: np.ndarray  # (d, d) orthogonal: the "swapped" model's space
+    topic: np.ndarray  # (d,) centre of the new topic of "topic_shift"
+
+    TOPIC_SHARE = 0.3  # of the traffic, in the topic_shift phase
 
     @classmethod
     def create(cls, name: str, dim: int, rng: np.random.Generator) -> _ModelGenerator:
@@ -45,10 +56,17 @@ class _ModelGenerator:
         mean *= 0.42 / np.linalg.norm(mean)
         shift = rng.standard_normal(dim)
         shift *= 0.42 / np.linalg.norm(shift)
-        return cls(name, dim, basis, scales, mean, shift)
+        rotation, _ = np.linalg.qr(rng.standard_normal((dim, dim)))
+        topic = rng.standard_normal(dim)
+        topic *= 0.9 / np.linalg.norm(topic)
+        return cls(name, dim, basis, scales, mean, shift, rotation, topic)
 
     def draw(self, kind: str, n: int, rng: np.random.Generator) -> np.ndarray:
-        z = rng.standard_normal((n, self.dim))
+        return self.embed(kind, rng.standard_normal((n, self.dim)), rng)
+
+    def embed(self, kind: str, z: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """The phase's "model" applied to latent draws ``z`` (n, d): unit float32 rows."""
+        n = z.shape[0]
         scales, mean = self.scales, self.mean
         if kind == "anisotropic":
             scales = scales.copy()
@@ -63,6 +81,12 @@ class _ModelGenerator:
         x = mean + (z * scales) @ self.basis.T
         if kind == "collapsed":
             x += 1e-4 * rng.standard_normal(x.shape)
+        elif kind == "topic_shift":
+            # a share of the traffic from a tight cluster around a direction the reference never saw
+            new = rng.random(n) < self.TOPIC_SHARE
+            x[new] = self.topic + 0.35 * (z[new] * scales) @ self.basis.T
+        elif kind == "swapped":
+            x = x @ self.rotation.T
         x /= np.linalg.norm(x, axis=1, keepdims=True)
         return x.astype("<f4")
 
@@ -119,6 +143,9 @@ class SyntheticSource(Source):
         ) else []
         self._interactions_emitted = 0
         self._catalog_emitted = 0
+        canary_rng = np.random.default_rng([settings.seed, 2])  # fixed items, apart from the traffic's draws
+        self._canary_latents = {m.name: canary_rng.standard_normal((settings.canaries, m.dim)) for m in self._models}
+        self._canary_rounds = 0
 
     def start(self) -> None:
         self._started_at = self._clock()
@@ -158,7 +185,22 @@ class SyntheticSource(Source):
                 messages.extend(self._messages(model, phase.kind, n))
         self._emitted += due
         messages.extend(self._interaction_messages(elapsed))
+        messages.extend(self._canary_messages(elapsed, phase.kind))
         return messages
+
+    def _canary_messages(self, elapsed: float, kind: str) -> list[SourceMessage]:
+        """Every canary of every model, once per ``canary_period_seconds`` (the producer's canary job)."""
+        if not self.settings.canaries or int(elapsed / self.settings.canary_period_seconds) < self._canary_rounds:
+            return []
+        self._canary_rounds += 1
+        model_kind = "healthy" if kind in ("invalid", "topic_shift", "shifted") else kind  # data phases: same model
+        out = []
+        for model in self._models:
+            rows = model.embed(model_kind, self._canary_latents[model.name], self._rng)
+            events = [{"id": f"canary-{i}", "model": model.name, "stream": self.settings.stream, "vector": row.tolist()}
+                      for i, row in enumerate(rows)]
+            out.append(SourceMessage(orjson.dumps(events), (), "embeddings"))
+        return out
 
     def _interaction_messages(self, elapsed: float) -> list[SourceMessage]:
         config = self.settings.interactions
