@@ -32,6 +32,9 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from monitor.retrieval.probes.ids_path import parse_ids_path
+from monitor.retrieval.probes.request_template import RequestTemplate
+
 # The metric families a probe may export as embmon_retrieval_<family> (the names the alert and
 # dashboard catalogue, monitor/artifacts/catalog.py RETRIEVAL_METRICS, knows).
 PROBE_METRIC_FAMILIES = ("recall", "precision", "map", "mrr", "ndcg", "err", "hit_rate")
@@ -136,16 +139,12 @@ class HttpRetrieverSettings(_Section):
     def _template(cls, value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
         if value is None:
             return value
-        from monitor.retrieval.probes.golden import RequestTemplate
-
         RequestTemplate(value)  # raises ValueError naming the problem
         return value
 
     @field_validator("ids_path")
     @classmethod
     def _path(cls, value: str) -> str:
-        from monitor.retrieval.probes.golden import parse_ids_path
-
         parse_ids_path(value)
         return value
 

@@ -27,15 +27,8 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from monitor.retrieval.metrics import RankedResults, evaluate, qrels_from_reference
-from monitor.retrieval.probes.base import (
-    Deadline,
-    Probe,
-    ProbeError,
-    ProbeResult,
-    identified_rows,
-    sample,
-    summarise,
-)
+from monitor.retrieval.probes.base import Probe, ProbeResult, identified_rows, sample, summarise
+from monitor.retrieval.probes.deadline import Deadline, ProbeError
 from monitor.retrieval.probes.knn import exact_topk, prepare
 
 if TYPE_CHECKING:

@@ -59,16 +59,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from monitor.records import EmbeddingBatch, InteractionEvent
-from monitor.retrieval.probes.base import (
-    Deadline,
-    EventBuffer,
-    Probe,
-    ProbeError,
-    ProbeResult,
-    identified_rows,
-    sample,
-    summarise,
-)
+from monitor.retrieval.probes.base import EventBuffer, Probe, ProbeResult, identified_rows, sample, summarise
+from monitor.retrieval.probes.deadline import Deadline, ProbeError
 from monitor.retrieval.probes.knn import exact_topk
 
 if TYPE_CHECKING:

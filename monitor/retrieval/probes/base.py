@@ -1,7 +1,8 @@
-"""What every probe shares: the run deadline, results as data, the interaction buffer, summaries.
+"""What every probe shares: results as data, the interaction buffer, summaries, the base class.
 
 A probe is an object with ``name``, ``interval_seconds``, ``timeout_seconds``, cheap ingest hooks
-and ``run(deadline) -> ProbeResult``. The result is plain immutable data (estimates with their
+and ``run(deadline) -> ProbeResult`` (the deadline and the errors that end a run are in
+:mod:`monitor.retrieval.probes.deadline`). The result is plain immutable data (estimates with their
 intervals, query counts, extra gauges); :mod:`monitor.retrieval.probes.export` turns it into
 metric families and never computes anything.
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +21,7 @@ import numpy as np
 from monitor.logs import RateLimitedLog
 from monitor.records import EmbeddingBatch, InteractionEvent
 from monitor.retrieval.metrics import parse_metric
+from monitor.retrieval.probes.deadline import Deadline
 from monitor.retrieval.settings import StatisticsSettings
 from monitor.retrieval.stats import bootstrap_ci, slice_report
 
@@ -30,30 +31,6 @@ _log = RateLimitedLog(logger, interval=3600.0)
 ALL = "all"  # the slice label of the value over every query
 OTHER = "other"  # where slices past the cap (and a query's own slice named "all") go
 UNLABELLED = "unlabelled"
-
-
-class ProbeError(RuntimeError):
-    """A run that could not produce a trustworthy result (endpoint down, garbage, bad input)."""
-
-
-class ProbeTimeout(ProbeError):
-    """The run passed its deadline; what it computed so far is discarded."""
-
-
-class Deadline:
-    """A run's time budget on the monotonic clock; ``check()`` raises ``ProbeTimeout`` past it."""
-
-    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic):
-        self.seconds = float(seconds)
-        self._clock = clock
-        self._end = clock() + self.seconds
-
-    def remaining(self) -> float:
-        return self._end - self._clock()
-
-    def check(self) -> None:
-        if self.remaining() <= 0:
-            raise ProbeTimeout(f"over the {self.seconds:g}s timeout")
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,7 +56,6 @@ from monitor.records import EmbeddingBatch, InteractionEvent
 from monitor.retrieval.metrics import RankedResults, evaluate
 from monitor.retrieval.probes.base import (
     ALL,
-    Deadline,
     EventBuffer,
     Probe,
     ProbeResult,
@@ -65,6 +64,7 @@ from monitor.retrieval.probes.base import (
     slice_labels,
     summarise,
 )
+from monitor.retrieval.probes.deadline import Deadline
 from monitor.retrieval.stats import fold_slices
 
 if TYPE_CHECKING:
