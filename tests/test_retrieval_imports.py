@@ -1,7 +1,8 @@
-"""What the probe settings import: nothing heavy, and no import circle among retrieval modules.
+"""What the probe settings and the ``evaluate`` registration import: nothing heavy; and no import
+circle among retrieval modules.
 
-The settings are loaded by every command (``embedding-monitor --help`` included), so they must not
-pull in the probes' numpy/torch code. Each check runs in a fresh interpreter: modules that other
+The settings and the CLI's sub-command registration are loaded by every command
+(``embedding-monitor --help`` included), so they must not pull in numpy, torch or the probes. Each check runs in a fresh interpreter: modules that other
 tests imported cannot hide a heavy import.
 """
 
@@ -34,11 +35,22 @@ def test_importing_the_probe_settings_loads_only_the_light_probe_modules() -> No
     ours = {name for name in modules if name.startswith("monitor.")}
     assert ours <= {
         "monitor.retrieval",
+        "monitor.retrieval.families",
         "monitor.retrieval.settings",
         "monitor.retrieval.probes",
         "monitor.retrieval.probes.deadline",
         "monitor.retrieval.probes.ids_path",
         "monitor.retrieval.probes.request_template",
+    }
+
+
+def test_registering_the_evaluate_command_loads_no_engine() -> None:
+    modules = imported_by("from monitor.retrieval.evaluate import add_evaluate_parser")
+    assert not heavy(modules)
+    assert {name for name in modules if name.startswith("monitor.")} == {
+        "monitor.retrieval",
+        "monitor.retrieval.evaluate",
+        "monitor.retrieval.families",
     }
 
 

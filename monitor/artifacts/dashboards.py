@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from monitor.artifacts.catalog import RETRIEVAL_METRICS, m
+from monitor.artifacts.catalog import m
 from monitor.artifacts.rules import RuleSet
+from monitor.retrieval.families import PROBE_METRIC_FAMILIES
 
 DS = {"type": "prometheus", "uid": "${datasource}"}
 TAG = "embedding-monitor"
@@ -365,7 +366,7 @@ def retrieval(rules: RuleSet) -> dict[str, Any]:
     titles = {"recall": "Recall@k", "precision": "Precision@k", "map": "MAP@k", "mrr": "MRR@k",
               "ndcg": "nDCG@k", "err": "ERR@k", "hit_rate": "Hit rate@k"}
     panels = [_band(f"embmon_retrieval_{metric}", titles[metric], f"{titles[metric]} from the probe's labelled queries.")
-              for metric in RETRIEVAL_METRICS]
+              for metric in PROBE_METRIC_FAMILIES]
     panels.append(_band("embmon_retrieval_ann_recall", "ANN recall@k",
                         "Share of the exact k nearest neighbours the ANN index returns (targets 0.90-0.95)."))
     pm = 'probe=~"$probe", model=~"$model"'

@@ -32,12 +32,10 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from monitor.retrieval.families import PROBE_METRIC_FAMILIES
 from monitor.retrieval.probes.ids_path import parse_ids_path
 from monitor.retrieval.probes.request_template import RequestTemplate
 
-# The metric families a probe may export as embmon_retrieval_<family> (the names the alert and
-# dashboard catalogue, monitor/artifacts/catalog.py RETRIEVAL_METRICS, knows).
-PROBE_METRIC_FAMILIES = ("recall", "precision", "map", "mrr", "ndcg", "err", "hit_rate")
 MAX_PROBES = 32
 MAX_CUTOFFS = 5
 _LABEL = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,64}$")
