@@ -14,7 +14,9 @@ import yaml
 from monitor.artifacts import generate
 from monitor.artifacts.catalog import METRICS, m, referenced_metrics
 from monitor.artifacts.grafana_alerts import VALUE_REF, rule_uid
-from monitor.artifacts.rules import PREFIX, build_rules, format_number, format_value, humanize
+from monitor.artifacts.rules import build_rules
+from monitor.artifacts.rules.model import PREFIX
+from monitor.artifacts.rules.values import format_number, format_value, humanize
 from monitor.artifacts.thresholds import Thresholds, load_thresholds
 
 REPO = Path(__file__).resolve().parents[1]

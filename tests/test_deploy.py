@@ -235,3 +235,5 @@ def test_dockerfile_install_steps_succeed_in_a_clean_virtualenv(tmp_path: Path) 
     listing = subprocess.run([str(py), "-c", "import importlib.util as u; print(u.find_spec('monitor.artifacts').origin)"],
                              check=True, capture_output=True, text=True, cwd=tmp_path, env=clean).stdout
     assert str(venv) in listing
+    # sub-packages too (monitor.artifacts.rules is a package of its own)
+    assert (Path(listing.strip()).parent / "rules" / "model.py").is_file()

@@ -27,6 +27,16 @@ class MetricSpec:
 
 
 MS = ("model", "stream")
+# how alerts and dashboards name each retrieval metric family
+RETRIEVAL_TITLES = {
+    "recall": "Recall",
+    "precision": "Precision",
+    "map": "MAP",
+    "mrr": "MRR",
+    "ndcg": "nDCG",
+    "err": "ERR",
+    "hit_rate": "Hit rate",
+}
 DRIFT_TESTS = ("mmd", "ks", "centroid", "classifier", "suite", "sustained")  # embmon_drift_detected{test}
 PROBE_OUTCOMES = ("success", "failure", "timeout")
 

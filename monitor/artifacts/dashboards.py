@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from monitor.artifacts.catalog import m
-from monitor.artifacts.rules import RuleSet
+from monitor.artifacts.rules.model import RuleSet
 from monitor.retrieval.families import PROBE_METRIC_FAMILIES
 
 DS = {"type": "prometheus", "uid": "${datasource}"}

@@ -11,7 +11,8 @@ from typing import Any
 from monitor.artifacts import dashboards as dash
 from monitor.artifacts import grafana_alerts, kubernetes, prometheus, unittests
 from monitor.artifacts._io import to_json, to_yaml
-from monitor.artifacts.rules import DEFAULT_RUNBOOK, RULES_FILE, RuleSet, build_rules
+from monitor.artifacts.rules import build_rules
+from monitor.artifacts.rules.model import DEFAULT_RUNBOOK, RULES_FILE, RuleSet
 from monitor.artifacts.thresholds import Thresholds, load_thresholds
 
 logger = logging.getLogger(__name__)

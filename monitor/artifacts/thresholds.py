@@ -1,6 +1,6 @@
 """Overridable thresholds for the generated alerts.
 
-The defaults live with each alert in :mod:`monitor.artifacts.alerts`; a YAML file overrides any
+The defaults live with each alert in :mod:`monitor.artifacts.rules` (one module per area); a YAML file overrides any
 of them per alert name, plus a few global settings::
 
     job: embedding-monitor            # the Prometheus `job` label of the monitor's targets
