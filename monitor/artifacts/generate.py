@@ -1,10 +1,8 @@
-"""Render every generated artifact and write (or check) them; the ``artifacts`` CLI subcommand."""
+"""Render every generated artifact and write (or check) them; :mod:`monitor.artifacts.command` runs this."""
 
 from __future__ import annotations
 
-import argparse
 import difflib
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +11,7 @@ from monitor.artifacts import grafana_alerts, kubernetes, prometheus, unittests
 from monitor.artifacts._io import to_json, to_yaml
 from monitor.artifacts.rules import build_rules
 from monitor.artifacts.rules.model import DEFAULT_RUNBOOK, RULES_FILE, RuleSet
-from monitor.artifacts.thresholds import Thresholds, load_thresholds
-
-logger = logging.getLogger(__name__)
+from monitor.artifacts.thresholds import Thresholds
 
 GRAFANA_ALERTS = "alerts/grafana/embedding-monitor-alerts.yaml"
 PROMETHEUS_RULES = f"alerts/{RULES_FILE}"
@@ -104,47 +100,4 @@ def check(out: Path, files: dict[str, str]) -> list[str]:
     return problems
 
 
-def run(args: argparse.Namespace) -> int:
-    try:
-        th = load_thresholds(args.thresholds)
-        files = render(th, args.runbook_url)
-    except ValueError as exc:
-        logger.error("%s", exc)
-        return 2
-    out = Path(args.out)
-    if args.check:
-        problems = check(out, files)
-        for problem in problems:
-            print(problem)
-        return 1 if problems else 0
-    changed = write(out, files)
-    logger.info("wrote %d generated files under %s (%d changed)", len(files), out, len(changed))
-    return 0
-
-
-def add_artifacts_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``artifacts`` on an ``argparse`` subparsers object; sets ``func``."""
-    parser = subparsers.add_parser(
-        "artifacts",
-        help="generate alert rules, promtool tests, Grafana alerts and dashboards, Kubernetes objects",
-        description="Generate the Prometheus rules, their promtool tests, Grafana alert rules and "
-        "dashboards, and the PrometheusRule/ConfigMap objects from one source.",
-    )
-    parser.add_argument("--thresholds", metavar="FILE", help="thresholds YAML (see alerts/thresholds.defaults.yaml)")
-    parser.add_argument("--out", metavar="DIR", default=".", help="root to write alerts/, dashboards/, deploy/ under")
-    parser.add_argument("--runbook-url", default=DEFAULT_RUNBOOK, help="URL of docs/runbook.md; alerts link to its anchors")
-    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if DIR differs from the output")
-    parser.set_defaults(func=run)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    parser = argparse.ArgumentParser(prog="python -m monitor.artifacts")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_artifacts_parser(sub)
-    args = parser.parse_args(["artifacts", *(argv if argv is not None else __import__("sys").argv[1:])])
-    return int(args.func(args))
-
-
-__all__ = ["add_artifacts_parser", "check", "main", "render", "run", "write"]
+__all__ = ["check", "render", "write"]

@@ -1,8 +1,9 @@
-"""What the probe settings and the ``evaluate`` registration import: nothing heavy; and no import
-circle among retrieval modules.
+"""What the probe settings and the CLI's sub-command registration import: nothing heavy; and no
+import circle among the retrieval and artifacts modules.
 
-The settings and the CLI's sub-command registration are loaded by every command
-(``embedding-monitor --help`` included), so they must not pull in numpy, torch or the probes. Each check runs in a fresh interpreter: modules that other
+The settings and the registration of ``evaluate`` and ``artifacts`` are loaded by every command
+(``embedding-monitor --help`` included), so they must not pull in numpy, torch, the probes, YAML
+or pydantic models they do not need. Each check runs in a fresh interpreter: modules that other
 tests imported cannot hide a heavy import.
 """
 
@@ -54,6 +55,15 @@ def test_registering_the_evaluate_command_loads_no_engine() -> None:
     }
 
 
+def test_registering_the_artifacts_command_loads_no_generator() -> None:
+    modules = imported_by("from monitor.artifacts import add_artifacts_parser")
+    assert not heavy(modules) and "yaml" not in modules and "pydantic" not in modules
+    assert {name for name in modules if name.startswith("monitor.")} == {
+        "monitor.artifacts",
+        "monitor.artifacts.command",
+    }
+
+
 def import_graph() -> dict[str, set[str]]:
     """Module -> the ``monitor`` modules it imports anywhere in its body (functions included)."""
     files = {}
@@ -85,8 +95,9 @@ def reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
     return False
 
 
-def test_no_retrieval_module_imports_itself_through_a_circle() -> None:
+def test_no_retrieval_or_artifacts_module_imports_itself_through_a_circle() -> None:
     graph = import_graph()
-    ours = [name for name in graph if name.startswith("monitor.retrieval")]
+    ours = [name for name in graph if name.startswith(("monitor.retrieval", "monitor.artifacts"))]
     assert "monitor.retrieval.settings" in ours and "monitor.retrieval.probes.component" in ours
+    assert "monitor.artifacts.rules.model" in ours
     assert [name for name in ours if reaches(graph, name, name)] == []
