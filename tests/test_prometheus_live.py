@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from monitor.artifacts import dashboards as dash
-from monitor.artifacts import grafana_alerts, prometheus
+from monitor.artifacts import grafana_alerts, panels, prometheus
 from monitor.artifacts.catalog import exported_names, referenced_metrics
 from monitor.artifacts.rules import build_rules
 from monitor.artifacts.thresholds import Thresholds
@@ -114,7 +114,7 @@ def all_queries() -> list[Query]:
     rules = build_rules()
     out: list[Query] = []
     for stem, board in dash.all_dashboards(rules).items():
-        for title, expr in dash.panel_queries(board):
+        for title, expr in panels.panel_queries(board):
             out.append(Query(f"dashboard {stem} / {title}", expr, True))
         for ann in board["annotations"]["list"]:
             if "expr" in ann:
