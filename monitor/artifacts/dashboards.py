@@ -102,7 +102,8 @@ def intrinsic(rules: RuleSet) -> dict[str, Any]:
 
     panels = [
         with_baseline("Partition isotropy", "embmon_partition_isotropy", "none",
-                      "min/max of the partition function over the principal directions (1 = isotropic). Dashed: the model's median baseline."),
+                      "d·λmin/Σλ of the covariance eigenvalues: the smallest eigenvalue over the mean one (1 = isotropic). "
+                      "Dashed: the model's median baseline."),
         with_baseline("Effective-dimension ratio", "embmon_effective_dimension_ratio", "percentunit",
                       "Participation ratio of the covariance spectrum over the dimension. Dashed: baseline."),
         with_baseline("Mean cosine similarity", "embmon_mean_cosine_similarity", "none",
@@ -110,8 +111,9 @@ def intrinsic(rules: RuleSet) -> dict[str, Any]:
         with_baseline("Top-10 variance ratio", "embmon_top10_variance_ratio", "percentunit",
                       "Share of the variance in the 10 largest principal directions. Dashed: baseline."),
         with_baseline("Effective rank", "embmon_effective_rank", "short",
-                      "exp(entropy of the normalised singular values). Dashed: baseline."),
-        plain("Stable rank", "embmon_stable_rank", "short", "(sum of singular values)^2 / sum of squares."),
+                      "exp(entropy of the normalised singular values) (Roy & Vetterli, 2007). Dashed: baseline."),
+        plain("Stable rank", "embmon_stable_rank", "short",
+              "Σσ²/σmax² = Σλ/λmax: the total variance over the largest direction's (1 = one direction holds it all)."),
         plain("Dead dimensions", "embmon_dead_dimensions", "short", "Dimensions with near-zero variance."),
         plain("Collapse detected", "embmon_collapse_detected", "none", "1 when the daemon's collapse check fires.",
               mappings=_OK_BAD, min=0, max=1),
