@@ -14,7 +14,7 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
@@ -22,15 +22,17 @@ from monitor.logs import RateLimitedLog
 from monitor.records import EmbeddingBatch, InteractionEvent
 from monitor.retrieval.metrics import parse_metric
 from monitor.retrieval.probes.deadline import Deadline
-from monitor.retrieval.settings import StatisticsSettings
+from monitor.retrieval.settings import ProbeSettings, ProbeSpec, StatisticsSettings
 from monitor.retrieval.stats import bootstrap_ci, slice_report
+
+if TYPE_CHECKING:
+    from monitor.component import MonitorContext
 
 logger = logging.getLogger(__name__)
 _log = RateLimitedLog(logger, interval=3600.0)
 
 ALL = "all"  # the slice label of the value over every query
 OTHER = "other"  # where slices past the cap (and a query's own slice named "all") go
-UNLABELLED = "unlabelled"
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,12 +80,6 @@ class ProbeResult:
                 return s.value
         return None
 
-    def query_count(self, model: str, slice: str = ALL) -> int | None:
-        for m, s, n in self.queries:
-            if (m, s) == (model, slice):
-                return n
-        return None
-
 
 def sample(name: str, value: float, **labels: str) -> Sample:
     return Sample(name, tuple(labels.items()), float(value))
@@ -91,14 +87,11 @@ def sample(name: str, value: float, **labels: str) -> Sample:
 
 @dataclass
 class Summary:
+    """What :func:`summarise` computed for one model: the parts a :class:`ProbeResult` is made of."""
+
     estimates: list[Estimate] = field(default_factory=list)
     queries: list[tuple[str, str, int]] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
-
-    def extend(self, other: Summary) -> None:
-        self.estimates += other.estimates
-        self.queries += other.queries
-        self.samples += other.samples
 
 
 def slice_labels(raw: Iterable[str | None]) -> list[str | None]:
@@ -273,3 +266,22 @@ class Probe:
 
     def close(self) -> None:
         """Release resources (encoder models, connections)."""
+
+
+S = TypeVar("S", bound=ProbeSpec)
+
+
+class ConfiguredProbe(Probe, Generic[S]):
+    """A probe built from its settings: its own section ``spec``, the daemon's ``context`` and the
+    ``shared`` probe settings (device, k-NN block size, statistics)."""
+
+    def __init__(self, spec: S, context: MonitorContext, shared: ProbeSettings):
+        super().__init__(spec.name, spec.interval_seconds, spec.timeout_seconds)
+        self.spec = spec
+        self.context = context
+        self.shared = shared
+
+    @property
+    def device(self) -> str | None:
+        """Where k-NN and encoders run: the probes' own ``device``, else the daemon's."""
+        return self.shared.device or self.context.settings.device

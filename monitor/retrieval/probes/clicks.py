@@ -56,8 +56,8 @@ from monitor.records import EmbeddingBatch, InteractionEvent
 from monitor.retrieval.metrics import RankedResults, evaluate
 from monitor.retrieval.probes.base import (
     ALL,
+    ConfiguredProbe,
     EventBuffer,
-    Probe,
     ProbeResult,
     Sample,
     sample,
@@ -183,14 +183,11 @@ class CatalogIds:
             return None if not known else set(known)
 
 
-class ClickFeedbackProbe(Probe):
+class ClickFeedbackProbe(ConfiguredProbe["ClickProbeSettings"]):
     kind = "clicks"
 
     def __init__(self, spec: ClickProbeSettings, context: MonitorContext, shared: ProbeSettings):
-        super().__init__(spec.name, spec.interval_seconds, spec.timeout_seconds)
-        self.spec = spec
-        self.context = context
-        self.shared = shared
+        super().__init__(spec, context, shared)
         self.metrics = [f"{family}@{k}" for family in spec.metrics for k in spec.k]
         self.buffer: EventBuffer[InteractionEvent] = EventBuffer(spec.buffer_size, spec.window_seconds)
         self.catalog = CatalogIds(spec.max_catalog_ids)

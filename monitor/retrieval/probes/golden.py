@@ -30,7 +30,7 @@ import numpy as np
 
 from monitor.config import LABEL_VALUE_RE
 from monitor.retrieval.metrics import RankedResults, evaluate
-from monitor.retrieval.probes.base import Probe, ProbeResult, identified_rows, summarise
+from monitor.retrieval.probes.base import ConfiguredProbe, ProbeResult, identified_rows, summarise
 from monitor.retrieval.probes.deadline import Deadline, ProbeError
 from monitor.retrieval.probes.http_retriever import HttpRetriever
 from monitor.retrieval.probes.knn import exact_topk
@@ -157,17 +157,13 @@ class Encoder:
 
 
 # ---------------------------------------------------------------------------- the probe
-class GoldenSetProbe(Probe):
+class GoldenSetProbe(ConfiguredProbe["GoldenProbeSettings"]):
     """Runs every golden query against the retriever and exports the engine's metrics per slice."""
 
     kind = "golden"
 
     def __init__(self, spec: GoldenProbeSettings, context: MonitorContext, shared: ProbeSettings):
-        super().__init__(spec.name, spec.interval_seconds, spec.timeout_seconds)
-        self.spec = spec
-        self.context = context
-        self.shared = shared
-        self.device = shared.device or context.settings.device
+        super().__init__(spec, context, shared)
         self.metrics = [f"{family}@{k}" for family in spec.metrics for k in spec.k]
         self.encoder = None if spec.encoder is None else Encoder(spec.encoder, self.device)
         self.http = HttpRetriever(spec.retriever) if spec.retriever.kind == "http" else None
