@@ -37,8 +37,6 @@ RETRIEVAL_TITLES = {
     "err": "ERR",
     "hit_rate": "Hit rate",
 }
-DRIFT_TESTS = ("mmd", "ks", "centroid", "classifier", "suite", "sustained")  # embmon_drift_detected{test}
-PROBE_OUTCOMES = ("success", "failure", "timeout")
 
 
 def _specs() -> dict[str, MetricSpec]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,15 +72,21 @@ def _stale(out: Path, files: dict[str, str]) -> list[Path]:
     return stale
 
 
+def _differing(out: Path, files: dict[str, str]) -> Iterator[tuple[str, Path, str | None]]:
+    """(relative path, path, text there or ``None`` when missing) of each file that differs under ``out``."""
+    for rel, text in files.items():
+        path = out / rel
+        current = path.read_text(encoding="utf-8") if path.exists() else None
+        if current != text:
+            yield rel, path, current
+
+
 def write(out: Path, files: dict[str, str]) -> list[Path]:
     """Write ``files`` under ``out``; remove stale files in the managed folders. Returns changed paths."""
     changed: list[Path] = []
-    for rel, text in files.items():
-        path = out / rel
-        if path.exists() and path.read_text(encoding="utf-8") == text:
-            continue
+    for rel, path, _ in _differing(out, files):
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        path.write_text(files[rel], encoding="utf-8")
         changed.append(path)
     for path in _stale(out, files):
         path.unlink()
@@ -90,12 +97,10 @@ def write(out: Path, files: dict[str, str]) -> list[Path]:
 def check(out: Path, files: dict[str, str]) -> list[str]:
     """Differences between ``files`` and what is under ``out`` (unified diffs / stale notes)."""
     problems: list[str] = []
-    for rel, text in files.items():
-        path = out / rel
-        current = path.read_text(encoding="utf-8") if path.exists() else ""
-        if current != text:
-            problems.append("".join(difflib.unified_diff(
-                current.splitlines(True), text.splitlines(True), f"{rel} (committed)", f"{rel} (generated)", n=1)))
+    for rel, _, current in _differing(out, files):
+        problems.append("".join(difflib.unified_diff(
+            (current or "").splitlines(True), files[rel].splitlines(True), f"{rel} (committed)", f"{rel} (generated)",
+            n=1)))
     problems += [f"{p.relative_to(out)}: stale generated file" for p in _stale(out, files)]
     return problems
 
