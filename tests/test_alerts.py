@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 import yaml
 
-from monitor.artifacts import generate
+from monitor.artifacts import add_artifacts_parser, generate
 from monitor.artifacts.catalog import METRICS, m, referenced_metrics
 from monitor.artifacts.grafana_alerts import VALUE_REF, rule_uid
-from monitor.artifacts.rules import PREFIX, build_rules, format_number, format_value, humanize
+from monitor.artifacts.rules import build_rules
+from monitor.artifacts.rules.model import PREFIX
+from monitor.artifacts.rules.values import format_number, format_value, humanize
 from monitor.artifacts.thresholds import Thresholds, load_thresholds
 
 REPO = Path(__file__).resolve().parents[1]
@@ -112,7 +114,7 @@ def test_committed_artifacts_are_in_sync_with_the_generator(tmp_path: Path) -> N
 def test_cli_check_and_write(tmp_path: Path) -> None:
     parser = __import__("argparse").ArgumentParser()
     sub = parser.add_subparsers()
-    generate.add_artifacts_parser(sub)
+    add_artifacts_parser(sub)
     args = parser.parse_args(["artifacts", "--out", str(tmp_path)])
     assert args.func(args) == 0
     assert (tmp_path / generate.PROMETHEUS_RULES).is_file()

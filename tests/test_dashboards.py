@@ -113,6 +113,14 @@ def test_overview_answers_is_anything_wrong_per_model() -> None:
         assert needle in exprs, needle
 
 
+def test_intrinsic_panels_state_the_definitions_the_daemon_computes() -> None:
+    # monitor/quality/intrinsic.py: d * lam_min / sum(lam), sum(lam) / lam_max, exp(entropy(sigma / sum(sigma)))
+    described = {p["title"]: p["description"] for p in committed()["embedding-monitor-intrinsic"]["panels"]}
+    assert described["Partition isotropy"].startswith("d·λmin/Σλ of the covariance eigenvalues")
+    assert described["Stable rank"].startswith("Σσ²/σmax² = Σλ/λmax")
+    assert "Roy & Vetterli, 2007" in described["Effective rank"]
+
+
 def test_dashboards_configmap_carries_the_committed_json() -> None:
     cm = yaml.safe_load((REPO / generate.DASHBOARDS_CONFIGMAP).read_text(encoding="utf-8"))
     assert cm["kind"] == "ConfigMap" and cm["metadata"]["labels"]["grafana_dashboard"] == "1"

@@ -77,3 +77,49 @@ def test_the_baseline_command_registers_without_numpy() -> None:
         add_baseline_parser(argparse.ArgumentParser().add_subparsers())
     """
     assert loaded_after(code, ("numpy",)) == []
+
+
+def modules_after(code: str) -> set[str]:
+    """Every module in ``sys.modules`` after ``code`` runs in a fresh interpreter."""
+    probe = textwrap.dedent(code) + "\nimport sys\nprint('\\n'.join(sys.modules))\n"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return set(done.stdout.split())
+
+
+def ours(modules: set[str]) -> set[str]:
+    return {name for name in modules if name.startswith("monitor.")}
+
+
+def test_importing_the_probe_settings_loads_only_the_light_probe_modules() -> None:
+    modules = modules_after("import monitor.retrieval.settings")
+    assert loaded_after("import monitor.retrieval.settings", (*HEAVY, "numpy")) == []
+    assert ours(modules) <= {
+        "monitor.labels",
+        "monitor.retrieval",
+        "monitor.retrieval.families",
+        "monitor.retrieval.settings",
+        "monitor.retrieval.probes",
+        "monitor.retrieval.probes.deadline",
+        "monitor.retrieval.probes.ids_path",
+        "monitor.retrieval.probes.request_template",
+    }
+
+
+def test_registering_the_evaluate_command_loads_no_engine() -> None:
+    code = "from monitor.retrieval.evaluate import add_evaluate_parser"
+    assert loaded_after(code, (*HEAVY, "numpy")) == []
+    assert ours(modules_after(code)) == {
+        "monitor.retrieval",
+        "monitor.retrieval.evaluate",
+        "monitor.retrieval.families",
+    }
+
+
+def test_registering_the_artifacts_command_loads_no_generator() -> None:
+    code = "from monitor.artifacts import add_artifacts_parser"
+    modules = modules_after(code)
+    assert loaded_after(code, (*HEAVY, "numpy", "yaml", "pydantic")) == []
+    assert ours(modules) == {"monitor.artifacts", "monitor.artifacts.command"}

@@ -12,7 +12,8 @@ import pytest
 
 from monitor.config import load_settings
 from monitor.records import InteractionEvent
-from monitor.retrieval.probes.base import Deadline, Probe, ProbeError, ProbeResult, ProbeTimeout, sample
+from monitor.retrieval.probes.base import Probe, ProbeResult, sample
+from monitor.retrieval.probes.deadline import Deadline, ProbeError, ProbeTimeout
 from monitor.retrieval.probes.component import ProbeComponent
 from monitor.service import Monitor
 from tests.support.broker import free_port

@@ -13,14 +13,11 @@ import pytest
 
 from monitor.config import ConfigError, load_settings
 from monitor.retrieval.metrics import RankedResults, evaluate
-from monitor.retrieval.probes.base import ProbeError
 from monitor.retrieval.probes.component import ProbeComponent
-from monitor.retrieval.probes.golden import (
-    RequestTemplate,
-    extract_ids,
-    load_golden,
-    parse_ids_path,
-)
+from monitor.retrieval.probes.deadline import ProbeError
+from monitor.retrieval.probes.golden import load_golden
+from monitor.retrieval.probes.ids_path import extract_ids, parse_ids_path
+from monitor.retrieval.probes.request_template import RequestTemplate
 from monitor.retrieval.stats import bootstrap_ci
 from tests.support.probes import (
     SearchServer,

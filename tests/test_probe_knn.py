@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from monitor.retrieval.probes.base import Deadline, ProbeTimeout
+from monitor.retrieval.probes.deadline import Deadline, ProbeTimeout
 from monitor.retrieval.probes.knn import exact_topk, prepare
 
 

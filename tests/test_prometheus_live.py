@@ -28,10 +28,11 @@ import pytest
 import yaml
 
 from monitor.artifacts import dashboards as dash
-from monitor.artifacts import grafana_alerts, prometheus
-from monitor.artifacts.catalog import RETRIEVAL_METRICS, exported_names, referenced_metrics
+from monitor.artifacts import grafana_alerts, panels, prometheus
+from monitor.artifacts.catalog import exported_names, referenced_metrics
 from monitor.artifacts.rules import build_rules
 from monitor.artifacts.thresholds import Thresholds
+from monitor.retrieval.families import PROBE_METRIC_FAMILIES
 from tests.support.prometheus import (
     AlertmanagerServer,
     PrometheusServer,
@@ -79,7 +80,7 @@ DAEMON_CONFIG = {
     "refresh_seconds": 1.0,
     "probes": {
         "statistics": {"resamples": 200},
-        "clicks": [{"name": "clicks", "model": MODEL, "k": [5, 10], "metrics": list(RETRIEVAL_METRICS),
+        "clicks": [{"name": "clicks", "model": MODEL, "k": [5, 10], "metrics": list(PROBE_METRIC_FAMILIES),
                     "window_seconds": 60, "catalog_stream": "catalog", "interval_seconds": 1.0}],
         "ann_recall": [{"name": "ann", "model": MODEL, "stream": "catalog", "k": [10], "window_seconds": 30,
                         "interval_seconds": 1.0}],
@@ -113,7 +114,7 @@ def all_queries() -> list[Query]:
     rules = build_rules()
     out: list[Query] = []
     for stem, board in dash.all_dashboards(rules).items():
-        for title, expr in dash.panel_queries(board):
+        for title, expr in panels.panel_queries(board):
             out.append(Query(f"dashboard {stem} / {title}", expr, True))
         for ann in board["annotations"]["list"]:
             if "expr" in ann:

@@ -10,7 +10,9 @@ import pytrec_eval
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from monitor.retrieval.families import METRIC_FAMILY_NAMES, PROBE_METRIC_FAMILIES
 from monitor.retrieval.metrics import (
+    METRIC_FAMILIES,
     MetricSpec,
     RankedResults,
     UnknownMetricError,
@@ -367,6 +369,11 @@ def test_metric_names_parse_and_expand():
     expanded = [m.name for m in expand_metrics(["ndcg", "recall"], [5, 10])]
     assert expanded == ["ndcg@5", "ndcg@10", "recall@5", "recall@10"]
     assert [m.name for m in expand_metrics(["ndcg@5", "ndcg", "ndcg@5"], [5])] == ["ndcg@5"]
+
+
+def test_the_light_family_names_are_the_engines():
+    assert METRIC_FAMILY_NAMES == tuple(METRIC_FAMILIES)
+    assert set(PROBE_METRIC_FAMILIES) <= set(METRIC_FAMILIES)
 
 
 @pytest.mark.parametrize("name", ["ndcg@", "bleu@10", "precision", "r_precision@5", "ndcg@0", "ndcg@-1", "@10", ""])

@@ -46,41 +46,29 @@ def test_gzip_files(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("content", "line", "reason"),
+    ("reader", "content", "line", "reason"),
     [
-        ("q1 0 d1 1\nq1 0 d2\n", 2, "expected 4 fields"),
-        ("q1 0 d1 1\n\nq1 0 d2 1 extra\n", 3, "found 5"),
-        ("q1 0 d1 high\n", 1, "grade 'high' is not an integer"),
-        ("q1 0 d1 1.5\n", 1, "not an integer"),
-        ("q1 0 d1 1\nq1 0 d1 2\n", 2, "judged twice"),
+        (read_qrels, "q1 0 d1 1\nq1 0 d2\n", 2, "expected 4 fields"),
+        (read_qrels, "q1 0 d1 1\n\nq1 0 d2 1 extra\n", 3, "found 5"),
+        (read_qrels, "q1 0 d1 high\n", 1, "grade 'high' is not an integer"),
+        (read_qrels, "q1 0 d1 1.5\n", 1, "not an integer"),
+        (read_qrels, "q1 0 d1 1\nq1 0 d1 2\n", 2, "judged twice"),
+        (read_run, "q1 Q0 d1 1 0.5\n", 1, "expected 6 fields"),
+        (read_run, "q1 Q0 d1 1 0.5 t\nq1 Q0 d2 first 0.4 t\n", 2, "rank 'first' is not an integer"),
+        (read_run, "q1 Q0 d1 1 high t\n", 1, "score 'high' is not a number"),
+        (read_run, "q1 Q0 d1 1 nan t\n", 1, "not finite"),
+        (read_run, "q1 Q0 d1 1 inf t\n", 1, "not finite"),
+        (read_run, "q1 Q0 d1 1 0.5 t\nq2 Q0 d1 1 0.5 t\nq1 Q0 d1 2 0.4 t\n", 3, "listed twice"),
     ],
 )
-def test_malformed_qrels_name_file_and_line(tmp_path, content, line, reason):
-    path = tmp_path / "qrels.txt"
+def test_malformed_files_name_file_and_line(tmp_path, reader, content, line, reason):
+    path = tmp_path / "trec.txt"
     path.write_text(content)
     with pytest.raises(TrecFormatError) as caught:
-        read_qrels(path)
+        reader(path)
     assert str(caught.value).startswith(f"{path}:{line}: ")
     assert reason in str(caught.value)
     assert (caught.value.path, caught.value.line_number) == (str(path), line)
-
-
-@pytest.mark.parametrize(
-    ("content", "line", "reason"),
-    [
-        ("q1 Q0 d1 1 0.5\n", 1, "expected 6 fields"),
-        ("q1 Q0 d1 1 0.5 t\nq1 Q0 d2 first 0.4 t\n", 2, "rank 'first' is not an integer"),
-        ("q1 Q0 d1 1 high t\n", 1, "score 'high' is not a number"),
-        ("q1 Q0 d1 1 nan t\n", 1, "not finite"),
-        ("q1 Q0 d1 1 inf t\n", 1, "not finite"),
-        ("q1 Q0 d1 1 0.5 t\nq2 Q0 d1 1 0.5 t\nq1 Q0 d1 2 0.4 t\n", 3, "listed twice"),
-    ],
-)
-def test_malformed_runs_name_file_and_line(tmp_path, content, line, reason):
-    path = tmp_path / "run.txt"
-    path.write_text(content)
-    with pytest.raises(TrecFormatError, match=f":{line}: .*{reason}"):
-        read_run(path)
 
 
 def test_binary_garbage_is_a_format_error_not_a_crash(tmp_path):

@@ -2,11 +2,10 @@
 
 ``python -m monitor.artifacts --out .`` (or ``embedding-monitor artifacts``) regenerates every
 committed artifact; ``--check`` diffs instead of writing; ``--thresholds FILE`` overrides alert
-thresholds (see ``alerts/thresholds.defaults.yaml``).
+thresholds (see ``alerts/thresholds.defaults.yaml``). Importing this package is light: the
+generator loads when the command runs (:mod:`monitor.artifacts.command`).
 """
 
-from monitor.artifacts.generate import add_artifacts_parser, render
-from monitor.artifacts.rules import build_rules
-from monitor.artifacts.thresholds import Thresholds, load_thresholds
+from monitor.artifacts.command import add_artifacts_parser
 
-__all__ = ["Thresholds", "add_artifacts_parser", "build_rules", "load_thresholds", "render"]
+__all__ = ["add_artifacts_parser"]

@@ -1,3 +1,3 @@
-from monitor.artifacts.generate import main
+from monitor.artifacts.command import main
 
 raise SystemExit(main())

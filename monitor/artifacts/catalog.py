@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from monitor.retrieval.families import PROBE_METRIC_FAMILIES
+
 Kind = Literal["counter", "gauge", "histogram", "info"]
 
 
@@ -25,9 +27,16 @@ class MetricSpec:
 
 
 MS = ("model", "stream")
-RETRIEVAL_METRICS = ("recall", "precision", "map", "mrr", "ndcg", "err", "hit_rate")
-DRIFT_TESTS = ("mmd", "ks", "centroid", "classifier", "suite", "sustained")  # embmon_drift_detected{test}
-PROBE_OUTCOMES = ("success", "failure", "timeout")
+# how alerts and dashboards name each retrieval metric family
+RETRIEVAL_TITLES = {
+    "recall": "Recall",
+    "precision": "Precision",
+    "map": "MAP",
+    "mrr": "MRR",
+    "ndcg": "nDCG",
+    "err": "ERR",
+    "hit_rate": "Hit rate",
+}
 
 
 def _specs() -> dict[str, MetricSpec]:
@@ -93,7 +102,7 @@ def _specs() -> dict[str, MetricSpec]:
     )
     # retrieval
     pmsk = ("probe", "model", "slice", "k")
-    for metric in (*RETRIEVAL_METRICS, "ann_recall"):
+    for metric in (*PROBE_METRIC_FAMILIES, "ann_recall"):
         for suffix in ("", "_ci_lower", "_ci_upper"):
             rows.append((f"embmon_retrieval_{metric}{suffix}", "gauge", pmsk, "retrieval"))
     rows += [

@@ -1,215 +1,31 @@
-"""Grafana dashboards, built as plain JSON models.
+"""The five Grafana dashboards: what each shows, panel by panel.
 
-Five dashboards, each with a stable ``uid``, the ``embedding-monitor`` tag, a datasource variable
-(every panel and target uses ``${datasource}``), ``model`` and ``stream`` variables (label_values
-queries; retrieval adds ``probe``, ``slice`` and ``k``), a unit on every panel, and drift change
-points as annotations (increases of ``embmon_drift_change_points_total``).
+Overview (start here), intrinsic health against each model's own baseline, drift, retrieval
+quality with confidence bands, and the monitor's own health. The JSON they are built into, with
+the variables and annotations every board shares, is :mod:`monitor.artifacts.panels`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-from monitor.artifacts.catalog import RETRIEVAL_METRICS, m
-from monitor.artifacts.rules import RuleSet
+from monitor.artifacts.catalog import RETRIEVAL_TITLES, m
+from monitor.artifacts.panels import MS, Panel, Target, dashboard
+from monitor.artifacts.rules.model import RuleSet
+from monitor.artifacts.rules.recording import INVALID_RECORDS_RATIO, recorded
+from monitor.retrieval.families import PROBE_METRIC_FAMILIES
 
-DS = {"type": "prometheus", "uid": "${datasource}"}
-TAG = "embedding-monitor"
-SCHEMA_VERSION = 39
-MS = 'model=~"$model", stream=~"$stream"'
 SUITE = 'test="suite"'
 RET = 'probe=~"$probe", model=~"$model", slice=~"$slice", k=~"$k"'
-
-
-@dataclass
-class Target:
-    expr: str
-    legend: str = ""
-    instant: bool = False
-
-
-@dataclass
-class Panel:
-    title: str
-    unit: str
-    targets: list[Target]
-    description: str = ""
-    kind: str = "timeseries"  # timeseries | stat | table
-    width: int = 12
-    height: int = 8
-    overrides: list[dict[str, Any]] = field(default_factory=list)
-    mappings: list[dict[str, Any]] = field(default_factory=list)
-    thresholds: list[tuple[float | None, str]] | None = None
-    min: float | None = None
-    max: float | None = None
-
-
-def _variable_query(name: str, label: str, query: str, *, multi: bool = True) -> dict[str, Any]:
-    return {
-        "name": name,
-        "label": label,
-        "type": "query",
-        "datasource": DS,
-        "query": {"query": query, "refId": f"{name}-variable"},
-        "definition": query,
-        "refresh": 2,
-        "sort": 1,
-        "multi": multi,
-        "includeAll": True,
-        "allValue": ".+",
-        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
-        "options": [],
-        "hide": 0,
-        "regex": "",
-    }
-
-
-def variables(retrieval: bool = False) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = [
-        {
-            "name": "datasource",
-            "label": "Prometheus",
-            "type": "datasource",
-            "query": "prometheus",
-            "current": {},
-            "hide": 0,
-            "options": [],
-            "refresh": 1,
-            "regex": "",
-        },
-        _variable_query("model", "Model", f"label_values({m('embmon_records_total')}, model)"),
-        _variable_query(
-            "stream", "Stream", f'label_values({m("embmon_records_total")}{{model=~"$model"}}, stream)'
-        ),
-    ]
-    if retrieval:
-        q = m("embmon_retrieval_queries")
-        out += [
-            _variable_query("probe", "Probe", f'label_values({q}{{model=~"$model"}}, probe)'),
-            _variable_query("slice", "Slice", f'label_values({q}{{model=~"$model", probe=~"$probe"}}, slice)'),
-            _variable_query(
-                "k", "k", f'label_values({m("embmon_retrieval_ndcg")}{{model=~"$model", probe=~"$probe"}}, k)'
-            ),
-        ]
-    return out
-
-
-def change_point_annotation() -> dict[str, Any]:
-    cp = m("embmon_drift_change_points_total")
-    return {
-        "name": "Drift change points",
-        "datasource": DS,
-        "enable": True,
-        "iconColor": "orange",
-        "expr": f"increase({cp}{{{MS}}}[2m]) > 0",
-        "step": "1m",
-        "titleFormat": "Change point: {{signal}} ({{detector}})",
-        "textFormat": "{{model}} / {{stream}}",
-        "tagKeys": "model,stream,signal,detector",
-        "useValueForTime": False,
-    }
-
-
-def _builtin_annotation() -> dict[str, Any]:
-    return {
-        "builtIn": 1,
-        "datasource": {"type": "grafana", "uid": "-- Grafana --"},
-        "enable": True,
-        "hide": True,
-        "iconColor": "rgba(0, 211, 255, 1)",
-        "name": "Annotations & Alerts",
-        "type": "dashboard",
-    }
-
-
-def _panel_json(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
-    defaults: dict[str, Any] = {"unit": panel.unit}
-    if panel.min is not None:
-        defaults["min"] = panel.min
-    if panel.max is not None:
-        defaults["max"] = panel.max
-    if panel.mappings:
-        defaults["mappings"] = panel.mappings
-    if panel.thresholds:
-        defaults["thresholds"] = {
-            "mode": "absolute",
-            "steps": [{"color": color, "value": value} for value, color in panel.thresholds],
-        }
-    if panel.kind == "timeseries":
-        defaults["custom"] = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 0, "showPoints": "never", "spanNulls": False}
-    options: dict[str, Any] = {}
-    if panel.kind == "timeseries":
-        options = {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
-                   "tooltip": {"mode": "multi", "sort": "none"}}
-    elif panel.kind == "stat":
-        options = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                   "colorMode": "background", "graphMode": "none", "textMode": "value_and_name",
-                   "orientation": "auto", "justifyMode": "auto"}
-    else:
-        options = {"showHeader": True}
-    return {
-        "id": pid,
-        "type": panel.kind,
-        "title": panel.title,
-        "description": panel.description,
-        "datasource": DS,
-        "gridPos": {"h": panel.height, "w": panel.width, "x": x, "y": y},
-        "fieldConfig": {"defaults": defaults, "overrides": panel.overrides},
-        "options": options,
-        "targets": [
-            {
-                "refId": chr(ord("A") + i),
-                "datasource": DS,
-                "expr": t.expr,
-                "legendFormat": t.legend or "__auto",
-                "instant": t.instant or panel.kind != "timeseries",
-                "range": panel.kind == "timeseries",
-                "editorMode": "code",
-            }
-            for i, t in enumerate(panel.targets)
-        ],
-    }
-
-
-def dashboard(uid: str, title: str, description: str, panels: list[Panel], *, retrieval: bool = False,
-              tags: tuple[str, ...] = ()) -> dict[str, Any]:
-    laid: list[dict[str, Any]] = []
-    x = y = row_h = 0
-    for pid, panel in enumerate(panels, start=1):
-        if x + panel.width > 24:
-            x, y, row_h = 0, y + row_h, 0
-        laid.append(_panel_json(panel, pid, x, y))
-        x += panel.width
-        row_h = max(row_h, panel.height)
-    return {
-        "uid": uid,
-        "title": title,
-        "description": description,
-        "tags": [TAG, *tags],
-        "timezone": "",
-        "editable": True,
-        "graphTooltip": 1,
-        "schemaVersion": SCHEMA_VERSION,
-        "version": 1,
-        "refresh": "1m",
-        "time": {"from": "now-6h", "to": "now"},
-        "timepicker": {},
-        "fiscalYearStartMonth": 0,
-        "liveNow": False,
-        "weekStart": "",
-        "links": [
-            {"type": "dashboards", "tags": [TAG], "asDropdown": True, "title": "Embedding monitor",
-             "includeVars": True, "keepTime": True}
-        ],
-        "annotations": {"list": [_builtin_annotation(), change_point_annotation()]},
-        "templating": {"list": variables(retrieval)},
-        "panels": laid,
-    }
-
+PER_STREAM = "{{model}} / {{stream}}"  # the legend of a per-(model, stream) series
 
 _OK_BAD = [{"type": "value", "options": {"0": {"text": "OK", "color": "green"}, "1": {"text": "FIRING", "color": "red"}}}]
 _RED_ABOVE_0 = [(None, "green"), (0.5, "red")]
+
+
+# field override: query B (a baseline, a threshold) drawn dashed
+_DASHED_B = [{"matcher": {"id": "byFrameRefID", "options": "B"},
+              "properties": [{"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}}]}]
 
 
 def _ms(metric: str, extra: str = "") -> str:
@@ -217,10 +33,25 @@ def _ms(metric: str, extra: str = "") -> str:
     return f"{m(metric)}{{{sel}}}"
 
 
+def _per_stream(metric: str) -> Target:
+    """The selected streams' ``metric``, averaged over the monitor's instances."""
+    return Target(f"avg by (model, stream) ({_ms(metric)})", PER_STREAM)
+
+
+def _baseline(metric: str, operation: str) -> str:
+    """A recorded per-(model, stream) series of ``metric`` (its baseline, or a comparison with it)."""
+    return f"{recorded(m(metric), operation)}{{{MS}}}"
+
+
+def _records_rate(by: str = "") -> str:
+    """Valid records per second of the selected streams, summed (``by`` these labels)."""
+    total = f"sum by ({by}) " if by else "sum"
+    return f"{total}(rate({_ms('embmon_records_total')}[$__rate_interval]))"
+
+
 def overview(rules: RuleSet) -> dict[str, Any]:
     w = rules.thresholds.baseline_window
     job = rules.thresholds.job
-    rec = lambda metric, op: f"model_stream:{m(metric)}:{op}{{{MS}}}"  # noqa: E731
     panels = [
         Panel("Firing embedding-monitor alerts", "none",
               [Target('count(ALERTS{alertname=~"EmbeddingMonitor.+", alertstate="firing"}) or vector(0)', "firing")],
@@ -229,10 +60,10 @@ def overview(rules: RuleSet) -> dict[str, Any]:
         Panel("Monitor targets up", "none", [Target(f'sum(up{{job="{job}"}})', "up")],
               "Scrape targets of the monitor that answer.", kind="stat", width=6, height=5,
               thresholds=[(None, "red"), (1, "green")]),
-        Panel("Records / s", "cps", [Target(f"sum(rate({_ms('embmon_records_total')}[$__rate_interval]))", "records/s")],
+        Panel("Records / s", "cps", [Target(_records_rate(), "records/s")],
               "Valid embedding records ingested per second, all selected models.", kind="stat", width=6, height=5),
         Panel("Invalid records", "percentunit",
-              [Target('max(stream:embmon_records_invalid:ratio_rate10m{stream=~"$stream"})', "worst stream")],
+              [Target(f'max({INVALID_RECORDS_RATIO}{{stream=~"$stream"}})', "worst stream")],
               "Worst share of rejected records over 10 minutes.", kind="stat", width=6, height=5,
               thresholds=[(None, "green"), (0.05, "red")]),
         Panel("Collapse / drift verdict per model", "none",
@@ -241,17 +72,16 @@ def overview(rules: RuleSet) -> dict[str, Any]:
               "1 means the daemon's collapse check or the combined drift verdict flags the model.",
               kind="stat", width=24, height=5, mappings=_OK_BAD, thresholds=_RED_ABOVE_0),
         Panel(f"Effective-dimension ratio vs {w} baseline", "percentunit",
-              [Target(rec("embmon_effective_dimension_ratio", f"ratio_median{w}"), "{{model}} / {{stream}}")],
+              [Target(_baseline("embmon_effective_dimension_ratio", f"ratio_median{w}"), PER_STREAM)],
               "Current effective-dimension ratio as a share of the model's own median; 100 % is normal.",
               min=0),
         Panel(f"Mean cosine vs {w} baseline", "none",
-              [Target(rec("embmon_mean_cosine_similarity", f"delta_median{w}"), "{{model}} / {{stream}}")],
+              [Target(_baseline("embmon_mean_cosine_similarity", f"delta_median{w}"), PER_STREAM)],
               "Mean pairwise cosine minus the model's own median; 0 is normal, a rise means vectors bunch up."),
         Panel("Retrieval quality (nDCG)", "percentunit",
               [Target(f'min by (model, k) ({m("embmon_retrieval_ndcg")}{{model=~"$model"}})', "{{model}} nDCG@{{k}}")],
               "Worst nDCG across probes and slices per model.", min=0, max=1),
-        Panel("Records / s per model", "cps",
-              [Target(f"sum by (model, stream) (rate({_ms('embmon_records_total')}[$__rate_interval]))", "{{model}} / {{stream}}")],
+        Panel("Records / s per model", "cps", [Target(_records_rate("model, stream"), PER_STREAM)],
               "Throughput per (model, stream)."),
     ]
     return dashboard("embmon-overview", "Embedding monitor / Overview",
@@ -263,17 +93,17 @@ def intrinsic(rules: RuleSet) -> dict[str, Any]:
 
     def with_baseline(title: str, metric: str, unit: str, desc: str) -> Panel:
         return Panel(title, unit, [
-            Target(f"avg by (model, stream) ({_ms(metric)})", "{{model}} / {{stream}}"),
-            Target(f"model_stream:{m(metric)}:median{w}{{{MS}}}", "{{model}} / {{stream}} baseline"),
-        ], desc, overrides=[{"matcher": {"id": "byFrameRefID", "options": "B"},
-                             "properties": [{"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}}]}])
+            _per_stream(metric),
+            Target(_baseline(metric, f"median{w}"), f"{PER_STREAM} baseline"),
+        ], desc, overrides=_DASHED_B)
 
     def plain(title: str, metric: str, unit: str, desc: str, **kw: Any) -> Panel:
-        return Panel(title, unit, [Target(f"avg by (model, stream) ({_ms(metric)})", "{{model}} / {{stream}}")], desc, **kw)
+        return Panel(title, unit, [_per_stream(metric)], desc, **kw)
 
     panels = [
         with_baseline("Partition isotropy", "embmon_partition_isotropy", "none",
-                      "min/max of the partition function over the principal directions (1 = isotropic). Dashed: the model's median baseline."),
+                      "d·λmin/Σλ of the covariance eigenvalues: the smallest eigenvalue over the mean one (1 = isotropic). "
+                      "Dashed: the model's median baseline."),
         with_baseline("Effective-dimension ratio", "embmon_effective_dimension_ratio", "percentunit",
                       "Participation ratio of the covariance spectrum over the dimension. Dashed: baseline."),
         with_baseline("Mean cosine similarity", "embmon_mean_cosine_similarity", "none",
@@ -281,8 +111,9 @@ def intrinsic(rules: RuleSet) -> dict[str, Any]:
         with_baseline("Top-10 variance ratio", "embmon_top10_variance_ratio", "percentunit",
                       "Share of the variance in the 10 largest principal directions. Dashed: baseline."),
         with_baseline("Effective rank", "embmon_effective_rank", "short",
-                      "exp(entropy of the normalised singular values). Dashed: baseline."),
-        plain("Stable rank", "embmon_stable_rank", "short", "(sum of singular values)^2 / sum of squares."),
+                      "exp(entropy of the normalised singular values) (Roy & Vetterli, 2007). Dashed: baseline."),
+        plain("Stable rank", "embmon_stable_rank", "short",
+              "Σσ²/σmax² = Σλ/λmax: the total variance over the largest direction's (1 = one direction holds it all)."),
         plain("Dead dimensions", "embmon_dead_dimensions", "short", "Dimensions with near-zero variance."),
         plain("Collapse detected", "embmon_collapse_detected", "none", "1 when the daemon's collapse check fires.",
               mappings=_OK_BAD, min=0, max=1),
@@ -311,19 +142,17 @@ def drift(rules: RuleSet) -> dict[str, Any]:
               [Target(f"max by (model, stream, test) ({pv}{{{MS}}})", "{{model}} / {{stream}} {{test}} p"),
                Target(f"max by (model, stream, test) ({th}{{{MS}}})", "{{model}} / {{stream}} {{test}} threshold")],
               "Per-test p-value against its (corrected) threshold; below the threshold means drift.",
-              min=0, max=1,
-              overrides=[{"matcher": {"id": "byFrameRefID", "options": "B"},
-                          "properties": [{"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}}]}]),
-        Panel("MMD²", "none", [Target(f"avg by (model, stream) ({_ms('embmon_drift_mmd2')})", "{{model}} / {{stream}}")],
+              min=0, max=1, overrides=_DASHED_B),
+        Panel("MMD²", "none", [_per_stream("embmon_drift_mmd2")],
               "Squared maximum mean discrepancy between the window and the reference."),
         Panel("Drifted components", "percentunit",
-              [Target(f"avg by (model, stream) ({_ms('embmon_drift_drifted_components_ratio')})", "{{model}} / {{stream}}")],
+              [_per_stream("embmon_drift_drifted_components_ratio")],
               "Share of (projected) components whose KS test rejects.", min=0, max=1),
         Panel("Centroid cosine distance", "none",
-              [Target(f"avg by (model, stream) ({_ms('embmon_drift_centroid_cosine_distance')})", "{{model}} / {{stream}}")],
+              [_per_stream("embmon_drift_centroid_cosine_distance")],
               "Cosine distance between window and reference centroids."),
         Panel("Domain-classifier AUC", "none",
-              [Target(f"avg by (model, stream) ({_ms('embmon_drift_classifier_auc')})", "{{model}} / {{stream}}")],
+              [_per_stream("embmon_drift_classifier_auc")],
               "0.5 = indistinguishable from the reference; near 1 = clearly different.", min=0.4, max=1),
         Panel("Change points (per hour)", "short",
               [Target(f"sum by (model, stream, signal) (increase({_ms('embmon_drift_change_points_total')}[1h]))",
@@ -333,7 +162,7 @@ def drift(rules: RuleSet) -> dict[str, Any]:
               [Target(f"max by (model, stream) ({_ms('embmon_reference_records')})", "{{model}} / {{stream}} records")],
               "Records in the pinned reference."),
         Panel("Reference age", "s",
-              [Target(f"time() - max by (model, stream) ({_ms('embmon_reference_timestamp_seconds')})", "{{model}} / {{stream}}")],
+              [Target(f"time() - max by (model, stream) ({_ms('embmon_reference_timestamp_seconds')})", PER_STREAM)],
               "How long ago the reference was pinned (re-pin: see the runbook)."),
     ]
     return dashboard("embmon-drift", "Embedding monitor / Drift",
@@ -362,10 +191,9 @@ def _band(metric: str, title: str, desc: str) -> Panel:
 
 def retrieval(rules: RuleSet) -> dict[str, Any]:
     del rules
-    titles = {"recall": "Recall@k", "precision": "Precision@k", "map": "MAP@k", "mrr": "MRR@k",
-              "ndcg": "nDCG@k", "err": "ERR@k", "hit_rate": "Hit rate@k"}
+    titles = {metric: f"{RETRIEVAL_TITLES[metric]}@k" for metric in PROBE_METRIC_FAMILIES}
     panels = [_band(f"embmon_retrieval_{metric}", titles[metric], f"{titles[metric]} from the probe's labelled queries.")
-              for metric in RETRIEVAL_METRICS]
+              for metric in PROBE_METRIC_FAMILIES]
     panels.append(_band("embmon_retrieval_ann_recall", "ANN recall@k",
                         "Share of the exact k nearest neighbours the ANN index returns (targets 0.90-0.95)."))
     pm = 'probe=~"$probe", model=~"$model"'
@@ -396,15 +224,14 @@ def monitor_health(rules: RuleSet) -> dict[str, Any]:
     job = rules.thresholds.job
     runs = m("embmon_probe_runs_total")
     panels = [
-        Panel("Records / s", "cps",
-              [Target(f"sum by (model, stream) (rate({_ms('embmon_records_total')}[$__rate_interval]))", "{{model}} / {{stream}}")],
+        Panel("Records / s", "cps", [Target(_records_rate("model, stream"), PER_STREAM)],
               "Valid records ingested per second."),
         Panel("Invalid records / s by reason", "cps",
               [Target(f'sum by (stream, reason) (rate({m("embmon_records_invalid_total")}{{stream=~"$stream"}}[$__rate_interval]))',
                       "{{stream}} {{reason}}")],
               "Rejected records per second, by rejection reason."),
         Panel("Invalid-record ratio", "percentunit",
-              [Target('stream:embmon_records_invalid:ratio_rate10m{stream=~"$stream"}', "{{stream}}")],
+              [Target(f'{INVALID_RECORDS_RATIO}{{stream=~"$stream"}}', "{{stream}}")],
               "Share of rejected records over 10 minutes (alert: EmbeddingMonitorInvalidRecordsHigh).", min=0),
         Panel("Consumer lag", "short",
               [Target(f"sum by (instance, topic) ({m('embmon_consumer_lag_records')})", "{{instance}} {{topic}}")],
@@ -420,7 +247,7 @@ def monitor_health(rules: RuleSet) -> dict[str, Any]:
             Target(f"histogram_quantile(0.99, sum by (le) (rate({m('embmon_refresh_duration_seconds_bucket')}[$__rate_interval])))", "p99"),
         ], "Time to recompute the intrinsic metrics of all windows."),
         Panel("Metrics age", "s",
-              [Target(f"time() - max by (model, stream) ({_ms('embmon_metrics_last_update_timestamp_seconds')})", "{{model}} / {{stream}}")],
+              [Target(f"time() - max by (model, stream) ({_ms('embmon_metrics_last_update_timestamp_seconds')})", PER_STREAM)],
               "Seconds since the last refresh published metrics."),
         Panel("Job runs / s by outcome", "cps",
               [Target(f"sum by (job, outcome) (rate({m('embmon_job_runs_total')}[$__rate_interval]))", "{{job}} {{outcome}}")],
@@ -456,8 +283,3 @@ BUILDERS = {
 def all_dashboards(rules: RuleSet) -> dict[str, dict[str, Any]]:
     """File stem -> dashboard JSON model."""
     return {f"embedding-monitor-{name}": build(rules) for name, build in BUILDERS.items()}
-
-
-def panel_queries(dash: dict[str, Any]) -> list[tuple[str, str]]:
-    """(panel title, expr) for every target of every panel."""
-    return [(p["title"], t["expr"]) for p in dash["panels"] for t in p["targets"]]

@@ -1,20 +1,18 @@
-"""Render every generated artifact and write (or check) them; the ``artifacts`` CLI subcommand."""
+"""Render every generated artifact and write (or check) them; :mod:`monitor.artifacts.command` runs this."""
 
 from __future__ import annotations
 
-import argparse
 import difflib
-import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from monitor.artifacts import dashboards as dash
 from monitor.artifacts import grafana_alerts, kubernetes, prometheus, unittests
 from monitor.artifacts._io import to_json, to_yaml
-from monitor.artifacts.rules import DEFAULT_RUNBOOK, RULES_FILE, RuleSet, build_rules
-from monitor.artifacts.thresholds import Thresholds, load_thresholds
-
-logger = logging.getLogger(__name__)
+from monitor.artifacts.rules import build_rules
+from monitor.artifacts.rules.model import DEFAULT_RUNBOOK, RULES_FILE, RuleSet
+from monitor.artifacts.thresholds import Thresholds
 
 GRAFANA_ALERTS = "alerts/grafana/embedding-monitor-alerts.yaml"
 PROMETHEUS_RULES = f"alerts/{RULES_FILE}"
@@ -74,15 +72,21 @@ def _stale(out: Path, files: dict[str, str]) -> list[Path]:
     return stale
 
 
+def _differing(out: Path, files: dict[str, str]) -> Iterator[tuple[str, Path, str | None]]:
+    """(relative path, path, text there or ``None`` when missing) of each file that differs under ``out``."""
+    for rel, text in files.items():
+        path = out / rel
+        current = path.read_text(encoding="utf-8") if path.exists() else None
+        if current != text:
+            yield rel, path, current
+
+
 def write(out: Path, files: dict[str, str]) -> list[Path]:
     """Write ``files`` under ``out``; remove stale files in the managed folders. Returns changed paths."""
     changed: list[Path] = []
-    for rel, text in files.items():
-        path = out / rel
-        if path.exists() and path.read_text(encoding="utf-8") == text:
-            continue
+    for rel, path, _ in _differing(out, files):
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        path.write_text(files[rel], encoding="utf-8")
         changed.append(path)
     for path in _stale(out, files):
         path.unlink()
@@ -93,57 +97,12 @@ def write(out: Path, files: dict[str, str]) -> list[Path]:
 def check(out: Path, files: dict[str, str]) -> list[str]:
     """Differences between ``files`` and what is under ``out`` (unified diffs / stale notes)."""
     problems: list[str] = []
-    for rel, text in files.items():
-        path = out / rel
-        current = path.read_text(encoding="utf-8") if path.exists() else ""
-        if current != text:
-            problems.append("".join(difflib.unified_diff(
-                current.splitlines(True), text.splitlines(True), f"{rel} (committed)", f"{rel} (generated)", n=1)))
+    for rel, _, current in _differing(out, files):
+        problems.append("".join(difflib.unified_diff(
+            (current or "").splitlines(True), files[rel].splitlines(True), f"{rel} (committed)", f"{rel} (generated)",
+            n=1)))
     problems += [f"{p.relative_to(out)}: stale generated file" for p in _stale(out, files)]
     return problems
 
 
-def run(args: argparse.Namespace) -> int:
-    try:
-        th = load_thresholds(args.thresholds)
-        files = render(th, args.runbook_url)
-    except ValueError as exc:
-        logger.error("%s", exc)
-        return 2
-    out = Path(args.out)
-    if args.check:
-        problems = check(out, files)
-        for problem in problems:
-            print(problem)
-        return 1 if problems else 0
-    changed = write(out, files)
-    logger.info("wrote %d generated files under %s (%d changed)", len(files), out, len(changed))
-    return 0
-
-
-def add_artifacts_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``artifacts`` on an ``argparse`` subparsers object; sets ``func``."""
-    parser = subparsers.add_parser(
-        "artifacts",
-        help="generate alert rules, promtool tests, Grafana alerts and dashboards, Kubernetes objects",
-        description="Generate the Prometheus rules, their promtool tests, Grafana alert rules and "
-        "dashboards, and the PrometheusRule/ConfigMap objects from one source.",
-    )
-    parser.add_argument("--thresholds", metavar="FILE", help="thresholds YAML (see alerts/thresholds.defaults.yaml)")
-    parser.add_argument("--out", metavar="DIR", default=".", help="root to write alerts/, dashboards/, deploy/ under")
-    parser.add_argument("--runbook-url", default=DEFAULT_RUNBOOK, help="URL of docs/runbook.md; alerts link to its anchors")
-    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if DIR differs from the output")
-    parser.set_defaults(func=run)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    parser = argparse.ArgumentParser(prog="python -m monitor.artifacts")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_artifacts_parser(sub)
-    args = parser.parse_args(["artifacts", *(argv if argv is not None else __import__("sys").argv[1:])])
-    return int(args.func(args))
-
-
-__all__ = ["add_artifacts_parser", "check", "main", "render", "run", "write"]
+__all__ = ["check", "render", "write"]

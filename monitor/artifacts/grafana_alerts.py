@@ -14,7 +14,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from monitor.artifacts.rules import Alert, Condition, RuleSet, description, format_number
+from monitor.artifacts.rules.model import Alert, Condition, RuleSet, description
+from monitor.artifacts.rules.values import format_number
 
 _EVALUATOR = {">": "gt", "<": "lt"}
 VALUE_REF = "$values.B.Value"

@@ -6,7 +6,7 @@ from typing import Any
 
 from monitor.artifacts._io import to_json
 from monitor.artifacts.prometheus import rule_file
-from monitor.artifacts.rules import RuleSet
+from monitor.artifacts.rules.model import RuleSet
 
 APP_LABELS = {"app.kubernetes.io/name": "embedding-monitor", "app.kubernetes.io/part-of": "embedding-monitor"}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from monitor.artifacts.rules import RECORDING_GROUP, Alert, RuleSet, description
+from monitor.artifacts.rules.model import RECORDING_GROUP, Alert, RuleSet, description
 
 
 def alert_rule(rules: RuleSet, alert: Alert) -> dict[str, Any]:

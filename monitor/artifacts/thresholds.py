@@ -1,6 +1,6 @@
 """Overridable thresholds for the generated alerts.
 
-The defaults live with each alert in :mod:`monitor.artifacts.alerts`; a YAML file overrides any
+The defaults live with each alert in :mod:`monitor.artifacts.rules` (one module per area); a YAML file overrides any
 of them per alert name, plus a few global settings::
 
     job: embedding-monitor            # the Prometheus `job` label of the monitor's targets
@@ -27,7 +27,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from monitor.artifacts.catalog import RETRIEVAL_METRICS
+from monitor.retrieval.families import PROBE_METRIC_FAMILIES
 
 DURATION = re.compile(r"^([0-9]+)([smhdw])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -93,9 +93,9 @@ class Thresholds(_Strict):
     @field_validator("retrieval_objectives")
     @classmethod
     def _known_metrics(cls, value: dict[str, Objective]) -> dict[str, Objective]:
-        unknown = sorted(set(value) - set(RETRIEVAL_METRICS))
+        unknown = sorted(set(value) - set(PROBE_METRIC_FAMILIES))
         if unknown:
-            raise ValueError(f"unknown retrieval metrics {unknown}; known: {list(RETRIEVAL_METRICS)}")
+            raise ValueError(f"unknown retrieval metrics {unknown}; known: {list(PROBE_METRIC_FAMILIES)}")
         return value
 
     @field_validator("job")

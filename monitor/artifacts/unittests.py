@@ -9,17 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from monitor.artifacts.rules import (
-    RECORDING_GROUP,
-    RULES_FILE,
-    TEST_INSTANCE,
-    TEST_MODEL,
-    TEST_PROBE,
-    Alert,
-    RuleSet,
-    Series,
-    render_description,
-)
+from monitor.artifacts.rules.model import RECORDING_GROUP, RULES_FILE, Alert, RuleSet, Series, render_description
+from monitor.artifacts.rules.recording import INTRINSIC_BASELINES, INVALID_RECORDS_RATIO, PROBE_FAILED_RATIO, recorded
+from monitor.artifacts.rules.scenarios import TEST_INSTANCE, TEST_MODEL, TEST_PROBE
 
 
 def _duration(seconds: int) -> str:
@@ -81,6 +73,16 @@ def _sample(name: str, labels: dict[str, str], value: float) -> dict[str, Any]:
     return {"labels": "{" + inner + "}", "value": value}
 
 
+def _input(metric: str, labels: dict[str, str], values: str) -> dict[str, str]:
+    return {"series": Series(metric, labels, "").selector(), "values": values}
+
+
+def _expect(record: str, eval_time: str, *samples: tuple[dict[str, str], float]) -> dict[str, Any]:
+    """A ``promql_expr_test`` of a recorded series: its samples (labels, value) at ``eval_time``."""
+    return {"expr": record, "eval_time": eval_time,
+            "exp_samples": [_sample(record, labels, value) for labels, value in samples]}
+
+
 def recording_test_file(rules: RuleSet) -> dict[str, Any]:
     """Every recording rule evaluated on a small history with hand-computed results."""
     job = rules.thresholds.job
@@ -90,56 +92,37 @@ def recording_test_file(rules: RuleSet) -> dict[str, Any]:
     exprs: list[dict[str, Any]] = []
     # intrinsic: two instances of one (model, stream); 2 h healthy, then 1 h at a quarter.
     # At 3h: avg of the two instances = 0.25; median over the window = healthy (0.5); ratio 0.5.
-    for metric in (
-        "embmon_partition_isotropy",
-        "embmon_effective_dimension_ratio",
-        "embmon_mean_cosine_similarity",
-        "embmon_effective_rank",
-        "embmon_top10_variance_ratio",
-    ):
+    for name, comparison in INTRINSIC_BASELINES.items():
+        metric = f"embmon_{name}"
         for instance, healthy, bad in (("a:9464", 0.25, 0.125), ("b:9464", 0.75, 0.375)):
-            series.append(
-                {
-                    "series": Series(metric, {**base, "instance": instance, **TEST_MODEL}, "").selector(),
-                    "values": f"{healthy}x119 {bad}x60",
-                }
-            )
-        exprs.append({"expr": f"model_stream:{metric}:avg", "eval_time": "3h",
-                      "exp_samples": [_sample(f"model_stream:{metric}:avg", TEST_MODEL, 0.25)]})
-        exprs.append({"expr": f"model_stream:{metric}:median{w}", "eval_time": "3h",
-                      "exp_samples": [_sample(f"model_stream:{metric}:median{w}", TEST_MODEL, 0.5)]})
-        if metric == "embmon_mean_cosine_similarity":
-            name = f"model_stream:{metric}:delta_median{w}"
-            exprs.append({"expr": name, "eval_time": "3h", "exp_samples": [_sample(name, TEST_MODEL, -0.25)]})
-        elif metric != "embmon_top10_variance_ratio":
-            name = f"model_stream:{metric}:ratio_median{w}"
-            exprs.append({"expr": name, "eval_time": "3h", "exp_samples": [_sample(name, TEST_MODEL, 0.5)]})
+            series.append(_input(metric, {**base, "instance": instance, **TEST_MODEL}, f"{healthy}x119 {bad}x60"))
+        exprs.append(_expect(recorded(metric, "avg"), "3h", (TEST_MODEL, 0.25)))
+        exprs.append(_expect(recorded(metric, f"median{w}"), "3h", (TEST_MODEL, 0.5)))
+        if comparison == "delta":
+            exprs.append(_expect(recorded(metric, f"delta_median{w}"), "3h", (TEST_MODEL, -0.25)))
+        elif comparison == "ratio":
+            exprs.append(_expect(recorded(metric, f"ratio_median{w}"), "3h", (TEST_MODEL, 0.5)))
     # invalid records: 1/s invalid for two reasons, 6/s valid over two models -> 2 / 8 = 0.25;
     # a stream with only invalid records has ratio 1.
     series += [
-        {"series": Series("embmon_records_invalid_total", {**base, "stream": "queries", "reason": "bad_dimension"}, "").selector(), "values": "0+60x30"},
-        {"series": Series("embmon_records_invalid_total", {**base, "stream": "queries", "reason": "not_finite"}, "").selector(), "values": "0+60x30"},
-        {"series": Series("embmon_records_total", {**base, "model": "minilm", "stream": "queries"}, "").selector(), "values": "0+240x30"},
-        {"series": Series("embmon_records_total", {**base, "model": "e5", "stream": "queries"}, "").selector(), "values": "0+120x30"},
-        {"series": Series("embmon_records_invalid_total", {**base, "stream": "broken", "reason": "bad_json"}, "").selector(), "values": "0+60x30"},
+        _input("embmon_records_invalid_total", {**base, "stream": "queries", "reason": "bad_dimension"}, "0+60x30"),
+        _input("embmon_records_invalid_total", {**base, "stream": "queries", "reason": "not_finite"}, "0+60x30"),
+        _input("embmon_records_total", {**base, "model": "minilm", "stream": "queries"}, "0+240x30"),
+        _input("embmon_records_total", {**base, "model": "e5", "stream": "queries"}, "0+120x30"),
+        _input("embmon_records_invalid_total", {**base, "stream": "broken", "reason": "bad_json"}, "0+60x30"),
     ]
-    name = "stream:embmon_records_invalid:ratio_rate10m"
-    exprs.append({"expr": name, "eval_time": "20m", "exp_samples": [
-        _sample(name, {"stream": "broken"}, 1), _sample(name, {"stream": "queries"}, 0.25)]})
+    exprs.append(_expect(INVALID_RECORDS_RATIO, "20m", ({"stream": "broken"}, 1), ({"stream": "queries"}, 0.25)))
     # probe runs: 1 failure + 1 timeout per minute against 2 successes -> 0.5
     for outcome, rate in (("success", 2), ("failure", 1), ("timeout", 1)):
-        series.append({"series": Series("embmon_probe_runs_total", {**base, "probe": "golden", "outcome": outcome}, "").selector(), "values": f"0+{rate}x60"})
-    name = "probe:embmon_probe_runs_failed:ratio_rate30m"
-    exprs.append({"expr": name, "eval_time": "45m", "exp_samples": [_sample(name, {"probe": "golden"}, 0.5)]})
+        series.append(_input("embmon_probe_runs_total", {**base, "probe": "golden", "outcome": outcome}, f"0+{rate}x60"))
+    exprs.append(_expect(PROBE_FAILED_RATIO, "45m", ({"probe": "golden"}, 0.5)))
     # retrieval: the hourly average of two instances' probe results
-    probe = {k: v for k, v in TEST_PROBE.items()}
     for metric in rules.thresholds.retrieval_objectives:
         full = f"embmon_retrieval_{metric}"
-        series.append({"series": Series(full, {**base, "instance": "a:9464", **probe}, "").selector(), "values": "0.5x181"})
-        series.append({"series": Series(full, {**base, "instance": "b:9464", **probe}, "").selector(), "values": "0.75x119 0.25x61"})
-        name = f"probe_model_slice_k:{full}:avg1h"
+        series.append(_input(full, {**base, "instance": "a:9464", **TEST_PROBE}, "0.5x181"))
+        series.append(_input(full, {**base, "instance": "b:9464", **TEST_PROBE}, "0.75x119 0.25x61"))
         # at 3h: instance a averages 0.5, instance b's last hour is all 0.25 -> 0.375
-        exprs.append({"expr": name, "eval_time": "3h", "exp_samples": [_sample(name, probe, 0.375)]})
+        exprs.append(_expect(recorded(full, "avg1h", "probe_model_slice_k"), "3h", (TEST_PROBE, 0.375)))
     covered = {e["expr"] for e in exprs}
     missing = [r.record for r in rules.recording if r.record not in covered]
     if missing:

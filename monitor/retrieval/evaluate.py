@@ -7,6 +7,9 @@ The same engine as the online probes (``monitor.retrieval.metrics``), trec_eval'
 default, a bootstrap interval on every mean, and with ``--compare`` a paired test per metric with
 Benjamini–Hochberg adjustment. Also runnable as ``python -m monitor.retrieval.evaluate``.
 Exit status: 0 on success, 2 on unreadable or malformed input or bad arguments.
+
+This module is the command line only (standard library), so registering the command costs
+nothing; the report is built by :mod:`monitor.retrieval.run_report` when the command runs.
 """
 
 from __future__ import annotations
@@ -17,16 +20,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from monitor.retrieval.metrics import (
-    METRIC_FAMILIES,
-    MetricSpec,
-    RankedResults,
-    UnknownMetricError,
-    evaluate,
-    expand_metrics,
-)
-from monitor.retrieval.stats import ConfidenceInterval, PairedComparison, bootstrap_ci, compare_paired
-from monitor.retrieval.trec import TrecFormatError, read_qrels, read_run
+from monitor.retrieval.families import METRIC_FAMILY_NAMES
 
 __all__ = ["DEFAULT_METRICS", "add_evaluate_parser", "build_parser", "main", "run_evaluate"]
 
@@ -35,33 +29,27 @@ DEFAULT_METRICS = ("ndcg@10", "recall@100", "map@100", "mrr@10", "precision@10")
 DEFAULT_FAMILIES = ("ndcg", "recall", "map", "mrr", "precision")
 
 _EXIT_BAD_INPUT = 2
-
-
-class _InputError(Exception):
-    """Bad input files or arguments: reported as one line and exit status 2."""
+# what the sub-command and the stand-alone parser show alike
+_LOOK: dict[str, Any] = {
+    "description": __doc__.split("\n\n")[0],
+    "formatter_class": argparse.ArgumentDefaultsHelpFormatter,
+}
 
 
 def add_evaluate_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``evaluate`` on an argparse subparsers object; it sets ``func=run_evaluate``."""
+    """Register ``evaluate`` on an argparse subparsers object; it sets ``func=run_evaluate``.
+
+    Light: the engine (numpy) is imported when the command runs, not when it is registered.
+    """
     parser = subparsers.add_parser(
-        "evaluate",
-        help="offline retrieval metrics of a TREC run against qrels, with confidence intervals",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "evaluate", help="offline retrieval metrics of a TREC run against qrels, with confidence intervals", **_LOOK
     )
-    _add_arguments(parser)
-    parser.set_defaults(func=run_evaluate)
-    return parser
+    return _with_arguments(parser)
 
 
 def build_parser(prog: str = "python -m monitor.retrieval.evaluate") -> argparse.ArgumentParser:
     """A stand-alone parser with the same arguments (for ``python -m`` and tests)."""
-    parser = argparse.ArgumentParser(
-        prog=prog, description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    _add_arguments(parser)
-    parser.set_defaults(func=run_evaluate)
-    return parser
+    return _with_arguments(argparse.ArgumentParser(prog=prog, **_LOOK))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -71,11 +59,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_evaluate(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     """Evaluate ``args.run`` (and ``args.compare``) against ``args.qrels``; print a table or JSON."""
+    from monitor.retrieval.run_report import InputError, build_report  # numpy: only when the command runs
+
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
     try:
-        report = _build_report(args)
-    except _InputError as error:
+        report = build_report(args, _metric_names(args))
+    except InputError as error:
         print(f"evaluate: error: {error}", file=stderr)
         return _EXIT_BAD_INPUT
     for note in report["notes"]:
@@ -88,7 +78,7 @@ def run_evaluate(args: argparse.Namespace, *, stdout: TextIO | None = None, stde
     return 0
 
 
-def _add_arguments(parser: argparse.ArgumentParser) -> None:
+def _with_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--qrels", required=True, help="TREC qrels file: qid 0 docid grade")
     parser.add_argument("--run", required=True, help="TREC run file: qid Q0 docid rank score tag")
     parser.add_argument(
@@ -96,7 +86,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=None,
         metavar="METRIC",
-        help=f"metrics (family or family@k); families: {', '.join(METRIC_FAMILIES)} "
+        help=f"metrics (family or family@k); families: {', '.join(METRIC_FAMILY_NAMES)} "
         f"[default: {' '.join(DEFAULT_METRICS)}, or {' '.join(DEFAULT_FAMILIES)} with --k]",
     )
     parser.add_argument(
@@ -125,111 +115,14 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="score judged queries missing from a run as 0 instead of skipping them (trec_eval -c)",
     )
+    parser.set_defaults(func=run_evaluate)
+    return parser
 
 
-def _build_report(args: argparse.Namespace) -> dict[str, Any]:
-    specs = _metric_specs(args.metrics, args.k)
-    qrels = _read(read_qrels, args.qrels)
-    run = _read(read_run, args.run)
-    other = _read(read_run, args.compare) if args.compare else None
-    notes: list[str] = []
-    judged = {qid: docs for qid, docs in qrels.items() if docs}
-    notes.extend(_coverage_notes(args.run, run, judged, args.all_queries))
-    if other is not None:
-        notes.extend(_coverage_notes(args.compare, other, judged, args.all_queries))
-        if not args.all_queries:
-            dropped = sum(1 for qid in judged if (qid in run) != (qid in other))
-            if dropped:
-                notes.append(f"{_queries(dropped, 'judged')} in only one of the two runs: left out of both")
-            judged = {qid: docs for qid, docs in judged.items() if qid in run and qid in other}
-
-    engine_options = {
-        "relevance_threshold": args.relevance_threshold,
-        "gain": args.gain,
-        "max_grade": args.max_grade,
-    }
-    resampling = {"resamples": args.resamples, "confidence": args.confidence, "seed": args.seed}
-    results = RankedResults.from_run(run, judged, all_queries=args.all_queries)
-    if len(results) == 0:
-        raise _InputError(
-            f"no query of {args.run} has judgments in {args.qrels} "
-            f"({len(qrels)} judged queries, {len(run)} run queries)"
-        )
-    per_query = evaluate(results, specs, **engine_options)
-    report: dict[str, Any] = {
-        "qrels": args.qrels,
-        "settings": {**engine_options, **resampling, "all_queries": args.all_queries},
-        "queries": len(results),
-        "run": {"path": args.run, "metrics": _intervals_json(bootstrap_ci(per_query, **resampling))},
-        "notes": notes,
-    }
-    if other is not None:
-        other_results = RankedResults.from_run(other, judged, all_queries=args.all_queries)
-        other_per_query = evaluate(other_results, specs, **engine_options)
-        report["compare"] = {
-            "path": args.compare,
-            "metrics": _intervals_json(bootstrap_ci(other_per_query, **resampling)),
-        }
-        report["difference"] = _comparisons_json(compare_paired(per_query, other_per_query, **resampling))
-    return report
-
-
-def _metric_specs(names: Sequence[str] | None, cutoffs: Sequence[int]) -> list[MetricSpec]:
-    if names is None:
-        names = DEFAULT_FAMILIES if cutoffs else DEFAULT_METRICS
-    try:
-        return expand_metrics(names, cutoffs)
-    except UnknownMetricError as error:
-        raise _InputError(str(error)) from None
-
-
-def _read(reader: Any, path: str) -> Any:
-    try:
-        return reader(path)
-    except TrecFormatError as error:
-        raise _InputError(str(error)) from None
-    except OSError as error:
-        raise _InputError(f"cannot read {path}: {error.strerror or error}") from None
-
-
-def _coverage_notes(path: str, run: dict[str, Any], judged: dict[str, Any], all_queries: bool) -> list[str]:
-    notes = []
-    missing = sum(1 for qid in judged if qid not in run)
-    unjudged = sum(1 for qid in run if qid not in judged)
-    if missing:
-        if all_queries:
-            action = "scored 0 (--all-queries)"
-        else:
-            action = "skipped, as trec_eval does (--all-queries scores them 0)"
-        notes.append(f"{path}: {_queries(missing, 'judged')} without a ranking: {action}")
-    if unjudged:
-        notes.append(f"{path}: {_queries(unjudged, 'ranked')} without judgments: ignored")
-    return notes
-
-
-def _queries(n: int, adjective: str) -> str:
-    return f"{n} {adjective} {'query' if n == 1 else 'queries'}"
-
-
-def _intervals_json(intervals: dict[str, ConfidenceInterval]) -> dict[str, dict[str, float]]:
-    return {
-        name: {"mean": ci.mean, "ci_lower": ci.lower, "ci_upper": ci.upper, "n_queries": ci.n_queries}
-        for name, ci in intervals.items()
-    }
-
-
-def _comparisons_json(comparisons: dict[str, PairedComparison]) -> dict[str, dict[str, Any]]:
-    return {
-        name: {
-            "mean_difference": c.difference.mean,
-            "ci_lower": c.difference.lower,
-            "ci_upper": c.difference.upper,
-            "p_value": c.p_value,
-            "p_value_bh": c.p_value_adjusted,
-            "significant": c.significant,
-        }
-        for name, c in comparisons.items()
-    }
+def _metric_names(args: argparse.Namespace) -> Sequence[str]:
+    if args.metrics is not None:
+        return args.metrics
+    return DEFAULT_FAMILIES if args.k else DEFAULT_METRICS
 
 
 def _format_table(report: dict[str, Any]) -> str:

@@ -30,11 +30,12 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-# The metric families a probe may export as embmon_retrieval_<family> (the names the alert and
-# dashboard catalogue, monitor/artifacts/catalog.py RETRIEVAL_METRICS, knows).
-PROBE_METRIC_FAMILIES = ("recall", "precision", "map", "mrr", "ndcg", "err", "hit_rate")
+from monitor.retrieval.families import PROBE_METRIC_FAMILIES
+from monitor.retrieval.probes.ids_path import parse_ids_path
+from monitor.retrieval.probes.request_template import RequestTemplate
+
 MAX_PROBES = 32
 MAX_CUTOFFS = 5
 _LABEL = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,64}$")
@@ -100,6 +101,12 @@ def _families(value: list[str]) -> list[str]:
     return list(dict.fromkeys(value))
 
 
+# a label value (model, stream): checked once here for every probe kind
+Label = Annotated[str, AfterValidator(lambda value: _label(value, "label"))]
+# metric families a probe exports, each once
+MetricFamilies = Annotated[list[str], AfterValidator(_families)]
+
+
 class HttpRetrieverSettings(_Section):
     """A search endpoint: one request per golden query, ranked ids read from the JSON response.
 
@@ -136,16 +143,12 @@ class HttpRetrieverSettings(_Section):
     def _template(cls, value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
         if value is None:
             return value
-        from monitor.retrieval.probes.golden import RequestTemplate
-
         RequestTemplate(value)  # raises ValueError naming the problem
         return value
 
     @field_validator("ids_path")
     @classmethod
     def _path(cls, value: str) -> str:
-        from monitor.retrieval.probes.golden import parse_ids_path
-
         parse_ids_path(value)
         return value
 
@@ -192,7 +195,7 @@ class GoldenProbeSettings(_ProbeBase):
     model: str
     retriever: Annotated[HttpRetrieverSettings | KnnRetrieverSettings, Field(discriminator="kind")]
     encoder: EncoderSettings | None = None
-    metrics: list[str] = Field(default_factory=lambda: list(PROBE_METRIC_FAMILIES))
+    metrics: MetricFamilies = Field(default_factory=lambda: list(PROBE_METRIC_FAMILIES))
     relevance_threshold: float = Field(1.0, gt=0)
     gain: Literal["linear", "exponential"] = "linear"
     max_grade: float = Field(3.0, gt=0)
@@ -201,11 +204,6 @@ class GoldenProbeSettings(_ProbeBase):
     @classmethod
     def _model(cls, value: str) -> str:
         return _label(value, "model")
-
-    @field_validator("metrics")
-    @classmethod
-    def _metrics(cls, value: list[str]) -> list[str]:
-        return _families(value)
 
     @field_validator("file")
     @classmethod
@@ -219,8 +217,8 @@ class AnnRecallProbeSettings(_ProbeBase):
     """Served-vs-exact recall@k of the production ANN index, from interaction events."""
 
     kind: Literal["ann_recall"] = "ann_recall"
-    model: str
-    stream: str = "documents"
+    model: Label
+    stream: Label = "documents"
     similarity: Similarity = "cosine"
     window_seconds: float = Field(900.0, gt=0)
     buffer_size: int = Field(10_000, ge=1, le=1_000_000, description="interaction events held at most")
@@ -230,23 +228,18 @@ class AnnRecallProbeSettings(_ProbeBase):
         description="document vectors remembered by id beyond the window sample (0 = the sample only)",
     )
 
-    @field_validator("model", "stream")
-    @classmethod
-    def _labels(cls, value: str) -> str:
-        return _label(value, "label")
-
 
 class ClickProbeSettings(_ProbeBase):
     """Online metrics from served results and clicks/graded feedback, plus beyond-accuracy metrics."""
 
     kind: Literal["clicks"] = "clicks"
-    model: str | None = Field(None, description="only this model's events; None = every model, reported per model")
+    model: Label | None = Field(None, description="only this model's events; None = every model, reported per model")
     window_seconds: float = Field(3600.0, gt=0)
     buffer_size: int = Field(100_000, ge=1, le=10_000_000)
-    metrics: list[str] = Field(default_factory=lambda: ["mrr", "ndcg"])
+    metrics: MetricFamilies = Field(default_factory=lambda: ["mrr", "ndcg"])
     click_grade: float = Field(1.0, gt=0, description="relevance grade of a click without an explicit grade")
     gain: Literal["linear", "exponential"] = "linear"
-    catalog_stream: str | None = Field(
+    catalog_stream: Label | None = Field(
         "documents", description="ids seen on (model, this stream) form the catalog; None = catalog_size only"
     )
     catalog_size: int | None = Field(
@@ -254,25 +247,10 @@ class ClickProbeSettings(_ProbeBase):
     )
     max_catalog_ids: int = Field(1_000_000, ge=1, le=100_000_000)
 
-    @field_validator("metrics")
-    @classmethod
-    def _metrics(cls, value: list[str]) -> list[str]:
-        return _families(value)
-
-    @field_validator("model", "catalog_stream")
-    @classmethod
-    def _labels(cls, value: str | None) -> str | None:
-        return None if value is None else _label(value, "label")
-
 
 class ModelStream(_Section):
-    model: str
-    stream: str = "documents"
-
-    @field_validator("model", "stream")
-    @classmethod
-    def _labels(cls, value: str) -> str:
-        return _label(value, "label")
+    model: Label
+    stream: Label = "documents"
 
 
 class AgreementProbeSettings(_ProbeBase):
@@ -284,13 +262,8 @@ class AgreementProbeSettings(_ProbeBase):
     queries: int = Field(200, ge=1, le=100_000, description="query ids sampled from the ids both models hold")
     pairs: int = Field(10_000, ge=10, le=10_000_000, description="random pairs for the similarity Spearman")
     similarity: Similarity = "cosine"
-    metrics: list[str] = Field(default_factory=lambda: ["recall", "ndcg", "mrr", "map"])
+    metrics: MetricFamilies = Field(default_factory=lambda: ["recall", "ndcg", "mrr", "map"])
     graded: bool = Field(False, description="reference rank 1 gets grade k, rank k grade 1 (else binary)")
-
-    @field_validator("metrics")
-    @classmethod
-    def _metrics(cls, value: list[str]) -> list[str]:
-        return _families(value)
 
     @model_validator(mode="after")
     def _distinct(self) -> AgreementProbeSettings:

@@ -27,15 +27,8 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from monitor.retrieval.metrics import RankedResults, evaluate, qrels_from_reference
-from monitor.retrieval.probes.base import (
-    Deadline,
-    Probe,
-    ProbeError,
-    ProbeResult,
-    identified_rows,
-    sample,
-    summarise,
-)
+from monitor.retrieval.probes.base import ConfiguredProbe, ProbeResult, identified_rows, sample, summarise
+from monitor.retrieval.probes.deadline import Deadline, ProbeError
 from monitor.retrieval.probes.knn import exact_topk, prepare
 
 if TYPE_CHECKING:
@@ -111,15 +104,11 @@ def similarity_spearman(
     return float(spearmanr(ref_sim, cand_sim).statistic), pairs
 
 
-class ReferenceAgreementProbe(Probe):
+class ReferenceAgreementProbe(ConfiguredProbe["AgreementProbeSettings"]):
     kind = "agreement"
 
     def __init__(self, spec: AgreementProbeSettings, context: MonitorContext, shared: ProbeSettings):
-        super().__init__(spec.name, spec.interval_seconds, spec.timeout_seconds)
-        self.spec = spec
-        self.context = context
-        self.shared = shared
-        self.device = shared.device or context.settings.device
+        super().__init__(spec, context, shared)
 
     def run(self, deadline: Deadline) -> ProbeResult:
         windows = self.context.latest_windows()

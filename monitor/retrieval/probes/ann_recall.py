@@ -59,16 +59,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from monitor.records import EmbeddingBatch, InteractionEvent
-from monitor.retrieval.probes.base import (
-    Deadline,
-    EventBuffer,
-    Probe,
-    ProbeError,
-    ProbeResult,
-    identified_rows,
-    sample,
-    summarise,
-)
+from monitor.retrieval.probes.base import ConfiguredProbe, EventBuffer, ProbeResult, identified_rows, sample, summarise
+from monitor.retrieval.probes.deadline import Deadline, ProbeError
 from monitor.retrieval.probes.knn import exact_topk
 
 if TYPE_CHECKING:
@@ -204,15 +196,11 @@ class VectorCache:
         return len(self._slot)
 
 
-class AnnRecallProbe(Probe):
+class AnnRecallProbe(ConfiguredProbe["AnnRecallProbeSettings"]):
     kind = "ann_recall"
 
     def __init__(self, spec: AnnRecallProbeSettings, context: MonitorContext, shared: ProbeSettings):
-        super().__init__(spec.name, spec.interval_seconds, spec.timeout_seconds)
-        self.spec = spec
-        self.context = context
-        self.shared = shared
-        self.device = shared.device or context.settings.device
+        super().__init__(spec, context, shared)
         self.buffer: EventBuffer[ServedQuery] = EventBuffer(spec.buffer_size, spec.window_seconds)
         self.cache = VectorCache(spec.vector_cache_size)
 

@@ -1,7 +1,8 @@
-"""What every probe shares: the run deadline, results as data, the interaction buffer, summaries.
+"""What every probe shares: results as data, the interaction buffer, summaries, the base class.
 
 A probe is an object with ``name``, ``interval_seconds``, ``timeout_seconds``, cheap ingest hooks
-and ``run(deadline) -> ProbeResult``. The result is plain immutable data (estimates with their
+and ``run(deadline) -> ProbeResult`` (the deadline and the errors that end a run are in
+:mod:`monitor.retrieval.probes.deadline`). The result is plain immutable data (estimates with their
 intervals, query counts, extra gauges); :mod:`monitor.retrieval.probes.export` turns it into
 metric families and never computes anything.
 """
@@ -10,50 +11,28 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
 from monitor.logs import RateLimitedLog
 from monitor.records import EmbeddingBatch, InteractionEvent
 from monitor.retrieval.metrics import parse_metric
-from monitor.retrieval.settings import StatisticsSettings
+from monitor.retrieval.probes.deadline import Deadline
+from monitor.retrieval.settings import ProbeSettings, ProbeSpec, StatisticsSettings
 from monitor.retrieval.stats import bootstrap_ci, slice_report
+
+if TYPE_CHECKING:
+    from monitor.component import MonitorContext
 
 logger = logging.getLogger(__name__)
 _log = RateLimitedLog(logger, interval=3600.0)
 
 ALL = "all"  # the slice label of the value over every query
 OTHER = "other"  # where slices past the cap (and a query's own slice named "all") go
-UNLABELLED = "unlabelled"
-
-
-class ProbeError(RuntimeError):
-    """A run that could not produce a trustworthy result (endpoint down, garbage, bad input)."""
-
-
-class ProbeTimeout(ProbeError):
-    """The run passed its deadline; what it computed so far is discarded."""
-
-
-class Deadline:
-    """A run's time budget on the monotonic clock; ``check()`` raises ``ProbeTimeout`` past it."""
-
-    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic):
-        self.seconds = float(seconds)
-        self._clock = clock
-        self._end = clock() + self.seconds
-
-    def remaining(self) -> float:
-        return self._end - self._clock()
-
-    def check(self) -> None:
-        if self.remaining() <= 0:
-            raise ProbeTimeout(f"over the {self.seconds:g}s timeout")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,12 +80,6 @@ class ProbeResult:
                 return s.value
         return None
 
-    def query_count(self, model: str, slice: str = ALL) -> int | None:
-        for m, s, n in self.queries:
-            if (m, s) == (model, slice):
-                return n
-        return None
-
 
 def sample(name: str, value: float, **labels: str) -> Sample:
     return Sample(name, tuple(labels.items()), float(value))
@@ -114,14 +87,11 @@ def sample(name: str, value: float, **labels: str) -> Sample:
 
 @dataclass
 class Summary:
+    """What :func:`summarise` computed for one model: the parts a :class:`ProbeResult` is made of."""
+
     estimates: list[Estimate] = field(default_factory=list)
     queries: list[tuple[str, str, int]] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
-
-    def extend(self, other: Summary) -> None:
-        self.estimates += other.estimates
-        self.queries += other.queries
-        self.samples += other.samples
 
 
 def slice_labels(raw: Iterable[str | None]) -> list[str | None]:
@@ -296,3 +266,22 @@ class Probe:
 
     def close(self) -> None:
         """Release resources (encoder models, connections)."""
+
+
+S = TypeVar("S", bound=ProbeSpec)
+
+
+class ConfiguredProbe(Probe, Generic[S]):
+    """A probe built from its settings: its own section ``spec``, the daemon's ``context`` and the
+    ``shared`` probe settings (device, k-NN block size, statistics)."""
+
+    def __init__(self, spec: S, context: MonitorContext, shared: ProbeSettings):
+        super().__init__(spec.name, spec.interval_seconds, spec.timeout_seconds)
+        self.spec = spec
+        self.context = context
+        self.shared = shared
+
+    @property
+    def device(self) -> str | None:
+        """Where k-NN and encoders run: the probes' own ``device``, else the daemon's."""
+        return self.shared.device or self.context.settings.device

@@ -56,15 +56,15 @@ from monitor.records import EmbeddingBatch, InteractionEvent
 from monitor.retrieval.metrics import RankedResults, evaluate
 from monitor.retrieval.probes.base import (
     ALL,
-    Deadline,
+    ConfiguredProbe,
     EventBuffer,
-    Probe,
     ProbeResult,
     Sample,
     sample,
     slice_labels,
     summarise,
 )
+from monitor.retrieval.probes.deadline import Deadline
 from monitor.retrieval.stats import fold_slices
 
 if TYPE_CHECKING:
@@ -183,14 +183,11 @@ class CatalogIds:
             return None if not known else set(known)
 
 
-class ClickFeedbackProbe(Probe):
+class ClickFeedbackProbe(ConfiguredProbe["ClickProbeSettings"]):
     kind = "clicks"
 
     def __init__(self, spec: ClickProbeSettings, context: MonitorContext, shared: ProbeSettings):
-        super().__init__(spec.name, spec.interval_seconds, spec.timeout_seconds)
-        self.spec = spec
-        self.context = context
-        self.shared = shared
+        super().__init__(spec, context, shared)
         self.metrics = [f"{family}@{k}" for family in spec.metrics for k in spec.k]
         self.buffer: EventBuffer[InteractionEvent] = EventBuffer(spec.buffer_size, spec.window_seconds)
         self.catalog = CatalogIds(spec.max_catalog_ids)

@@ -31,7 +31,8 @@ from monitor.component import Component, MonitorContext, ScheduledJob
 from monitor.config import ConfigError
 from monitor.logs import RateLimitedLog
 from monitor.records import EmbeddingBatch, InteractionEvent
-from monitor.retrieval.probes.base import Deadline, Probe, ProbeResult, ProbeTimeout
+from monitor.retrieval.probes.base import Probe, ProbeResult
+from monitor.retrieval.probes.deadline import Deadline, ProbeTimeout
 from monitor.retrieval.probes.export import OUTCOMES, ProbeSnapshot, families
 
 if TYPE_CHECKING:

@@ -8,18 +8,11 @@ The golden set is a JSONL file, one query per line::
 ``query_id`` (string or integer, unique), ``qrels`` (document id -> grade, at least one) and one
 of ``vector`` / ``text`` (or both) are required; ``slice`` is optional and label-safe.
 
-The retriever is either an HTTP search endpoint (a JSON request per query, the ranked ids read
-from the response with a dotted path, as Elasticsearch's rank-eval templates do) or exact k-NN
-over the current window sample of a (model, stream). Texts are embedded by an optional
-sentence-transformers model when the retriever needs vectors.
-
-Examples
---------
->>> template = RequestTemplate('{"query": {"match": {"body": "{{text}}"}}, "knn": {"vector": {{vector}}, "k": {{k}}}}')
->>> template.render({"text": 'say "hi"', "vector": [0.5, 1.0], "k": 3, "query_id": "q1"})
-b'{"query":{"match":{"body":"say \\\\"hi\\\\""}},"knn":{"vector":[0.5,1.0],"k":3}}'
->>> extract_ids({"hits": {"hits": [{"_id": "d2"}, {"_id": 7}]}}, parse_ids_path("hits.hits[*]._id"))
-['d2', '7']
+The retriever is either an HTTP search endpoint (:mod:`~monitor.retrieval.probes.http_retriever`:
+a JSON request per query, the ranked ids read from the response with a dotted path, as
+Elasticsearch's rank-eval templates do) or exact k-NN over the current window sample of a
+(model, stream). Texts are embedded by an optional sentence-transformers model when the retriever
+needs vectors.
 """
 
 from __future__ import annotations
@@ -27,11 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import threading
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +30,9 @@ import numpy as np
 
 from monitor.config import LABEL_VALUE_RE
 from monitor.retrieval.metrics import RankedResults, evaluate
-from monitor.retrieval.probes.base import Deadline, Probe, ProbeError, ProbeResult, identified_rows, summarise
+from monitor.retrieval.probes.base import ConfiguredProbe, ProbeResult, identified_rows, summarise
+from monitor.retrieval.probes.deadline import Deadline, ProbeError
+from monitor.retrieval.probes.http_retriever import HttpRetriever
 from monitor.retrieval.probes.knn import exact_topk
 
 if TYPE_CHECKING:
@@ -49,16 +40,11 @@ if TYPE_CHECKING:
     from monitor.retrieval.settings import (
         EncoderSettings,
         GoldenProbeSettings,
-        HttpRetrieverSettings,
         KnnRetrieverSettings,
         ProbeSettings,
     )
 
 logger = logging.getLogger(__name__)
-
-PLACEHOLDERS = ("text", "vector", "k", "query_id")
-_PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
-_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 
 
 # ---------------------------------------------------------------------------- the golden file
@@ -138,195 +124,7 @@ def _golden_query(doc: Any, where: str) -> GoldenQuery:
     return GoldenQuery(str(qid), grades, text, array, slice_)
 
 
-# ---------------------------------------------------------------------------- request templates
-class RequestTemplate:
-    """A JSON request body with ``{{placeholders}}``, rendered by building JSON, never by pasting text.
-
-    Accepts JSON text in which placeholders may stand bare where a value goes (``"k": {{k}}``),
-    or an already-parsed mapping. A string that is exactly one placeholder becomes the value
-    itself (a list, a number, a string); a placeholder inside a longer string is interpolated.
-    """
-
-    def __init__(self, template: str | Mapping[str, Any]):
-        if isinstance(template, str):
-            try:
-                parsed = json.loads(_quote_bare_placeholders(template))
-            except ValueError as exc:
-                raise ValueError(f"request_template is not JSON (placeholders aside): {exc}") from None
-        else:
-            parsed = template
-        self.template = parsed
-        self.names = frozenset(_names_in(parsed))
-        unknown = self.names - set(PLACEHOLDERS)
-        if unknown:
-            raise ValueError(
-                f"request_template uses unknown placeholders {sorted(unknown)}; known: {list(PLACEHOLDERS)}"
-            )
-
-    def render(self, values: Mapping[str, Any]) -> bytes:
-        body = _substitute(self.template, values)
-        return json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
-
-
-def _quote_bare_placeholders(text: str) -> str:
-    """Wrap placeholders that stand outside JSON strings in quotes, so the text parses as JSON."""
-    out: list[str] = []
-    in_string = escaped = False
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        if in_string:
-            out.append(ch)
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-            i += 1
-            continue
-        if ch == '"':
-            in_string = True
-            out.append(ch)
-            i += 1
-            continue
-        match = _PLACEHOLDER.match(text, i)
-        if match:
-            out.append(f'"{{{{{match.group(1)}}}}}"')
-            i = match.end()
-            continue
-        out.append(ch)
-        i += 1
-    return "".join(out)
-
-
-def _names_in(node: Any) -> set[str]:
-    if isinstance(node, str):
-        return set(_PLACEHOLDER.findall(node))
-    if isinstance(node, Mapping):
-        return set().union(*(_names_in(k) | _names_in(v) for k, v in node.items()))
-    if isinstance(node, list):
-        return set().union(*(_names_in(v) for v in node))
-    return set()
-
-
-def _substitute(node: Any, values: Mapping[str, Any]) -> Any:
-    if isinstance(node, str):
-        whole = _PLACEHOLDER.fullmatch(node)
-        if whole:
-            return values[whole.group(1)]
-        return _PLACEHOLDER.sub(lambda m: _as_text(values[m.group(1)]), node)
-    if isinstance(node, Mapping):
-        return {_substitute(k, values): _substitute(v, values) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_substitute(v, values) for v in node]
-    return node
-
-
-def _as_text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-
-
-# ---------------------------------------------------------------------------- response paths
-_STEP = re.compile(r"([^.\[\]]+)|\[(\*|[0-9]+)\]")
-
-
-def parse_ids_path(path: str) -> list[tuple[str, str]]:
-    """``hits.hits[*]._id`` -> [("key", "hits"), ("key", "hits"), ("all", ""), ("key", "_id")]."""
-    steps: list[tuple[str, str]] = []
-    position = 0
-    text = path.strip()
-    if not text:
-        raise ValueError("ids_path is empty")
-    while position < len(text):
-        if text[position] == "." and steps:
-            position += 1
-        match = _STEP.match(text, position)
-        if not match:
-            raise ValueError(f"ids_path {path!r}: cannot parse at {text[position:]!r}")
-        if match.group(1) is not None:
-            steps.append(("key", match.group(1)))
-        elif match.group(2) == "*":
-            steps.append(("all", ""))
-        else:
-            steps.append(("index", match.group(2)))
-        position = match.end()
-    return steps
-
-
-def extract_ids(document: Any, steps: Sequence[tuple[str, str]]) -> list[str]:
-    """Follow a parsed path through a JSON response; raise ``ProbeError`` when it does not fit."""
-    nodes = [document]
-    for kind, arg in steps:
-        following: list[Any] = []
-        for node in nodes:
-            if kind == "key":
-                if not isinstance(node, dict) or arg not in node:
-                    raise ProbeError(f"response has no field {arg!r} where the ids path expects one")
-                following.append(node[arg])
-            elif kind == "all":
-                if not isinstance(node, list):
-                    raise ProbeError("response has no list where the ids path has [*]")
-                following.extend(node)
-            else:
-                if not isinstance(node, list) or int(arg) >= len(node):
-                    raise ProbeError(f"response has no element [{arg}] where the ids path expects one")
-                following.append(node[int(arg)])
-        nodes = following
-    ids = []
-    for node in nodes:
-        if isinstance(node, bool) or not isinstance(node, (str, int)):
-            raise ProbeError(f"an id in the response is {type(node).__name__}, not a string or integer")
-        ids.append(str(node))
-    return ids
-
-
-# ---------------------------------------------------------------------------- retrievers
-class HttpRetriever:
-    """One request per query to a search endpoint (stdlib ``urllib``; no connection reuse)."""
-
-    def __init__(self, settings: HttpRetrieverSettings):
-        self.settings = settings
-        self.template = None if settings.request_template is None else RequestTemplate(settings.request_template)
-        self.steps = parse_ids_path(settings.ids_path)
-        self.needs_vector = (self.template is not None and "vector" in self.template.names) or (
-            "{{vector}}" in settings.url.replace(" ", "")
-        )
-
-    def search(self, query: GoldenQuery, vector: np.ndarray | None, k: int, deadline: Deadline) -> list[str]:
-        values = {
-            "text": query.text if query.text is not None else "",
-            "vector": None if vector is None else [float(x) for x in vector],
-            "k": k,
-            "query_id": query.query_id,
-        }
-        url = _PLACEHOLDER.sub(lambda m: urllib.parse.quote(_as_text(values[m.group(1)]), safe=""), self.settings.url)
-        body = None if self.settings.method == "GET" or self.template is None else self.template.render(values)
-        headers = {"Accept": "application/json", **self.settings.headers}
-        if body is not None:
-            headers.setdefault("Content-Type", "application/json")
-        request = urllib.request.Request(url, data=body, headers=headers, method=self.settings.method)
-        timeout = min(self.settings.request_timeout_seconds, deadline.remaining())
-        if timeout <= 0:
-            deadline.check()
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - configured URL
-                raw = response.read(_MAX_RESPONSE_BYTES + 1)
-        except urllib.error.HTTPError as exc:
-            exc.close()
-            raise ProbeError(f"HTTP {exc.code} from {self.settings.url}") from None
-        except (urllib.error.URLError, OSError) as exc:  # refused, reset, timed out
-            reason = getattr(exc, "reason", exc)
-            raise ProbeError(f"request to {self.settings.url} failed: {reason}") from None
-        if len(raw) > _MAX_RESPONSE_BYTES:
-            raise ProbeError("response larger than 64 MiB")
-        try:
-            document = json.loads(raw)
-        except ValueError:
-            raise ProbeError(f"response is not JSON: {raw[:60]!r}") from None
-        return extract_ids(document, self.steps)[:k]
-
-
+# ---------------------------------------------------------------------------- text queries
 class Encoder:
     """A sentence-transformers model loaded on first use (its import and load take seconds)."""
 
@@ -359,17 +157,13 @@ class Encoder:
 
 
 # ---------------------------------------------------------------------------- the probe
-class GoldenSetProbe(Probe):
+class GoldenSetProbe(ConfiguredProbe["GoldenProbeSettings"]):
     """Runs every golden query against the retriever and exports the engine's metrics per slice."""
 
     kind = "golden"
 
     def __init__(self, spec: GoldenProbeSettings, context: MonitorContext, shared: ProbeSettings):
-        super().__init__(spec.name, spec.interval_seconds, spec.timeout_seconds)
-        self.spec = spec
-        self.context = context
-        self.shared = shared
-        self.device = shared.device or context.settings.device
+        super().__init__(spec, context, shared)
         self.metrics = [f"{family}@{k}" for family in spec.metrics for k in spec.k]
         self.encoder = None if spec.encoder is None else Encoder(spec.encoder, self.device)
         self.http = HttpRetriever(spec.retriever) if spec.retriever.kind == "http" else None
@@ -449,7 +243,7 @@ class GoldenSetProbe(Probe):
         for query, vector in zip(self._queries, vectors):
             deadline.check()
             try:
-                ranked.append(self.http.search(query, vector, k, deadline))
+                ranked.append(self.http.search(query.query_id, query.text, vector, k, deadline))
             except ProbeError as exc:
                 if deadline.remaining() <= 0:
                     deadline.check()

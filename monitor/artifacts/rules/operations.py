@@ -1,0 +1,169 @@
+"""Operations alerts: the monitor itself (scraped, present, fresh, reading its source) and its ingest.
+
+``EmbeddingMonitorAbsent`` is the ``absent()`` alert for the case where Prometheus knows no
+monitor target at all, which ``EmbeddingMonitorDown`` (``up < 1``) cannot see.
+"""
+
+from __future__ import annotations
+
+from monitor.artifacts.catalog import m
+from monitor.artifacts.rules.model import MODEL_STREAM, PREFIX, Alert, Condition, Scenario, ScenarioBuilder, Series
+from monitor.artifacts.rules.recording import INVALID_RECORDS_RATIO
+from monitor.artifacts.rules.scenarios import (
+    TEST_MODEL,
+    age_scenario,
+    ratio_counter_scenario,
+    repeat,
+    steady_scenario,
+    target_labels,
+)
+from monitor.artifacts.rules.values import format_number
+from monitor.artifacts.thresholds import Thresholds
+
+SELF_GROUP = "embedding-monitor.self"
+INGEST_GROUP = "embedding-monitor.ingest"
+
+
+def alerts(th: Thresholds) -> list[Alert]:
+    return [*_monitor(th), *_ingest(th)]
+
+
+def _monitor(th: Thresholds) -> list[Alert]:
+    job = th.job
+    refreshed = m("embmon_metrics_last_update_timestamp_seconds")
+    last_record = m("embmon_last_record_timestamp_seconds")
+    source_up = m("embmon_source_up")
+    return [
+        Alert(
+            name=f"{PREFIX}Down",
+            group=SELF_GROUP,
+            severity="warning",
+            for_="10m",
+            summary="Prometheus cannot scrape an embedding-monitor instance.",
+            description="Scrapes of {{ $labels.instance }} (job {{ $labels.job }}) fail: up is $VALUE.",
+            value_format="count",
+            condition=Condition(f'up{{job="{job}"}}', "<", 1),
+            scenario_builder=steady_scenario("up", target_labels(job), 0, 1, target_labels(job)),
+        ),
+        Alert(
+            name=f"{PREFIX}Absent",
+            group=SELF_GROUP,
+            severity="critical",
+            for_="15m",
+            summary="No embedding-monitor target is known to Prometheus: embedding quality is unwatched.",
+            description="Prometheus has no scrape target for job {{ $labels.job }} (absent = $VALUE).",
+            value_format="count",
+            condition=Condition(f'absent(up{{job="{job}"}})', ">", 0),
+            scenario_builder=_absent_scenario(job),
+            live_signals=(f'up{{job="{job}"}}',),
+        ),
+        Alert(
+            name=f"{PREFIX}MetricsStale",
+            group=SELF_GROUP,
+            severity="warning",
+            for_="10m",
+            summary="The monitor is scraped but its quality metrics are no longer refreshed.",
+            description=f"Intrinsic metrics of {MODEL_STREAM} were last refreshed $VALUE ago.",
+            value_format="duration",
+            condition=Condition(f"time() - {refreshed}", ">", 900),
+            scenario_builder=age_scenario(refreshed, TEST_MODEL, job),
+        ),
+        Alert(
+            name=f"{PREFIX}NoRecentRecords",
+            group=SELF_GROUP,
+            severity="warning",
+            for_="15m",
+            summary="No embeddings have arrived for a model and stream for too long.",
+            description=f"The last record of {MODEL_STREAM} arrived $VALUE ago.",
+            value_format="duration",
+            condition=Condition(f"time() - {last_record}", ">", 3600),
+            scenario_builder=age_scenario(last_record, TEST_MODEL, job),
+        ),
+        Alert(
+            name=f"{PREFIX}SourceDown",
+            group=SELF_GROUP,
+            severity="warning",
+            for_="10m",
+            summary="The monitor cannot read from its source (Kafka, file).",
+            description="The source of {{ $labels.instance }} is down (source_up = $VALUE).",
+            value_format="count",
+            condition=Condition(source_up, "<", 1),
+            scenario_builder=steady_scenario(source_up, target_labels(job), 0, 1, target_labels(job)),
+        ),
+    ]
+
+
+def _ingest(th: Thresholds) -> list[Alert]:
+    job = th.job
+    lag = m("embmon_consumer_lag_records")
+    return [
+        Alert(
+            name=f"{PREFIX}InvalidRecordsHigh",
+            group=INGEST_GROUP,
+            severity="warning",
+            for_="15m",
+            summary="A large share of the records on a stream is rejected as invalid.",
+            description="$VALUE of the records on stream {{ $labels.stream }} were rejected over the last 10 minutes.",
+            value_format="percent",
+            condition=Condition(INVALID_RECORDS_RATIO, ">", 0.05),
+            scenario_builder=ratio_counter_scenario(
+                m("embmon_records_invalid_total"),
+                [{"stream": "queries", "reason": "bad_dimension"}],
+                m("embmon_records_total"),
+                TEST_MODEL,
+                {"stream": "queries"},
+                job,
+            ),
+            live_signals=(f"sum by (stream) (rate({m('embmon_records_total')}[10m]))",),
+        ),
+        Alert(
+            name=f"{PREFIX}ConsumerLagGrowing",
+            group=INGEST_GROUP,
+            severity="warning",
+            for_="15m",
+            summary="The monitor falls further and further behind its Kafka topic.",
+            description="Consumer lag of {{ $labels.instance }} on topic {{ $labels.topic }} is $VALUE records and growing.",
+            value_format="count",
+            condition=Condition(lag, ">", 10000),
+            gate=Condition(f"deriv({lag}[15m])", ">", 0),
+            scenario_builder=_lag_scenario(job),
+        ),
+    ]
+
+
+def _absent_scenario(job: str) -> ScenarioBuilder:
+    def build(alert: Alert) -> Scenario:
+        n = alert.for_seconds // 60 + 2
+        return Scenario(
+            60,
+            (Series("up", {"job": "some-other-job", "instance": "x:1"}, repeat(1, n)),),
+            # a monitor that is scraped but down is EmbeddingMonitorDown's business, not this one's
+            (Series("up", target_labels(job), repeat(0, n)),),
+            0,
+            {"job": job},
+            1.0,
+        )
+
+    return build
+
+
+def _lag_scenario(job: str) -> ScenarioBuilder:
+    def build(alert: Alert) -> Scenario:
+        thr = alert.condition.threshold
+        step_value = thr / 8  # exact in binary: crosses the threshold after the 8th minute
+        onset = 9 * 60
+        fire = onset + alert.for_seconds
+        n = fire // 60 + 2
+        labels = {**target_labels(job), "topic": "embeddings"}
+        metric = m("embmon_consumer_lag_records")
+        return Scenario(
+            60,
+            (Series(metric, labels, f"0+{format_number(step_value)}x{n - 1}"),),
+            # far above the threshold but shrinking: the consumer is catching up
+            (Series(metric, labels, f"{format_number(thr * 4)}-{format_number(step_value)}x{min(n - 1, 31)}"),),
+            onset,
+            labels,
+            step_value * (fire // 60),
+        )
+
+    return build
