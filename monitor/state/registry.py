@@ -51,6 +51,7 @@ class StateRegistry:
             reservoir_size=w.reservoir_size,
             seed=seed,
             alignment_alpha=self.settings.quality.alignment_alpha,
+            gram_precision=w.gram_precision,
         )
 
     def admit(self, model: str, stream: str) -> bool:
@@ -168,6 +169,7 @@ class StateRegistry:
                         f"{model}/{stream}: window {attr} is {getattr(window, attr)!r} in the checkpoint, "
                         f"{getattr(fresh, attr)!r} configured"
                     )
+            window.use_gram_precision(fresh.gram_precision)
             last = entry.get("last_record_time")
             rebuilt.append(
                 StreamState(model, stream, window, int(entry["records_total"]), None if last is None else float(last))

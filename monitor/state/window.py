@@ -29,7 +29,7 @@ import numpy as np
 
 from monitor.records import EmbeddingBatch
 from monitor.state.reservoir import Reservoir
-from monitor.state.stats import SufficientStats
+from monitor.state.stats import GramPrecision, SufficientStats, check_precision
 
 logger = logging.getLogger(__name__)
 
@@ -217,6 +217,9 @@ class SlidingWindow:
         Exponent α of the alignment distance ‖u₁ − u₂‖^α.
     max_pending_pairs : int
         Bound on first halves of positive pairs waiting for their partner.
+    gram_precision : {"float64", "float32"}
+        Arithmetic of each sub-window's second-moment product (``SufficientStats``); a setting
+        of the running daemon, not of the data, so a checkpoint restores under either.
 
     Examples
     --------
@@ -240,6 +243,7 @@ class SlidingWindow:
         seed: int = 0,
         alignment_alpha: float = 2.0,
         max_pending_pairs: int = 10_000,
+        gram_precision: GramPrecision = "float64",
     ) -> None:
         if int(dim) < 1:
             raise ValueError(f"dim must be a positive integer, got {dim!r}")
@@ -258,6 +262,7 @@ class SlidingWindow:
         self.seed = int(seed)
         self.alignment_alpha = float(alignment_alpha)
         self.max_pending_pairs = int(max_pending_pairs)
+        self.gram_precision = check_precision(gram_precision)
         self._pairs = PositivePairMatcher(self.max_pending_pairs, self.alignment_alpha)
         self._live: dict[int, _SubWindow] = {}  # sub-window index -> sub-window
         self._head: int | None = None  # index of the newest sub-window reached
@@ -305,7 +310,7 @@ class SlidingWindow:
             rng = np.random.default_rng([self.seed, 0, index & _INDEX_MASK])
             current = _SubWindow(
                 index=index,
-                stats=SufficientStats(self.dim),
+                stats=SufficientStats(self.dim, self.gram_precision),
                 reservoir=Reservoir(self.subwindow_capacity, self.dim, rng),
             )
             self._live[index] = current
@@ -322,9 +327,10 @@ class SlidingWindow:
             self._advance(now)
             return
         sub = self._subwindow(self._advance(now))
-        rows64 = np.ascontiguousarray(vectors, dtype=np.float64)  # one cast, shared with stats
-        norms = batch.norms if batch.norms is not None else np.sqrt(np.einsum("ij,ij->i", rows64, rows64))
-        sub.stats.update(rows64, norms=norms)
+        norms = batch.norms
+        if norms is None:
+            norms = np.sqrt(np.einsum("ij,ij->i", vectors, vectors, dtype=np.float64))
+        sub.stats.update(vectors, norms=norms)
         sub.reservoir.add(vectors, batch.ids)
         if batch.pair_ids is not None:
             rows = [i for i, pair_id in enumerate(batch.pair_ids) if pair_id is not None]
@@ -349,10 +355,12 @@ class SlidingWindow:
         """
         head = self._advance(now)
         live = [self._live[k] for k in sorted(self._live)]
-        stats = SufficientStats(self.dim)
+        if live:
+            stats = SufficientStats.merged([sub.stats for sub in live])
+        else:
+            stats = SufficientStats(self.dim, self.gram_precision)
         alignment_sum, alignment_pairs = 0.0, 0
         for sub in live:
-            stats.merge(sub.stats)
             alignment_sum += sub.alignment_sum
             alignment_pairs += sub.alignment_pairs
         sample, sample_ids = self._uniform_sample(live, head)
@@ -399,6 +407,13 @@ class SlidingWindow:
         return sample, tuple(ids[i] for i in order)
 
     # -- checkpointing --------------------------------------------------------------------
+
+    def use_gram_precision(self, precision: GramPrecision) -> None:
+        """Update every sub-window with ``precision`` from now on (a restored window adopts the
+        running configuration; the sums already held stay valid in either)."""
+        self.gram_precision = check_precision(precision)
+        for sub in self._live.values():
+            sub.stats.precision = self.gram_precision
 
     def state_dict(self) -> dict[str, Any]:
         """Configuration, sub-windows (stats, reservoirs with RNG state) and pending pairs."""
