@@ -167,6 +167,18 @@ class WindowSettings(_Section):
     )
 
 
+class DecodingSettings(_Section):
+    """Where JSON embedding events are parsed (docs/operations.md, "Load and backpressure")."""
+
+    json_workers: int = Field(
+        1,
+        ge=0,
+        le=16,
+        description="worker processes that parse JSON embedding messages off the GIL kafka-python "
+        "needs; 0 parses on the poll thread",
+    )
+
+
 class LimitSettings(_Section):
     """Budgets that keep memory and label cardinality bounded whatever the input."""
 
@@ -244,6 +256,7 @@ class Settings(BaseSettings):
     probes: ProbeSettings = Field(default_factory=ProbeSettings)
     drift: DaemonDriftSettings = Field(default_factory=DaemonDriftSettings)  # docs/drift.md
     limits: LimitSettings = Field(default_factory=LimitSettings)
+    decoding: DecodingSettings = Field(default_factory=DecodingSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     models: dict[str, ModelSettings] = Field(default_factory=dict)
