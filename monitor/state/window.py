@@ -49,7 +49,8 @@ class WindowSnapshot:
         Exact sums over every record in the window (a private copy).
     sample : ndarray, float32 (m, d)
         A sample in which every record of the window had the same inclusion probability, in
-        random order (so any prefix is itself such a sample).
+        random order (so any prefix is itself such a sample). Shared with the window (its closed
+        sub-windows keep their rows only here): read it, never write to it.
     sample_ids : tuple
         Ids of the sample rows (``None`` where a record had no id).
     alignment_sum, alignment_pairs :
@@ -394,16 +395,25 @@ class SlidingWindow:
         p = float(np.min(held[nonempty] / seen[nonempty]))
         parts: list[np.ndarray] = []
         ids: list[str | None] = []
+        whole: list[tuple[_SubWindow, int]] = []  # closed sub-windows whose every held row is taken
         for sub, n_j, r_j in zip(live, seen, held, strict=True):
             if n_j == 0:
                 continue
             take = _randomised_round(p * n_j, int(r_j), rng)
             chosen = np.sort(rng.choice(int(r_j), size=take, replace=False))
-            parts.append(sub.reservoir.vectors[chosen])
+            if take == r_j and sub.index < head:
+                whole.append((sub, sum(len(part) for part in parts)))
+            parts.append(sub.reservoir.take(chosen))
             sub_ids = sub.reservoir.ids
             ids.extend(sub_ids[i] for i in chosen)
-        order = rng.permutation(sum(len(part) for part in parts))
+        total = sum(len(part) for part in parts)
+        order = rng.permutation(total)
         sample = np.concatenate(parts)[order]
+        # Sub-windows that take no more records now keep their rows only inside the sample.
+        position = np.empty(total, dtype=np.int64)
+        position[order] = np.arange(total)
+        for sub, start in whole:
+            sub.reservoir.share(sample, position[start : start + sub.reservoir.size])
         return sample, tuple(ids[i] for i in order)
 
     # -- checkpointing --------------------------------------------------------------------
