@@ -298,3 +298,31 @@ def test_float32_blocks_bound_the_accumulation_length() -> None:
     # than the same rows fed block by block (other centre, so equal to float32 rounding).
     assert one.count == blocked.count
     np.testing.assert_allclose(one.covariance(), blocked.covariance(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["float64", "float32"])
+def test_the_device_product_equals_the_cpu_product(precision: str) -> None:
+    """The torch path that large batches take on a configured CUDA device (run here on torch's
+    CPU backend, so the suite covers it without a GPU; bench/cuda.py compares on a real one)."""
+    from monitor.state import stats as stats_module
+
+    x = _data(stats_module.DEVICE_MIN_ROWS + 300, 6)
+    on_device, here = SufficientStats(6, precision, device="cpu"), SufficientStats(6, precision)
+    for part in (x[:40], x[40:]):  # a small batch stays on the CPU, a large one goes to the device
+        on_device.update(part)
+        here.update(part)
+    if precision == "float64":
+        _assert_same(on_device, here, rtol=1e-12)
+    else:  # float32 products: the same sums to float32 rounding of the largest entries
+        scale = float(np.abs(here.covariance()).max())
+        np.testing.assert_allclose(on_device.covariance(), here.covariance(), rtol=1e-5, atol=1e-6 * scale)
+    assert on_device.copy().device == "cpu"
+
+
+def test_resolve_device_never_picks_cuda_without_it() -> None:
+    import torch
+
+    from monitor.state.stats import resolve_device
+
+    assert resolve_device("cpu") is None
+    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else None)

@@ -27,7 +27,7 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GRAM_PRECISIONS", "GramPrecision", "SufficientStats", "check_precision"]
+__all__ = ["GRAM_PRECISIONS", "GramPrecision", "SufficientStats", "check_precision", "resolve_device"]
 
 GramPrecision = Literal["float64", "float32"]
 GRAM_PRECISIONS: tuple[GramPrecision, ...] = ("float64", "float32")
@@ -40,6 +40,10 @@ def check_precision(precision: str) -> GramPrecision:
         raise ValueError(f"precision must be one of {GRAM_PRECISIONS}, got {precision!r}")
     return precision  # type: ignore[return-value]
 
+
+DEVICE_MIN_ROWS = 512
+"""Batches of at least this many rows run their product on the configured CUDA device; smaller
+ones stay on the CPU, where they cost less than the transfer."""
 
 FLOAT32_BLOCK_ROWS = 4096
 """Rows per float32 product in ``float32`` precision: each block's XᵀX is summed in float32 inside
@@ -94,11 +98,12 @@ class SufficientStats:
     True
     """
 
-    def __init__(self, dim: int, precision: GramPrecision = "float64") -> None:
+    def __init__(self, dim: int, precision: GramPrecision = "float64", device: str | None = None) -> None:
         if int(dim) < 1:
             raise ValueError(f"dim must be a positive integer, got {dim!r}")
         self.dim = int(dim)
         self.precision = check_precision(precision)
+        self.device = device  # a torch CUDA device for large batches' products; None: CPU only
         self.count = 0
         self.vector_sum = np.zeros(self.dim, dtype=np.float64)
         self.unit_sum = np.zeros(self.dim, dtype=np.float64)
@@ -143,17 +148,23 @@ class SufficientStats:
         if self.count == 0:
             # Rounded to float32 so that float32 rows minus the centre is a float32 operation.
             self.centre = x.mean(axis=0, dtype=np.float64).astype(np.float32).astype(np.float64)
-        upper = _upper_flat_indices(self.dim)
-        if self.precision == "float32":
-            shifted = np.subtract(x, self.centre.astype(np.float32), dtype=np.float32)
-            for start in range(0, n, FLOAT32_BLOCK_ROWS):
-                block = shifted[start : start + FLOAT32_BLOCK_ROWS]
-                self._moment_packed += np.dot(block.T, block).ravel().take(upper)  # ssyrk, summed in float64
+        if self.device is not None and n >= DEVICE_MIN_ROWS:
+            shifted_sum, packed = _device_moment(x, self.centre, self.precision, self.device)
+            self._moment_packed += packed
         else:
-            shifted = np.subtract(x, self.centre, dtype=np.float64)  # one allocation: page faults cost
-            # numpy recognises the y.T @ y pattern and calls BLAS syrk (one triangle, mirrored).
-            self._moment_packed += np.dot(shifted.T, shifted).ravel().take(upper)
-        shifted_sum = shifted.sum(axis=0, dtype=np.float64)
+            upper = _upper_flat_indices(self.dim)
+            if self.precision == "float32":
+                shifted = np.subtract(x, self.centre.astype(np.float32), dtype=np.float32)
+                block_rows = FLOAT32_BLOCK_ROWS
+            else:
+                shifted = np.subtract(x, self.centre, dtype=np.float64)  # one allocation: page faults cost
+                block_rows = n
+            for start in range(0, n, block_rows):
+                block = shifted[start : start + block_rows]
+                # numpy recognises the y.T @ y pattern and calls BLAS syrk (one triangle, mirrored);
+                # a float32 block's product is summed into the float64 accumulator.
+                self._moment_packed += np.dot(block.T, block).ravel().take(upper)
+            shifted_sum = shifted.sum(axis=0, dtype=np.float64)
         self._shifted_sum += shifted_sum
         self.vector_sum += x.sum(axis=0, dtype=np.float64)
         # einsum, not BLAS: no float64 copy of a float32 batch, and no BLAS threads to wake (a
@@ -209,7 +220,7 @@ class SufficientStats:
 
     def copy(self) -> SufficientStats:
         """An independent deep copy (a few MB memcpy at d = 768)."""
-        clone = SufficientStats(self.dim, self.precision)
+        clone = SufficientStats(self.dim, self.precision, self.device)
         clone.merge(self)
         return clone
 
@@ -314,6 +325,47 @@ class SufficientStats:
 
     def __repr__(self) -> str:
         return f"SufficientStats(dim={self.dim}, count={self.count}, precision={self.precision!r})"
+
+
+def _device_moment(x: np.ndarray, centre: np.ndarray, precision: GramPrecision, device: str) -> tuple[np.ndarray, np.ndarray]:
+    """Σ(x − c) and the packed Σ(x − c)(x − c)ᵀ computed on a torch device, with the same
+    arithmetic as the CPU path: rows cross the bus as they came (float32), are shifted there,
+    and only the packed triangle comes back."""
+    import torch  # only where a device is configured: the CPU path never needs it
+
+    dtype = torch.float64 if precision == "float64" else torch.float32
+    if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+        dtype = torch.float64  # someone allowed TF32 (10-bit mantissas): not for these sums
+    rows = torch.from_numpy(np.ascontiguousarray(x)).to(device)
+    shifted = rows.to(dtype) - torch.from_numpy(centre).to(device=device, dtype=dtype)
+    block_rows = FLOAT32_BLOCK_ROWS if dtype == torch.float32 else shifted.shape[0]
+    moment = None
+    for start in range(0, shifted.shape[0], block_rows):
+        block = shifted[start : start + block_rows]
+        part = (block.T @ block).to(torch.float64)
+        moment = part if moment is None else moment + part
+    assert moment is not None
+    packed = moment.flatten()[_device_upper_indices(x.shape[1], device)]
+    return shifted.sum(dim=0, dtype=torch.float64).cpu().numpy(), packed.cpu().numpy()
+
+
+@functools.lru_cache(maxsize=4)
+def _device_upper_indices(dim: int, device: str) -> Any:
+    import torch
+
+    return torch.from_numpy(_upper_flat_indices(dim)).to(device)
+
+
+def resolve_device(device: str) -> str | None:
+    """The torch device the products may use for a ``device`` setting: ``"cuda"`` when it is
+    "cuda" or "auto" and CUDA is available, else None (the CPU)."""
+    if device not in ("auto", "cuda"):
+        return None
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return None
+    return "cuda" if torch.cuda.is_available() else None
 
 
 def _packed_size(dim: int) -> int:

@@ -221,6 +221,8 @@ class SlidingWindow:
     gram_precision : {"float64", "float32"}
         Arithmetic of each sub-window's second-moment product (``SufficientStats``); a setting
         of the running daemon, not of the data, so a checkpoint restores under either.
+    device : str, optional
+        A CUDA device for the products of large batches (``stats.resolve_device``); None: CPU.
 
     Examples
     --------
@@ -245,6 +247,7 @@ class SlidingWindow:
         alignment_alpha: float = 2.0,
         max_pending_pairs: int = 10_000,
         gram_precision: GramPrecision = "float64",
+        device: str | None = None,
     ) -> None:
         if int(dim) < 1:
             raise ValueError(f"dim must be a positive integer, got {dim!r}")
@@ -264,6 +267,7 @@ class SlidingWindow:
         self.alignment_alpha = float(alignment_alpha)
         self.max_pending_pairs = int(max_pending_pairs)
         self.gram_precision = check_precision(gram_precision)
+        self.device = device
         self._pairs = PositivePairMatcher(self.max_pending_pairs, self.alignment_alpha)
         self._live: dict[int, _SubWindow] = {}  # sub-window index -> sub-window
         self._head: int | None = None  # index of the newest sub-window reached
@@ -311,7 +315,7 @@ class SlidingWindow:
             rng = np.random.default_rng([self.seed, 0, index & _INDEX_MASK])
             current = _SubWindow(
                 index=index,
-                stats=SufficientStats(self.dim, self.gram_precision),
+                stats=SufficientStats(self.dim, self.gram_precision, self.device),
                 reservoir=Reservoir(self.subwindow_capacity, self.dim, rng),
             )
             self._live[index] = current
@@ -418,12 +422,13 @@ class SlidingWindow:
 
     # -- checkpointing --------------------------------------------------------------------
 
-    def use_gram_precision(self, precision: GramPrecision) -> None:
-        """Update every sub-window with ``precision`` from now on (a restored window adopts the
-        running configuration; the sums already held stay valid in either)."""
+    def use_arithmetic(self, precision: GramPrecision, device: str | None) -> None:
+        """Update every sub-window with ``precision`` on ``device`` from now on (a restored window
+        adopts the running configuration; the sums already held stay valid in either)."""
         self.gram_precision = check_precision(precision)
+        self.device = device
         for sub in self._live.values():
-            sub.stats.precision = self.gram_precision
+            sub.stats.precision, sub.stats.device = self.gram_precision, device
 
     def state_dict(self) -> dict[str, Any]:
         """Configuration, sub-windows (stats, reservoirs with RNG state) and pending pairs."""
