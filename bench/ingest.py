@@ -24,10 +24,12 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import orjson
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -68,7 +70,20 @@ def produce(broker: Broker, topic: str, fmt: str, dim: int, rows: int, rng: np.r
 STEADY_FROM = 0.1  # rates are measured from 10 % to 100 % of the topic: steady state, no start-up
 
 
-def bare_rate(broker: Broker, topic: str, fmt: str, dim: int, rows: int) -> float:
+@dataclass(frozen=True)
+class Rate:
+    rows_per_second: float
+    cpu_per_row: float  # CPU seconds of this process and its JSON workers, per row
+
+
+def cpu_seconds() -> float:
+    """CPU seconds used so far by this process (all threads) and its JSON worker processes (not
+    the broker): unlike rates, this cost does not move when other jobs share the cores."""
+    workers = [c for c in psutil.Process().children() if "monitor.json_workers" in " ".join(c.cmdline())]
+    return time.process_time() + sum(sum(w.cpu_times()[:2]) for w in workers)
+
+
+def bare_rate(broker: Broker, topic: str, fmt: str, dim: int, rows: int) -> Rate:
     """Rows/s of a plain consume loop that touches every value and nothing more."""
     consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False, max_poll_records=2000)
     tp = TopicPartition(topic, 0)
@@ -84,13 +99,14 @@ def bare_rate(broker: Broker, topic: str, fmt: str, dim: int, rows: int) -> floa
                 else:
                     seen += JSON_EVENTS_PER_MESSAGE if fmt == "json-array" else 1
         if mark is None and seen >= STEADY_FROM * rows:
-            mark = (time.perf_counter(), seen)
+            mark = (time.perf_counter(), seen, cpu_seconds())
     elapsed = time.perf_counter() - mark[0]
+    cpu = cpu_seconds() - mark[2]
     consumer.close()
-    return (rows - mark[1]) / elapsed
+    return Rate((rows - mark[1]) / elapsed, cpu / (rows - mark[1]))
 
 
-def daemon_rate(broker: Broker, topic: str, rows: int, state_dir: Path, precision: str = "float64") -> float:
+def daemon_rate(broker: Broker, topic: str, rows: int, state_dir: Path, precision: str = "float64") -> Rate:
     """Rows/s the daemon folds into its windows (decoded, validated, statistics updated)."""
     settings = load_settings(
         overrides={
@@ -116,9 +132,9 @@ def daemon_rate(broker: Broker, topic: str, rows: int, state_dir: Path, precisio
             state = monitor.registry.get("bench", "docs")
             done = state.records_total if state else 0
             if mark is None and done >= STEADY_FROM * rows:
-                mark = (time.perf_counter(), done)
+                mark = (time.perf_counter(), done, cpu_seconds())
             if done >= rows:
-                return (rows - mark[1]) / (time.perf_counter() - mark[0])
+                return Rate((rows - mark[1]) / (time.perf_counter() - mark[0]), (cpu_seconds() - mark[2]) / (rows - mark[1]))
             time.sleep(0.02)  # sample sparsely: this loop competes for the GIL
         raise RuntimeError(f"daemon consumed only {done} of {rows} rows in 600 s")
     finally:
@@ -237,16 +253,19 @@ def main() -> None:
                 with tempfile.TemporaryDirectory() as tmp:
                     ours = daemon_rate(with_broker, topic, rows, Path(tmp), precision)
                 results.append((fmt, dim, rows, precision, bare, ours))
-                print(f"{fmt:>10} d={dim:<4} {precision} rows={rows:<7} bare={bare:>10,.0f}/s "
-                      f"daemon={ours:>10,.0f}/s ratio={ours / bare:.2f}", flush=True)
+                print(f"{fmt:>10} d={dim:<4} {precision} rows={rows:<7} bare={bare.rows_per_second:>10,.0f}/s "
+                      f"daemon={ours.rows_per_second:>10,.0f}/s ratio={ours.rows_per_second / bare.rows_per_second:.2f} "
+                      f"cpu/row bare={bare.cpu_per_row * 1e6:.1f}us daemon={ours.cpu_per_row * 1e6:.1f}us", flush=True)
                 threading.Event().wait(0.5)
     finally:
         with_broker.stop()
-    print("\n| format | d | statistics | rows | bare kafka-python rows/s | daemon rows/s | daemon / bare | goal |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("\n| format | d | statistics | rows | bare kafka-python rows/s | daemon rows/s | daemon / bare | goal "
+          "| CPU µs/row bare | CPU µs/row daemon |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for fmt, dim, rows, precision, bare, ours in results:
-        print(f"| {fmt} | {dim} | {precision} | {rows:,} | {bare:,.0f} | {ours:,.0f} | {ours / bare:.2f} | "
-              f"{_goal(fmt, dim, bare, ours)} |")
+        b, o = bare.rows_per_second, ours.rows_per_second
+        print(f"| {fmt} | {dim} | {precision} | {rows:,} | {b:,.0f} | {o:,.0f} | {o / b:.2f} | {_goal(fmt, dim, b, o)} "
+              f"| {bare.cpu_per_row * 1e6:.1f} | {ours.cpu_per_row * 1e6:.1f} |")
     if args.skip_extras:
         return
     refresh = refresh_time()
