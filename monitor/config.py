@@ -158,6 +158,23 @@ class WindowSettings(_Section):
     seconds: float = Field(900.0, gt=0)
     subwindows: int = Field(10, ge=1, le=120)
     reservoir_size: int = Field(10_000, ge=10, le=1_000_000)
+    gram_precision: Literal["float64", "float32"] = Field(
+        "float64",
+        description="Arithmetic of the per-batch second-moment product: float32 is ~2x faster on "
+        "shifted rows; its measured error is in docs/benchmarks.md (float64 is exact)",
+    )
+
+
+class DecodingSettings(_Section):
+    """Where JSON embedding events are parsed (docs/operations.md, "Load and backpressure")."""
+
+    json_workers: int = Field(
+        1,
+        ge=0,
+        le=16,
+        description="worker processes that parse JSON embedding messages off the GIL kafka-python "
+        "needs; 0 parses on the poll thread",
+    )
 
 
 class LimitSettings(_Section):
@@ -238,6 +255,7 @@ class Settings(BaseSettings):
     drift: DaemonDriftSettings = Field(default_factory=DaemonDriftSettings)  # docs/drift.md
     canaries: CanarySettings = Field(default_factory=CanarySettings)  # docs/canaries.md
     limits: LimitSettings = Field(default_factory=LimitSettings)
+    decoding: DecodingSettings = Field(default_factory=DecodingSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     models: dict[str, ModelSettings] = Field(default_factory=dict)

@@ -14,19 +14,28 @@ is vectorised. Nothing here raises on bad input: every rejected record is counte
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import orjson
 
 from monitor.config import LimitSettings
-from monitor.labels import is_label_value
+from monitor.json_decoding import (
+    INVALID,
+    MAX_ID_LENGTH,
+    JsonCollection,
+    JsonCollector,
+    JsonGroup,
+    Rejections,
+    parse_json,
+    to_matrix,
+    validate_rows,
+)
+from monitor.labels import LABEL_VALUE_RE, is_label_value
 from monitor.records import EmbeddingBatch, InteractionEvent
 
 logger = logging.getLogger(__name__)
@@ -51,33 +60,26 @@ REASONS = (
 )
 
 MAX_RESULTS_PER_INTERACTION = 1000
-MAX_ID_LENGTH = 512
 
 
 @dataclass
-class DecodeResult:
-    """What one poll's messages turned into."""
+class DecodeResult(Rejections):
+    """What one poll's messages turned into, and what was rejected (by stream and reason)."""
 
     batches: list[EmbeddingBatch] = field(default_factory=list)
     interactions: list[InteractionEvent] = field(default_factory=list)
-    rejected: Counter[tuple[str, str]] = field(default_factory=Counter)  # (stream, reason) -> records
-    examples: dict[str, str] = field(default_factory=dict)  # reason -> one detail, for the log
-
-    def reject(self, stream: str, reason: str, count: int = 1, detail: str = "") -> None:
-        self.rejected[(stream, reason)] += count
-        if detail and reason not in self.examples:
-            self.examples[reason] = detail
 
 
 @dataclass
-class _Pending:
-    """Rows of one (model, stream) collected across the poll, before conversion."""
+class StartedDecode:
+    """One poll after the stateless half of decoding: binary blocks by (model, stream, dim) and
+    a call that returns the JSON collection (waiting for a worker process if one has it)."""
 
-    vectors: list[Any] = field(default_factory=list)
-    ids: list[str] = field(default_factory=list)
-    timestamps: list[float] = field(default_factory=list)
-    slices: list[str | None] = field(default_factory=list)
-    pair_ids: list[str | None] = field(default_factory=list)
+    result: DecodeResult = field(default_factory=DecodeResult)
+    binary: dict[tuple[str, str, int], list[np.ndarray]] = field(default_factory=lambda: defaultdict(list))
+    json: Callable[[], JsonCollection] | None = None
+
+
 
 
 AdmitFn = Callable[[str, str], bool]
@@ -104,32 +106,65 @@ class Decoder:
         self.dims: dict[str, int] = dict(declared_dims or {})
         self._admit = admit or (lambda model, stream: True)
         self._admit_model = admit_model or (lambda model: True)
+        self.json = JsonCollector(limits.max_rows_per_message, limits.max_dimension, default_stream, LABEL_VALUE_RE.pattern)
 
     # ----------------------------------------------------------------- embeddings
     def decode_embeddings(self, messages: Iterable[tuple[bytes, Sequence[tuple[str, bytes]]]]) -> DecodeResult:
         """Decode the (value, headers) pairs of one poll from the embeddings topic."""
-        result = DecodeResult()
-        pending: dict[tuple[str, str, int], _Pending] = defaultdict(_Pending)
-        binary: dict[tuple[str, str, int], list[np.ndarray]] = defaultdict(list)
+        return self.finish_embeddings(self.start_embeddings(messages))
+
+    def start_embeddings(
+        self,
+        messages: Iterable[tuple[bytes, Sequence[tuple[str, bytes]]]],
+        collect_json: Callable[[list[bytes]], Callable[[], JsonCollection]] | None = None,
+    ) -> StartedDecode:
+        """The stateless half of decoding one poll: screen sizes, slice binary batches, and hand
+        the JSON values to ``collect_json`` (which may run them in a worker process and returns
+        a call that waits for the result); in-process by default."""
+        started = StartedDecode()
+        json_values: list[bytes] = []
         for value, headers in messages:
             if value is None:
-                result.reject(self.default_stream, "bad_json", detail="empty (tombstone) message")
+                started.result.reject(self.default_stream, "bad_json", detail="empty (tombstone) message")
                 continue
             if len(value) > self.limits.max_message_bytes:
-                result.reject(self.default_stream, "oversize", detail=f"{len(value)} bytes")
+                started.result.reject(self.default_stream, "oversize", detail=f"{len(value)} bytes")
                 continue
             header_map = _headers(headers)
             if "dim" in header_map:
-                self._collect_binary(value, header_map, binary, result)
+                self._collect_binary(value, header_map, started.binary, started.result)
             else:
-                self._collect_json(value, pending, result)
+                json_values.append(value)
+        if json_values:
+            if collect_json is None:
+                collection = self.json.collect(json_values)
+                started.json = lambda: collection
+            else:
+                started.json = collect_json(json_values)
+        return started
+
+    def finish_embeddings(self, started: StartedDecode) -> DecodeResult:
+        """The half that needs state (dimensions, the label budget), in poll order."""
+        result = started.result
+        dims_before = dict(self.dims)  # what each JSON event was checked against, had it been alone
         # All binary rows of a (model, stream) in this poll become one matrix: one validation pass
         # and one rank-k statistics update instead of one per message.
-        for (model, stream, _dim), blocks in binary.items():
+        for (model, stream, dim), blocks in started.binary.items():
             matrix = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
-            self._accept_rows(model, stream, matrix, None, None, None, None, result)
-        for (model, stream, _length), rows in pending.items():
-            self._finish_json_group(model, stream, rows, result)
+            good, sq_norms, non_finite, zero = validate_rows(matrix)
+            batch = None
+            if good.all():
+                batch = EmbeddingBatch(model=model, stream=stream, vectors=matrix, norms=np.sqrt(sq_norms))
+            elif good.any():
+                batch = EmbeddingBatch(model=model, stream=stream, vectors=matrix[good], norms=np.sqrt(sq_norms[good]))
+            self._admit_rows(model, stream, dim, matrix.shape[0], non_finite, zero, batch, result)
+        if started.json is not None:
+            collection = started.json()
+            result.rejected.update(collection.rejections.rejected)
+            for reason, detail in collection.rejections.examples.items():
+                result.examples.setdefault(reason, detail)
+            for group in collection.groups:
+                self._judge_json_group(group, dims_before, result)
         return result
 
     def _collect_binary(
@@ -174,147 +209,48 @@ class Decoder:
             vectors = vectors.astype(np.float32)
         binary[(model, stream, dim)].append(vectors)
 
-    def _collect_json(self, value: bytes, pending: dict[tuple[str, str, int], _Pending], result: DecodeResult) -> None:
-        doc = _parse_json(value)
-        if doc is _INVALID:
-            result.reject(self.default_stream, "bad_json", detail=_preview(value))
+    def _judge_json_group(self, group: JsonGroup, dims_before: dict[str, int], result: DecodeResult) -> None:
+        """Apply the stateful rules to one group, in the order they had per event."""
+        model, stream = group.model, group.stream
+        expected = dims_before.get(model)
+        if expected is not None and group.length != expected:  # checked per event, before all else
+            result.reject(stream, "dim_mismatch", count=group.collected,
+                          detail=f"model {model} has dim {expected}, got {group.length}")  # fmt: skip
             return
-        events = doc if isinstance(doc, list) else [doc]
-        if len(events) > self.limits.max_rows_per_message:
-            result.reject(self.default_stream, "oversize", count=len(events), detail=f"{len(events)} events")
-            return
-        for event in events:
-            self._collect_event(event, pending, result)
+        if group.bad_vector:
+            result.reject(stream, "bad_vector", count=group.bad_vector, detail="vector components must be numbers")
+        numeric = group.collected - group.bad_vector
+        if numeric:
+            self._admit_rows(model, stream, group.length, numeric, group.non_finite, group.zero, group.batch, result)
 
-    def _collect_event(self, event: Any, pending: dict[tuple[str, str, int], _Pending], result: DecodeResult) -> None:
-        if not isinstance(event, dict):
-            result.reject(self.default_stream, "not_object", detail=type(event).__name__)
-            return
-        stream = event.get("stream", self.default_stream)
-        if not is_label_value(stream):
-            result.reject(self.default_stream, "bad_label", detail=f"stream {str(stream)[:80]!r}")
-            return
-        try:
-            model, vector, rid = event["model"], event["vector"], event["id"]
-        except KeyError:
-            missing = [name for name in ("id", "model", "vector") if name not in event]
-            result.reject(stream, "missing_field", detail=f"missing {', '.join(missing)}")
-            return
-        if not is_label_value(model):
-            result.reject(stream, "bad_label", detail=f"model {str(model)[:80]!r}")
-            return
-        if isinstance(rid, bool) or not isinstance(rid, (str, int)) or len(str(rid)) > MAX_ID_LENGTH:
-            result.reject(stream, "bad_field", detail="id must be a string or integer")
-            return
-        ts = event.get("ts")
-        if ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float))):
-            result.reject(stream, "bad_field", detail="ts must be a number (unix seconds)")
-            return
-        slice_ = event.get("slice")
-        if slice_ is not None and not is_label_value(slice_):
-            result.reject(stream, "bad_label", detail=f"slice {str(slice_)[:80]!r}")
-            return
-        pair_id = event.get("pair_id")
-        if pair_id is not None and (not isinstance(pair_id, (str, int)) or len(str(pair_id)) > MAX_ID_LENGTH):
-            result.reject(stream, "bad_field", detail="pair_id must be a string or integer")
-            return
-        if not isinstance(vector, list):
-            result.reject(stream, "bad_vector", detail=f"vector is {type(vector).__name__}")
-            return
-        if not vector:
-            result.reject(stream, "empty_vector")
-            return
-        if len(vector) > self.limits.max_dimension:
-            result.reject(stream, "dim_too_large", detail=f"{len(vector)} components")
-            return
-        expected = self.dims.get(model)
-        if expected is not None and len(vector) != expected:
-            result.reject(stream, "dim_mismatch", detail=f"model {model} has dim {expected}, got {len(vector)}")
-            return
-        # Grouped by length too: for a model not seen before, rows of different lengths are
-        # converted separately and the first group that holds valid rows fixes the dimension.
-        rows = pending[(model, stream, len(vector))]
-        rows.vectors.append(vector)
-        rows.ids.append(str(rid))
-        rows.timestamps.append(math.nan if ts is None else float(ts))
-        rows.slices.append(slice_)
-        rows.pair_ids.append(None if pair_id is None else str(pair_id))
-
-    def _finish_json_group(self, model: str, stream: str, rows: _Pending, result: DecodeResult) -> None:
-        keep, matrix = _to_matrix(rows.vectors)
-        rejected_shape = len(rows.vectors) - int(keep.sum())
-        if rejected_shape:
-            result.reject(stream, "bad_vector", count=rejected_shape, detail="vector components must be numbers")
-        if matrix.shape[0] == 0:
-            return
-        idx = np.flatnonzero(keep)
-        ts = np.asarray(rows.timestamps, dtype=np.float64)[idx]
-        self._accept_rows(
-            model,
-            stream,
-            matrix,
-            tuple(rows.ids[i] for i in idx),
-            None if np.isnan(ts).all() else ts,
-            _optional([rows.slices[i] for i in idx]),
-            _optional([rows.pair_ids[i] for i in idx]),
-            result,
-        )
-
-    def _accept_rows(
+    def _admit_rows(
         self,
         model: str,
         stream: str,
-        vectors: np.ndarray,
-        ids: tuple[str, ...] | None,
-        timestamps: np.ndarray | None,
-        slices: tuple[str | None, ...] | None,
-        pair_ids: tuple[str | None, ...] | None,
+        dim: int,
+        rows: int,
+        non_finite: int,
+        zero: int,
+        batch: EmbeddingBatch | None,
         result: DecodeResult,
     ) -> None:
-        n, dim = vectors.shape
+        """Dimension, then label budget, then the rows' own faults: ``rows`` checked rows, of
+        which ``batch`` holds the valid ones."""
         expected = self.dims.get(model)
         if expected is not None and dim != expected:
-            result.reject(stream, "dim_mismatch", count=n, detail=f"model {model} has dim {expected}, got {dim}")
+            result.reject(stream, "dim_mismatch", count=rows, detail=f"model {model} has dim {expected}, got {dim}")
             return
         if not self._admit(model, stream):
-            result.reject(stream, "label_limit", count=n, detail=f"model {model!r} stream {stream!r}")
+            result.reject(stream, "label_limit", count=rows, detail=f"model {model!r} stream {stream!r}")
             return
-        finite = np.isfinite(vectors).all(axis=1)
-        sq_norms = np.einsum("ij,ij->i", vectors, vectors, dtype=np.float64) if finite.all() else None
-        if sq_norms is None:
-            safe = np.where(finite[:, None], vectors, 0.0)
-            sq_norms = np.einsum("ij,ij->i", safe, safe, dtype=np.float64)
-        nonzero = sq_norms > 0
-        good = finite & nonzero
-        bad_finite = int(n - finite.sum())
-        bad_zero = int((finite & ~nonzero).sum())
-        if bad_finite:
-            result.reject(stream, "non_finite", count=bad_finite, detail=f"model {model}")
-        if bad_zero:
-            result.reject(stream, "zero_vector", count=bad_zero, detail=f"model {model}")
-        if not good.any():
+        if non_finite:
+            result.reject(stream, "non_finite", count=non_finite, detail=f"model {model}")
+        if zero:
+            result.reject(stream, "zero_vector", count=zero, detail=f"model {model}")
+        if batch is None:
             return
-        if not good.all():
-            idx = np.flatnonzero(good)
-            vectors = vectors[idx]
-            ids = None if ids is None else tuple(ids[i] for i in idx)
-            timestamps = None if timestamps is None else timestamps[idx]
-            slices = None if slices is None else tuple(slices[i] for i in idx)
-            pair_ids = None if pair_ids is None else tuple(pair_ids[i] for i in idx)
-            sq_norms = sq_norms[idx]
         self.dims.setdefault(model, dim)
-        result.batches.append(
-            EmbeddingBatch(
-                model=model,
-                stream=stream,
-                vectors=np.ascontiguousarray(vectors, dtype=np.float32),
-                ids=ids,
-                timestamps=timestamps,
-                slices=slices,
-                pair_ids=pair_ids,
-                norms=np.sqrt(sq_norms),
-            )
-        )
+        result.batches.append(batch)
 
     # --------------------------------------------------------------- interactions
     def decode_interactions(
@@ -329,8 +265,8 @@ class Decoder:
             if len(value) > self.limits.max_message_bytes:
                 result.reject(stream, "oversize", detail=f"{len(value)} bytes")
                 continue
-            doc = _parse_json(value)
-            if doc is _INVALID:
+            doc = parse_json(value)
+            if doc is INVALID:
                 result.reject(stream, "bad_json", detail=_preview(value))
                 continue
             events = doc if isinstance(doc, list) else [doc]
@@ -401,7 +337,7 @@ class Decoder:
             return "empty_vector", None
         if len(raw) > self.limits.max_dimension:
             return "dim_too_large", None
-        keep, matrix = _to_matrix([raw])
+        keep, matrix = to_matrix([raw])
         if not keep[0]:
             return "bad_vector", None
         vector = matrix[0]
@@ -413,51 +349,6 @@ class Decoder:
         if expected is not None and vector.shape[0] != expected:
             return "dim_mismatch", None
         return None, vector
-
-
-_INVALID = object()
-
-
-def _parse_json(value: bytes) -> Any:
-    try:
-        return orjson.loads(value)
-    except orjson.JSONDecodeError:
-        pass
-    # orjson rejects NaN/Infinity tokens, which Python's json.dumps writes: read those with the
-    # stdlib so that such a record is counted as non_finite, the reason an operator can act on.
-    try:
-        return json.loads(value)
-    except (ValueError, RecursionError, TypeError):
-        return _INVALID
-
-
-def _to_matrix(vectors: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """Rows of equal length -> (keep mask, float32 matrix of the kept rows).
-
-    One numpy conversion for the common case; a row-by-row pass only when some row holds
-    something other than numbers (strings, nulls, nested lists).
-    """
-    n = len(vectors)
-    try:
-        matrix = np.array(vectors)
-        if matrix.ndim == 2 and matrix.dtype.kind in "fiub":
-            with np.errstate(over="ignore", invalid="ignore"):  # overflow -> inf, counted as non_finite
-                return np.ones(n, dtype=bool), matrix.astype(np.float32, copy=False)
-    except (ValueError, TypeError, OverflowError):
-        pass
-    keep = np.zeros(n, dtype=bool)
-    good: list[np.ndarray] = []
-    for i, row in enumerate(vectors):
-        try:
-            arr = np.array(row)
-        except (ValueError, TypeError, OverflowError):
-            continue
-        if arr.ndim == 1 and arr.dtype.kind in "fiub":
-            keep[i] = True
-            with np.errstate(over="ignore", invalid="ignore"):
-                good.append(arr.astype(np.float32))
-    width = len(vectors[0]) if vectors else 0
-    return keep, (np.stack(good) if good else np.empty((0, width), dtype=np.float32))
 
 
 def _headers(headers: Sequence[tuple[str, bytes]] | None) -> dict[str, str]:
@@ -494,10 +385,6 @@ def _relevance(value: Any) -> dict[str, float]:
             raise ValueError("relevance grades must be finite numbers")
         out[str(key)] = float(grade)
     return out
-
-
-def _optional(values: list[Any]) -> tuple[Any, ...] | None:
-    return tuple(values) if any(v is not None for v in values) else None
 
 
 def _preview(value: bytes, limit: int = 80) -> str:

@@ -18,8 +18,10 @@ applies one poll synchronously.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
+import os
 import queue
 import threading
 import time
@@ -28,10 +30,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from threadpoolctl import threadpool_limits
+
 from monitor.component import Component
 from monitor.config import Settings
 from monitor.counters import InternalErrors, Tally
-from monitor.decoding import Decoder, DecodeResult
+from monitor.decoding import Decoder, DecodeResult, StartedDecode
+from monitor.json_workers import JsonWorkerPool
 from monitor.logs import RateLimitedLog
 from monitor.offsets import OffsetTracker
 from monitor.sources import Source, SourceMessage
@@ -39,6 +44,7 @@ from monitor.state.registry import StateRegistry
 
 logger = logging.getLogger(__name__)
 
+BUSY_POLLING_CORES = 2  # the poll thread and kafka-python's IO thread
 APPLY_QUEUE_POLLS = 8  # polls buffered between the poll and apply threads: bounds memory
 OVERFLOW_STREAM = "_overflow"  # invalid-record label for stream names outside the label budget
 T = TypeVar("T")
@@ -51,6 +57,15 @@ class DecodedPoll:
     embeddings: DecodeResult
     interactions: DecodeResult
     positions: dict[tuple[str, int], int]  # last offset per partition in the poll
+
+
+@dataclass
+class _StartedPoll:
+    """One poll whose decoding started (its JSON possibly in a worker process)."""
+
+    embeddings: StartedDecode
+    interactions: list[tuple[bytes, Any]]
+    positions: dict[tuple[str, int], int]
 
 
 @dataclass
@@ -78,6 +93,21 @@ class _BoundaryCall:
             self.error = exc
         finally:
             self.done.set()
+
+
+def limit_blas_threads() -> int:
+    """Give BLAS one thread per core beyond the two that polling needs (at least one); returns it.
+
+    The statistics product runs on the apply thread while the poll thread and kafka-python's IO
+    thread keep a core busy. A BLAS product split over threads waits for its slowest helper, and
+    a helper that loses its core to kafka-python stalls the whole product: on 2 cores one thread
+    measured 0.62 of the bare consumer's rate at d = 768, two threads 0.41. The limit is
+    process-wide (OpenBLAS has one pool), so the refresh's eigendecomposition shares it.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = max(1, cores - BUSY_POLLING_CORES)
+    threadpool_limits(limits=threads, user_api="blas")
+    return threads
 
 
 class IngestPipeline:
@@ -115,6 +145,11 @@ class IngestPipeline:
         self._pressure_lock = threading.Lock()
         self._boundary: _BoundaryCall | None = None
         self._boundary_lock = threading.Lock()
+        # Polls whose decoding started (JSON in a worker) and is finished in order on the poll
+        # thread, or by drain() for a hand-off; the lock keeps the two from finishing one twice.
+        self._decoding: collections.deque[_StartedPoll] = collections.deque()
+        self._decoding_lock = threading.Lock()
+        self._json_workers: JsonWorkerPool | None = None
         self._commit_now = threading.Event()
         self._stop = threading.Event()
         self._on_intake_end: Callable[[], None] = lambda: None
@@ -123,6 +158,10 @@ class IngestPipeline:
 
     # ------------------------------------------------------------------ synchronous use
     def decode(self, messages: Sequence[SourceMessage]) -> DecodedPoll:
+        """Decode one poll on the calling thread."""
+        return self._finish_decode(self._start_decode(messages, None))
+
+    def _start_decode(self, messages: Sequence[SourceMessage], workers: JsonWorkerPool | None) -> _StartedPoll:
         embeddings = [(m.value, m.headers) for m in messages if m.kind == "embeddings"]
         interactions = [(m.value, m.headers) for m in messages if m.kind == "interactions"]
         positions: dict[tuple[str, int], int] = {}
@@ -130,11 +169,21 @@ class IngestPipeline:
             if m.position is not None:
                 key = (m.position.topic, m.position.partition)
                 positions[key] = max(positions.get(key, -1), m.position.offset)
+        started = self.decoder.start_embeddings(embeddings, None if workers is None else workers.submit)
+        return _StartedPoll(started, interactions, positions)
+
+    def _finish_decode(self, poll: _StartedPoll) -> DecodedPoll:
         return DecodedPoll(
-            self.decoder.decode_embeddings(embeddings) if embeddings else DecodeResult(),
-            self.decoder.decode_interactions(interactions) if interactions else DecodeResult(),
-            positions,
+            self.decoder.finish_embeddings(poll.embeddings),
+            self.decoder.decode_interactions(poll.interactions) if poll.interactions else DecodeResult(),
+            poll.positions,
         )
+
+    def _finish_decoding(self, keep: int = 0) -> None:
+        """Finish started polls, oldest first, until at most ``keep`` remain; enqueue them."""
+        with self._decoding_lock:
+            while len(self._decoding) > keep:
+                self._enqueue(self._finish_decode(self._decoding.popleft()))
 
     def apply(self, poll: DecodedPoll) -> None:
         """Fold one decoded poll into the state and the components; count what was rejected."""
@@ -177,6 +226,10 @@ class IngestPipeline:
         """Start the apply and poll threads. ``on_intake_end`` runs on the poll thread once intake
         stopped and everything polled was applied, before the last commit (the final checkpoint)."""
         self._on_intake_end = on_intake_end
+        limit_blas_threads()
+        workers = self.settings.decoding.json_workers
+        if workers:
+            self._json_workers = JsonWorkerPool(self.decoder.json, workers, on_failure=lambda: self.errors.count("json_worker"))
         self._apply_thread.start()
         self._poll_thread.start()
 
@@ -207,14 +260,25 @@ class IngestPipeline:
                 backlogged = self._flush_backlog(wait=min(timeout, 0.1))
                 self._set_paused(backlogged)
                 try:
-                    messages = self.source.poll(min(timeout, 0.1) if backlogged else timeout)
+                    # Started polls wait for this one: keep the wait short while any is pending.
+                    wait = 0.0 if self._decoding else min(timeout, 0.1) if backlogged else timeout
+                    messages = self.source.poll(wait)
                 except Exception:  # noqa: BLE001 - never let a source bug end intake
                     self.errors.count("poll")
                     logger.exception("source poll failed")
                     time.sleep(min(timeout, 1.0))
                     continue
                 if messages:
-                    self._enqueue(self.decode(messages))
+                    if self._json_workers is None:
+                        self._enqueue(self.decode(messages))
+                    else:
+                        # Finish the oldest poll only now: its JSON was parsed in a worker while
+                        # this thread polled Kafka for the next one.
+                        self._finish_decoding(keep=self._json_workers.size - 1)
+                        with self._decoding_lock:
+                            self._decoding.append(self._start_decode(messages, self._json_workers))
+                else:
+                    self._finish_decoding()
                 if self._commit_now.is_set() or time.monotonic() - last_commit >= commit_every:
                     self._commit_now.clear()
                     self.commit()
@@ -224,6 +288,10 @@ class IngestPipeline:
 
     def _finish_intake(self) -> None:
         deadline = time.monotonic() + self.settings.shutdown_timeout_seconds / 2
+        with self.errors.guard("decode"):
+            self._finish_decoding()
+        if self._json_workers is not None:
+            self._json_workers.close()
         while self._flush_backlog(wait=0.05) and time.monotonic() < deadline:
             pass
         with contextlib.suppress(queue.Full):  # tell the apply thread to finish what is queued
@@ -321,6 +389,7 @@ class IngestPipeline:
     def drain(self, timeout: float) -> bool:
         """Wait until every polled record is applied (backlog and queue empty, nothing in flight)."""
         deadline = time.monotonic() + timeout
+        self._finish_decoding()  # polls still being decoded (the poll thread waits in source.poll)
         while self._flush_backlog(wait=0.05):
             if time.monotonic() > deadline or not self._apply_thread.is_alive():
                 return False

@@ -203,3 +203,49 @@ def test_interactions() -> None:
     np.testing.assert_allclose(ev.query_vector, [0.1, 0.2, 0.3], rtol=1e-6)
     assert reasons(result) == {"bad_json": 1, "missing_field": 1, "bad_field": 3, "dim_mismatch": 1}
     assert all(stream == "interactions" for stream, _ in result.rejected)
+
+
+# -- the simdjson fast path ----------------------------------------------------------------------
+
+_EDGE_EVENTS = [
+    b'{"id": "a", "model": "m", "vector": [1, 2.5, -3e-7, 0]}',
+    b'{"id": "b", "model": "m", "vector": [[1], [2], [3], [4]]}',  # simdjson would flatten this
+    b'{"id": "c", "model": "m", "vector": [1, 2, 3, 4], "vector": [5, 6, 7, "x"]}',  # duplicate key
+    b'{"id": "d[", "model": "m", "vector": [1, 2, 3, 4]}',  # a bracket in a string
+    b'{"id": "e", "model": "m", "vector": [9007199254740993, 1, 2, 3]}',  # beyond 2**53
+    b'{"id": "f", "model": "m", "vector": [18446744073709551615, 1, 2, 3]}',  # uint64
+    b'{"id": "g", "model": "m", "vector": [1e39, 1, 2, 3]}',  # float32 overflow
+    b'{"id": "h", "model": "m", "vector": [true, 1, 2, 3]}',
+    b'{"id": "i", "model": "m", "vector": [1, 2, 3, 4], "tags": ["x"]}',
+    b'[{"id": "j", "model": "m", "vector": [1, 2, 3, 4]}, {"id": "k", "model": "m", "vector": [0, 0, 0, 0]}]',
+    b'[{"id": "l", "model": "m", "vector": [1, 2, 3, 4]}, 7]',
+    b'{"id": "m", "model": "m", "vector": [], "stream": "s2"}',
+    b'{"id": {"x": 1}, "model": "m", "vector": [1, 2, 3, 4]}',
+    b'{"id": "n", "model": "m", "vector": [1, 2, 3, 4], "ts": 1.5, "slice": "head", "pair_id": 3}',
+]
+
+
+def test_the_fast_path_decodes_exactly_as_the_general_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+    from monitor import json_decoding
+
+    messages = [(m, ()) for m in _EDGE_EVENTS * 3]
+    fast = Decoder(LimitSettings()).decode_embeddings(messages)
+    monkeypatch.setattr(json_decoding, "fast_events", lambda value: None)
+    general = Decoder(LimitSettings()).decode_embeddings(messages)
+    assert fast.rejected == general.rejected
+    assert [(b.model, b.stream, b.ids, b.timestamps is None, b.slices, b.pair_ids) for b in fast.batches] == [
+        (b.model, b.stream, b.ids, b.timestamps is None, b.slices, b.pair_ids) for b in general.batches
+    ]
+    for a, b in zip(fast.batches, general.batches, strict=True):
+        np.testing.assert_array_equal(a.vectors, b.vectors)
+
+
+def test_the_fast_path_takes_plain_events_and_leaves_the_rest() -> None:
+    from monitor.json_events import fast_events
+
+    plain = fast_events(_EDGE_EVENTS[0])
+    assert isinstance(plain, dict) and plain["vector"].dtype == np.float64
+    assert isinstance(fast_events(_EDGE_EVENTS[9]), list)
+    for general_only in (1, 2, 3, 4, 7, 8, 10, 12):
+        assert fast_events(_EDGE_EVENTS[general_only]) is None, _EDGE_EVENTS[general_only]
+    assert fast_events(b"{not json") is None and fast_events(b'{"vector": [NaN]}') is None

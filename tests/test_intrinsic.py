@@ -391,3 +391,28 @@ def test_real_minilm_embeddings_are_never_flagged_at_any_scale(minilm_embeddings
     _assert_same_ratios(reports)
     assert [r.collapse_detected for r in reports] == [0, 0, 0]
     assert [r.dead_dimensions for r in reports] == [3, 3, 3]
+
+
+def _float32_report(x: np.ndarray) -> IntrinsicReport:
+    """The report when the window's product runs in float32 (``window.gram_precision: float32``)."""
+    stats = SufficientStats(x.shape[1], "float32")
+    for block in np.array_split(np.asarray(x, dtype=np.float32), 10):
+        stats.update(block)
+    return intrinsic.report_from_stats(stats, sample=None, alignment=(0.0, 0), settings=IntrinsicSettings())
+
+
+@pytest.mark.parametrize("k", [1, 6, 20])
+def test_float32_products_still_flag_a_rank_k_collapse_at_every_scale(k: int) -> None:
+    """float32 rounding leaves null directions near 1e-8 of the variance: its own floor zeroes them."""
+    for c in SCALES:
+        report = _float32_report(rank_k(k, norm=0.001) * c)
+        assert report.collapse_detected == 1 and report.partition_isotropy == 0.0
+        assert report.effective_rank <= k + 1e-6, (c, report.effective_rank)
+
+
+def test_float32_products_read_real_minilm_like_float64(minilm_embeddings: np.ndarray) -> None:
+    """The float32 floor is under MiniLM's smallest real eigenvalue: no real direction is erased."""
+    single, double = _float32_report(minilm_embeddings), report_from_matrix(minilm_embeddings)
+    assert single.collapse_detected == 0 and single.dead_dimensions == double.dead_dimensions == 3
+    for name in ("effective_rank", "stable_rank", "effective_dimension", "top10_variance_ratio"):
+        assert getattr(single, name) == pytest.approx(getattr(double, name), rel=1e-5), name

@@ -122,3 +122,21 @@ def test_inconsistent_state_is_rejected() -> None:
         Reservoir.from_state_dict(state)
     with pytest.raises(ValueError, match="unknown bit generator"):
         generator_from_state({"bit_generator": "NoSuchGenerator"})
+
+
+def test_shared_rows_read_the_same_and_are_copied_back_before_a_write() -> None:
+    res = Reservoir(capacity=4, dim=2, rng=np.random.default_rng(0))
+    res.add(_rows(0, 4), ids=_ids(0, 4))
+    before = res.vectors.copy()
+    storage = np.zeros((10, 2), dtype=np.float32)
+    rows = np.array([7, 2, 9, 0])
+    storage[rows] = before
+    res.share(storage, rows)
+    assert res.shared
+    np.testing.assert_array_equal(res.vectors, before)
+    np.testing.assert_array_equal(res.take(np.array([1, 3])), before[[1, 3]])
+    res.add(_rows(4, 6), ids=_ids(4, 6))
+    assert not res.shared and res.seen == 6
+    np.testing.assert_array_equal(storage[rows], before)  # the shared array was never written
+    with pytest.raises(ValueError, match="match"):
+        res.share(storage, np.arange(3))

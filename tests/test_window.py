@@ -302,3 +302,48 @@ def test_state_dict_version_and_shape_are_checked() -> None:
         SlidingWindow.from_state_dict({**state, "version": 99})
     with pytest.raises(ValueError, match="configuration"):
         SlidingWindow.from_state_dict({**state, "reservoir_size": 40})
+
+
+# -- the published sample is shared, not copied ---------------------------------------------------
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    traffic=st.lists(st.integers(0, 40), min_size=4, max_size=12),
+    snapshot_every=st.integers(1, 4),
+    seed=st.integers(0, 2**16),
+)
+def test_sharing_rows_with_published_samples_changes_nothing(traffic: list[int], snapshot_every: int, seed: int) -> None:
+    """A window that publishes snapshots (and so shares closed sub-windows' rows with them) holds
+    and samples exactly what an unobserved window does, and checkpoints identically."""
+    observed = SlidingWindow(dim=3, window_seconds=40, subwindows=4, reservoir_size=24, seed=seed)
+    quiet = SlidingWindow(dim=3, window_seconds=40, subwindows=4, reservoir_size=24, seed=seed)
+    start = 0
+    published = []
+    for step, n in enumerate(traffic):
+        rows = _tagged(start, start + n)
+        for window in (observed, quiet):
+            window.add(_batch(rows, ids=[f"r{i}" for i in range(start, start + n)]), now=10.0 * step + 1)
+        start += n
+        if step % snapshot_every == 0:
+            snap = observed.snapshot(now=10.0 * step + 2)
+            published.append((snap, snap.sample.copy()))
+    for snap, as_published in published:  # later adds never write into a published sample
+        np.testing.assert_array_equal(snap.sample, as_published)
+    end = 10.0 * len(traffic)
+    _assert_snapshots_equal(observed.snapshot(now=end), quiet.snapshot(now=end))
+    a, b = observed.state_dict(), quiet.state_dict()
+    for sub_a, sub_b in zip(a["live"], b["live"], strict=True):
+        np.testing.assert_array_equal(sub_a["reservoir"]["vectors"], sub_b["reservoir"]["vectors"])
+        assert sub_a["reservoir"]["ids"] == sub_b["reservoir"]["ids"]
+
+
+def test_closed_full_subwindows_keep_their_rows_only_in_the_published_sample() -> None:
+    window = SlidingWindow(dim=4, window_seconds=30, subwindows=3, reservoir_size=30, seed=1)
+    for step in range(3):
+        window.add(_batch(_random(50, 4, seed=step)), now=10.0 * step)
+    snap = window.snapshot(now=25.0)
+    subs = [window._live[k] for k in sorted(window._live)]
+    assert [sub.reservoir.shared for sub in subs] == [True, True, False]  # the current one still takes rows
+    for sub in subs[:2]:
+        assert sub.reservoir._shared is snap.sample and sub.reservoir._vectors.size == 0

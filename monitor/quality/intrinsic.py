@@ -202,7 +202,7 @@ def report_from_stats(
 
     cov = stats.covariance()
     eigenvalues = np.linalg.eigvalsh(cov)[::-1]  # descending
-    eigenvalues = np.where(eigenvalues > rounding_floor(stats), eigenvalues, 0.0)
+    eigenvalues = np.where(eigenvalues > rounding_floor(stats, float(np.trace(cov))), eigenvalues, 0.0)
     spectrum = _spectrum_metrics(eigenvalues)
     norm_mean = stats.norm_sum / n
     norm_var = max(0.0, (stats.sq_norm_sum - n * norm_mean * norm_mean) / (n - 1))
@@ -237,19 +237,29 @@ def report_from_stats(
 # -- the metrics -----------------------------------------------------------------------------
 
 
-def rounding_floor(stats: SufficientStats) -> float:
-    """The smallest covariance eigenvalue that is not rounding: d·ε·E‖x‖² (ε of float64).
+def rounding_floor(stats: SufficientStats, total_variance: float) -> float:
+    """The smallest covariance eigenvalue that is not rounding.
 
-    The covariance is (XᵀX − n·μμᵀ)/(n − 1) from float64 sums, so each of its eigenvalues is
-    known to within a few ε times the second moment's norm, which E‖x‖² = trace(XᵀX)/n bounds.
-    Like ``numpy.linalg.matrix_rank``'s tolerance (σ_max·max(M, N)·ε), the floor scales with the
-    data: multiplying every vector by c > 0 multiplies the floor and every eigenvalue by c², so
-    what counts as a null direction, and every ratio below, does not depend on the scale.
-    Measured noise eigenvalues of rank-deficient data (rank 1–20, d = 384–768, means up to 100×
-    the spread, scales 1e-4–1e4) stay below 7·10⁻¹⁶·E‖x‖², over 100× under the floor.
+    float64 products (the default): d·ε₆₄·E‖x‖². The covariance comes from float64 sums, so each
+    eigenvalue is known to within a few ε times the second moment's norm, which E‖x‖² =
+    trace(XᵀX)/n bounds. Like ``numpy.linalg.matrix_rank``'s tolerance (σ_max·max(M, N)·ε), the
+    floor scales with the data: multiplying every vector by c > 0 multiplies the floor and every
+    eigenvalue by c², so what counts as a null direction, and every ratio below, does not depend
+    on the scale. Measured noise eigenvalues of rank-deficient data (rank 1–20, d = 384–768, means
+    up to 100× the spread, scales 1e-4–1e4) stay below 7·10⁻¹⁶·E‖x‖², over 100× under the floor.
+
+    float32 products (``window.gram_precision: float32``): √d·ε₃₂·trace(C), also scale-free. The
+    shifted rows' product rounds in single precision, so null directions come out near
+    10⁻⁸·E‖x − c‖² (measured up to 1.2·10⁻⁸ on the same cases), far above the float64 floor;
+    trace(C) is that size when the centre c is near the mean. At d = 768 the floor is
+    3.3·10⁻⁶·trace(C): 280× the measured noise, and 7× under MiniLM's smallest real eigenvalue
+    (2.4·10⁻⁵·trace(C)). d·ε₃₂ would be 9·10⁻⁵ and erase real directions, hence √d.
     """
     n = stats.count
-    return stats.dim * float(np.finfo(np.float64).eps) * (stats.sq_norm_sum / n if n else 0.0)
+    floor = stats.dim * float(np.finfo(np.float64).eps) * (stats.sq_norm_sum / n if n else 0.0)
+    if stats.precision == "float32":
+        floor = max(floor, math.sqrt(stats.dim) * float(np.finfo(np.float32).eps) * max(total_variance, 0.0))
+    return floor
 
 
 def _spectrum_metrics(eigenvalues: np.ndarray) -> dict[str, float]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from monitor.config import Settings
 from monitor.records import EmbeddingBatch
+from monitor.state.stats import resolve_device
 from monitor.state.window import SlidingWindow, WindowSnapshot
 
 StreamKey = tuple[str, str]  # (model, stream)
@@ -39,6 +40,7 @@ class StateRegistry:
         self._streams_per_model: dict[str, set[str]] = {}
         self._lock = threading.Lock()
         self._window_factory = window_factory or self._default_window
+        self._device = resolve_device(settings.device)  # CUDA for large batches' products, if configured
 
     def _default_window(self, model: str, stream: str, dim: int) -> SlidingWindow:
         w = self.settings.window
@@ -51,6 +53,8 @@ class StateRegistry:
             reservoir_size=w.reservoir_size,
             seed=seed,
             alignment_alpha=self.settings.quality.alignment_alpha,
+            gram_precision=w.gram_precision,
+            device=self._device,
         )
 
     def admit(self, model: str, stream: str) -> bool:
@@ -168,6 +172,7 @@ class StateRegistry:
                         f"{model}/{stream}: window {attr} is {getattr(window, attr)!r} in the checkpoint, "
                         f"{getattr(fresh, attr)!r} configured"
                     )
+            window.use_arithmetic(fresh.gram_precision, fresh.device)
             last = entry.get("last_record_time")
             rebuilt.append(
                 StreamState(model, stream, window, int(entry["records_total"]), None if last is None else float(last))

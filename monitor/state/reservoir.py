@@ -74,6 +74,9 @@ class Reservoir:
         self.seen = 0
         self._vectors = np.empty((self.capacity, self.dim), dtype=np.float32)
         self._ids = np.full(self.capacity, None, dtype=object)
+        # While shared: the held rows live in another array (never written), _shared[_shared_rows].
+        self._shared: np.ndarray | None = None
+        self._shared_rows: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -82,8 +85,44 @@ class Reservoir:
 
     @property
     def vectors(self) -> np.ndarray:
-        """The held rows, float32 (size, dim); a view, valid until the next ``add``."""
+        """The held rows, float32 (size, dim); a view, valid until the next ``add`` (a copy
+        while the rows are shared)."""
+        if self._shared is not None:
+            return self._shared[self._shared_rows]
         return self._vectors[: self.size]
+
+    def take(self, slots: np.ndarray) -> np.ndarray:
+        """A copy of the held rows at ``slots`` (one gather, also while shared)."""
+        if self._shared is not None:
+            assert self._shared_rows is not None
+            return self._shared[self._shared_rows[slots]]
+        return self._vectors[slots]
+
+    def share(self, storage: np.ndarray, rows: np.ndarray) -> None:
+        """Hold the sample as ``storage[rows]`` (row i of the sample is ``storage[rows[i]]``), an
+        array owned elsewhere that nobody writes to, and free the private copy.
+
+        A window shares the rows of sub-windows that take no more records with the sample it
+        published, so a stream's sample is in memory once, not twice. Adding rows later copies
+        them back first.
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.shape != (self.size,) or storage.ndim != 2 or storage.shape[1] != self.dim:
+            raise ValueError("shared rows do not match the reservoir's size and dimension")
+        self._shared, self._shared_rows = storage, rows
+        self._vectors = np.empty((0, self.dim), dtype=np.float32)
+
+    @property
+    def shared(self) -> bool:
+        return self._shared is not None
+
+    def _own(self) -> None:
+        """Copy shared rows back into private storage (before a write)."""
+        if self._shared is not None:
+            held = self.vectors
+            self._vectors = np.empty((self.capacity, self.dim), dtype=np.float32)
+            self._vectors[: held.shape[0]] = held
+            self._shared = self._shared_rows = None
 
     @property
     def ids(self) -> tuple[str | None, ...]:
@@ -104,6 +143,7 @@ class Reservoir:
             raise ValueError(f"got {len(ids)} ids for {n} rows")
         if n == 0:
             return 0
+        self._own()
 
         first = self.seen
         self.seen += n

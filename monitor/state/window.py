@@ -29,7 +29,7 @@ import numpy as np
 
 from monitor.records import EmbeddingBatch
 from monitor.state.reservoir import Reservoir
-from monitor.state.stats import SufficientStats
+from monitor.state.stats import GramPrecision, SufficientStats, check_precision
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,8 @@ class WindowSnapshot:
         Exact sums over every record in the window (a private copy).
     sample : ndarray, float32 (m, d)
         A sample in which every record of the window had the same inclusion probability, in
-        random order (so any prefix is itself such a sample).
+        random order (so any prefix is itself such a sample). Shared with the window (its closed
+        sub-windows keep their rows only here): read it, never write to it.
     sample_ids : tuple
         Ids of the sample rows (``None`` where a record had no id).
     alignment_sum, alignment_pairs :
@@ -217,6 +218,11 @@ class SlidingWindow:
         Exponent α of the alignment distance ‖u₁ − u₂‖^α.
     max_pending_pairs : int
         Bound on first halves of positive pairs waiting for their partner.
+    gram_precision : {"float64", "float32"}
+        Arithmetic of each sub-window's second-moment product (``SufficientStats``); a setting
+        of the running daemon, not of the data, so a checkpoint restores under either.
+    device : str, optional
+        A CUDA device for the products of large batches (``stats.resolve_device``); None: CPU.
 
     Examples
     --------
@@ -240,6 +246,8 @@ class SlidingWindow:
         seed: int = 0,
         alignment_alpha: float = 2.0,
         max_pending_pairs: int = 10_000,
+        gram_precision: GramPrecision = "float64",
+        device: str | None = None,
     ) -> None:
         if int(dim) < 1:
             raise ValueError(f"dim must be a positive integer, got {dim!r}")
@@ -258,6 +266,8 @@ class SlidingWindow:
         self.seed = int(seed)
         self.alignment_alpha = float(alignment_alpha)
         self.max_pending_pairs = int(max_pending_pairs)
+        self.gram_precision = check_precision(gram_precision)
+        self.device = device
         self._pairs = PositivePairMatcher(self.max_pending_pairs, self.alignment_alpha)
         self._live: dict[int, _SubWindow] = {}  # sub-window index -> sub-window
         self._head: int | None = None  # index of the newest sub-window reached
@@ -305,7 +315,7 @@ class SlidingWindow:
             rng = np.random.default_rng([self.seed, 0, index & _INDEX_MASK])
             current = _SubWindow(
                 index=index,
-                stats=SufficientStats(self.dim),
+                stats=SufficientStats(self.dim, self.gram_precision, self.device),
                 reservoir=Reservoir(self.subwindow_capacity, self.dim, rng),
             )
             self._live[index] = current
@@ -322,9 +332,10 @@ class SlidingWindow:
             self._advance(now)
             return
         sub = self._subwindow(self._advance(now))
-        rows64 = np.ascontiguousarray(vectors, dtype=np.float64)  # one cast, shared with stats
-        norms = batch.norms if batch.norms is not None else np.sqrt(np.einsum("ij,ij->i", rows64, rows64))
-        sub.stats.update(rows64, norms=norms)
+        norms = batch.norms
+        if norms is None:
+            norms = np.sqrt(np.einsum("ij,ij->i", vectors, vectors, dtype=np.float64))
+        sub.stats.update(vectors, norms=norms)
         sub.reservoir.add(vectors, batch.ids)
         if batch.pair_ids is not None:
             rows = [i for i, pair_id in enumerate(batch.pair_ids) if pair_id is not None]
@@ -349,10 +360,12 @@ class SlidingWindow:
         """
         head = self._advance(now)
         live = [self._live[k] for k in sorted(self._live)]
-        stats = SufficientStats(self.dim)
+        if live:
+            stats = SufficientStats.merged([sub.stats for sub in live])
+        else:
+            stats = SufficientStats(self.dim, self.gram_precision)
         alignment_sum, alignment_pairs = 0.0, 0
         for sub in live:
-            stats.merge(sub.stats)
             alignment_sum += sub.alignment_sum
             alignment_pairs += sub.alignment_pairs
         sample, sample_ids = self._uniform_sample(live, head)
@@ -386,19 +399,36 @@ class SlidingWindow:
         p = float(np.min(held[nonempty] / seen[nonempty]))
         parts: list[np.ndarray] = []
         ids: list[str | None] = []
+        whole: list[tuple[_SubWindow, int]] = []  # closed sub-windows whose every held row is taken
         for sub, n_j, r_j in zip(live, seen, held, strict=True):
             if n_j == 0:
                 continue
             take = _randomised_round(p * n_j, int(r_j), rng)
             chosen = np.sort(rng.choice(int(r_j), size=take, replace=False))
-            parts.append(sub.reservoir.vectors[chosen])
+            if take == r_j and sub.index < head:
+                whole.append((sub, sum(len(part) for part in parts)))
+            parts.append(sub.reservoir.take(chosen))
             sub_ids = sub.reservoir.ids
             ids.extend(sub_ids[i] for i in chosen)
-        order = rng.permutation(sum(len(part) for part in parts))
+        total = sum(len(part) for part in parts)
+        order = rng.permutation(total)
         sample = np.concatenate(parts)[order]
+        # Sub-windows that take no more records now keep their rows only inside the sample.
+        position = np.empty(total, dtype=np.int64)
+        position[order] = np.arange(total)
+        for sub, start in whole:
+            sub.reservoir.share(sample, position[start : start + sub.reservoir.size])
         return sample, tuple(ids[i] for i in order)
 
     # -- checkpointing --------------------------------------------------------------------
+
+    def use_arithmetic(self, precision: GramPrecision, device: str | None) -> None:
+        """Update every sub-window with ``precision`` on ``device`` from now on (a restored window
+        adopts the running configuration; the sums already held stay valid in either)."""
+        self.gram_precision = check_precision(precision)
+        self.device = device
+        for sub in self._live.values():
+            sub.stats.precision, sub.stats.device = self.gram_precision, device
 
     def state_dict(self) -> dict[str, Any]:
         """Configuration, sub-windows (stats, reservoirs with RNG state) and pending pairs."""
