@@ -33,7 +33,7 @@ from monitor.state.stats import SufficientStats
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PositivePairMatcher", "SlidingWindow", "WindowSnapshot"]
+__all__ = ["PositivePairMatcher", "SlidingWindow", "WindowSnapshot", "uniform_sample"]
 
 _STATE_VERSION = 1
 _INDEX_MASK = (1 << 62) - 1  # seed sequences need non-negative entropy
@@ -376,27 +376,9 @@ class SlidingWindow:
     def _uniform_sample(
         self, live: list[_SubWindow], head: int
     ) -> tuple[np.ndarray, tuple[str | None, ...]]:
-        seen = np.array([sub.reservoir.seen for sub in live], dtype=np.int64)
-        held = np.array([sub.reservoir.size for sub in live], dtype=np.int64)
-        if seen.sum() == 0 or held.sum() == 0:
-            return np.empty((0, self.dim), dtype=np.float32), ()
         # Deterministic for a given window state, so repeated snapshots agree.
         rng = np.random.default_rng([self.seed, 1, self._records_total, head & _INDEX_MASK])
-        nonempty = seen > 0
-        p = float(np.min(held[nonempty] / seen[nonempty]))
-        parts: list[np.ndarray] = []
-        ids: list[str | None] = []
-        for sub, n_j, r_j in zip(live, seen, held, strict=True):
-            if n_j == 0:
-                continue
-            take = _randomised_round(p * n_j, int(r_j), rng)
-            chosen = np.sort(rng.choice(int(r_j), size=take, replace=False))
-            parts.append(sub.reservoir.vectors[chosen])
-            sub_ids = sub.reservoir.ids
-            ids.extend(sub_ids[i] for i in chosen)
-        order = rng.permutation(sum(len(part) for part in parts))
-        sample = np.concatenate(parts)[order]
-        return sample, tuple(ids[i] for i in order)
+        return uniform_sample([sub.reservoir for sub in live], self.dim, rng)
 
     # -- checkpointing --------------------------------------------------------------------
 
@@ -442,6 +424,45 @@ class SlidingWindow:
         if len(window._live) > window.subwindows:
             raise ValueError("window state holds more sub-windows than configured")
         return window
+
+
+def uniform_sample(
+    reservoirs: Sequence[Reservoir], dim: int, rng: np.random.Generator
+) -> tuple[np.ndarray, tuple[str | None, ...]]:
+    """One sample of the union of several reservoirs' streams, every record equally likely.
+
+    Reservoir j saw n_j records and holds r_j = min(n_j, capacity) of them, each with
+    probability r_j/n_j; so p = min_j r_j/n_j and reservoir j contributes a uniform subset of
+    p·n_j of its rows (randomised rounding keeps the expectation exact). The pieces may be the
+    sub-windows of one window or those of several replicas (the reducer merges those).
+    Returns the rows in random order (any prefix is itself such a sample) and their ids.
+
+    >>> rng = np.random.default_rng(0)
+    >>> a, b = Reservoir(4, 2, rng), Reservoir(4, 2, rng)
+    >>> _ = a.add(np.ones((8, 2), dtype=np.float32)); _ = b.add(np.zeros((2, 2), dtype=np.float32))
+    >>> sample, ids = uniform_sample([a, b], 2, np.random.default_rng(1))
+    >>> len(sample)  # p = min(4/8, 2/2) = 0.5: 4 rows of a, 1 of b
+    5
+    """
+    seen = np.array([r.seen for r in reservoirs], dtype=np.int64)
+    held = np.array([r.size for r in reservoirs], dtype=np.int64)
+    if seen.sum() == 0 or held.sum() == 0:
+        return np.empty((0, dim), dtype=np.float32), ()
+    nonempty = seen > 0
+    p = float(np.min(held[nonempty] / seen[nonempty]))
+    parts: list[np.ndarray] = []
+    ids: list[str | None] = []
+    for reservoir, n_j, r_j in zip(reservoirs, seen, held, strict=True):
+        if n_j == 0:
+            continue
+        take = _randomised_round(p * n_j, int(r_j), rng)
+        chosen = np.sort(rng.choice(int(r_j), size=take, replace=False))
+        parts.append(reservoir.vectors[chosen])
+        reservoir_ids = reservoir.ids
+        ids.extend(reservoir_ids[i] for i in chosen)
+    order = rng.permutation(sum(len(part) for part in parts))
+    sample = np.concatenate(parts)[order]
+    return sample, tuple(ids[i] for i in order)
 
 
 def _randomised_round(value: float, ceiling: int, rng: np.random.Generator) -> int:
