@@ -22,6 +22,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from monitor.drift.references import DaemonDriftSettings
 from monitor.quality.intrinsic import IntrinsicSettings
 from monitor.retrieval.settings import ProbeSettings
+from monitor.scaleout.settings import ScaleOutSettings
 
 ENV_PREFIX = "EMBMON_"
 # Settings the daemon owns itself; passing them as --kafka-option would break offset handling.
@@ -241,6 +242,7 @@ class Settings(BaseSettings):
     limits: LimitSettings = Field(default_factory=LimitSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
+    scale_out: ScaleOutSettings = Field(default_factory=ScaleOutSettings)  # replicas + reducer: docs/deployment.md
     models: dict[str, ModelSettings] = Field(default_factory=dict)
     refresh_seconds: float = Field(15.0, gt=0, le=3600)
     state_dir: Path = Field(default_factory=lambda: default_state_dir())
