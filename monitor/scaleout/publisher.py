@@ -118,8 +118,9 @@ def producer_config(settings: Settings) -> dict[str, Any]:
         acks="all",
         linger_ms=5,
         max_request_size=scale.max_record_bytes + PRODUCER_OVERHEAD_BYTES,
+        # kafka-python wants delivery_timeout_ms > linger_ms + request_timeout_ms
         delivery_timeout_ms=int(scale.publish_timeout_seconds * 1000),
-        request_timeout_ms=min(30_000, int(scale.publish_timeout_seconds * 1000)),
+        request_timeout_ms=max(500, min(30_000, int(scale.publish_timeout_seconds * 1000) // 2)),
     )
     return config
 
