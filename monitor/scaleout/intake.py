@@ -3,9 +3,10 @@
 The reducer is a single instance, so it reads by assignment, not in a consumer group, and keeps
 its positions in its own checkpoint together with the state they produced (the merge table, the
 probes' buffers): a restart resumes right after what the checkpoint reflects, exactly once. Without
-a checkpoint it starts ``2 x scale_out.full_publish_seconds`` back in the partials topic (every
-replica republished all it holds within that span, and the merge table ignores anything older or
-repeated) and where ``kafka.auto_offset_reset`` says in the interactions topic.
+a checkpoint it starts ``window.seconds + 2 x scale_out.full_publish_seconds`` back in the partials
+topic (far enough for every replica's newest full publication whose sub-windows can still be live,
+and what followed it; the merge table ignores anything older or repeated) and where
+``kafka.auto_offset_reset`` says in the interactions topic.
 
 Interactions are decoded as in a replica (:class:`~monitor.decoding.Decoder`) and handed to the
 components (the retrieval probes' buffers); nothing here reads embeddings.
@@ -84,7 +85,9 @@ class PartialsReader:
         self.clock = clock
         self.partials_topic = settings.scale_out.partials_topic
         self.interactions_topic = settings.kafka.interactions_topic
-        self.lookback_seconds = 2 * (settings.scale_out.full_publish_seconds or settings.window.seconds)
+        # any replica's newest full publication whose sub-windows may still be live, and what followed
+        full = settings.scale_out.full_publish_seconds or settings.window.seconds
+        self.lookback_seconds = settings.window.seconds + 2 * full
         self.offsets = OffsetTracker(durable_commits=True)
         self.invalid: Tally[tuple[str, str]] = Tally()  # (stream, reason)
         self.interactions: Tally[str] = Tally()  # model
@@ -289,12 +292,12 @@ class PartialsReader:
             found = {}
         for tp in partitions:
             hit = found.get(tp)
-            if hit is not None:
-                consumer.seek(tp, hit.offset)
-            elif tp in found:  # nothing that recent: nothing to read yet
+            if tp not in found:
+                consumer.seek_to_beginning(tp)
+            elif hit is None or hit.offset < 0 or hit.timestamp < 0:  # nothing that recent (tansu: ts -1)
                 consumer.seek_to_end(tp)
             else:
-                consumer.seek_to_beginning(tp)
+                consumer.seek(tp, hit.offset)
 
     def _maybe_refresh_lag(self, consumer: Any) -> None:
         now = time.monotonic()

@@ -121,6 +121,7 @@ def producer_config(settings: Settings) -> dict[str, Any]:
         # kafka-python wants delivery_timeout_ms > linger_ms + request_timeout_ms
         delivery_timeout_ms=int(scale.publish_timeout_seconds * 1000),
         request_timeout_ms=max(500, min(30_000, int(scale.publish_timeout_seconds * 1000) // 2)),
+        max_block_ms=int(scale.publish_timeout_seconds * 1000),  # metadata of a missing topic, a full buffer
     )
     return config
 
