@@ -9,7 +9,10 @@ The parts, in data-flow order (docs/architecture.md):
 * :mod:`monitor.refresh`: the intrinsic metrics of every window, published as one snapshot;
 * :mod:`monitor.jobs`: the scheduler that runs refresh, checkpoint and component jobs;
 * :mod:`monitor.collector`: scrape-time families, reading :class:`~monitor.status.DaemonStatus`;
-* :mod:`monitor.lifecycle`: signals, exception-safe start-up, bounded shutdown.
+* :mod:`monitor.lifecycle`: signals, exception-safe start-up, bounded shutdown;
+* :mod:`monitor.scaleout`: with ``scale_out.role: replica`` this daemon publishes each checkpoint's
+  state and commits only published offsets (and computes no window metrics); the reducer role is
+  another daemon (:class:`monitor.scaleout.reducer.Reducer`) sharing :class:`Daemon`'s lifecycle.
 
 Exactly-once state (docs/operations.md): a checkpoint holds all state and the offsets it
 reflects; with checkpointing on, only offsets in a durable checkpoint are committed, so the

@@ -10,7 +10,7 @@ Wiring (the counterpart of :class:`monitor.service.Monitor` for ``scale_out.role
   first-window references, and the retrieval probes, fed the interactions this reducer reads.
   What needs the record stream in order cannot run here: the online change detectors are off,
   and a first-records reference becomes the first merged window holding ``drift.reference.records``
-  records (docs/drift.md, "Scaled out");
+  records (docs/deployment.md, "What the reducer cannot do");
 * checkpoints (:class:`~monitor.checkpointer.Checkpointer`) hold the table, the components' state
   and the reader's positions, taken between two polls, so a restart resumes exactly once;
 * the HTTP port exports what a single daemon exports, minus the ingest counters of embeddings
