@@ -137,7 +137,8 @@ class Daemon:
         if self.computes_windows:
             self.jobs.schedule(ScheduledJob("refresh", self.refresh, self.settings.refresh_seconds), run_soon=True)
         if self.checkpointer is not None:
-            self.jobs.schedule(ScheduledJob("checkpoint", self.checkpointer.checkpoint, checkpoint_interval(self.settings)))
+            interval = checkpoint_interval(self.settings)
+            self.jobs.schedule(ScheduledJob("checkpoint", self.checkpointer.checkpoint, interval))
         for component in self.components:
             for job in component.jobs():
                 self.jobs.schedule(job)

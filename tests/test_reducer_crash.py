@@ -10,12 +10,10 @@ those of the whole matrix (the window is long enough to hold the whole stream).
 
 from __future__ import annotations
 
-import os
 import random
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -27,15 +25,16 @@ import pytest
 from monitor.config import load_settings
 from monitor.quality.intrinsic import report_from_matrix
 from monitor.scaleout.reducer import Reducer
-from tests.support.broker import FAST_GROUP_OPTIONS, Broker, free_port, kafka_daemon_overrides
+from tests.support.broker import Broker, free_port, kafka_daemon_overrides
 from tests.support.scrape import scrape, value, wait_until
+from tests.test_crash import start_daemon
 
 pytestmark = pytest.mark.broker
 
 PARTITIONS, DIM_BIN, DIM_JSON, MESSAGES, KILLS = 4, 16, 8, 120, 3
 EXACT = ("partition_isotropy", "effective_dimension", "mean_cosine_similarity", "vector_norm_mean",
          "vector_norm_stddev", "effective_rank", "stable_rank", "top10_variance_ratio")
-WINDOW = {"EMBMON_WINDOW__SECONDS": "3600", "EMBMON_WINDOW__SUBWINDOWS": "4", "EMBMON_WINDOW__RESERVOIR_SIZE": "500"}
+WINDOW = {"seconds": 3600, "subwindows": 4, "reservoir_size": 500}
 
 
 class Producer(threading.Thread):
@@ -68,27 +67,12 @@ class Producer(threading.Thread):
             self.error = exc
 
 
-def start_replica(broker: Broker, topic: str, partials: str, name: str, state_dir: Path, log: Path) -> subprocess.Popen[bytes]:
-    env = dict(
-        os.environ,
-        **WINDOW,
-        EMBMON_KAFKA__AUTO_OFFSET_RESET="earliest",
-        EMBMON_KAFKA__COMMIT_INTERVAL_SECONDS="0.3",
-        EMBMON_KAFKA__POLL_TIMEOUT_SECONDS="0.2",
-        EMBMON_KAFKA__MAX_POLL_RECORDS="7",
-        EMBMON_CHECKPOINT__INTERVAL_SECONDS="0.3",
-        EMBMON_SCALE_OUT__PARTIALS_TOPIC=partials,
-    )
-    # a SIGKILLed member stays in the group until its session expires: keep that short
-    group_options = {**FAST_GROUP_OPTIONS, "session_timeout_ms": 2500, "heartbeat_interval_ms": 500}
-    options = [f"--kafka-option={k}={v}" for k, v in group_options.items()]
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "monitor", "run", "--role", "replica", "--replica-id", name,
-             "--bootstrap-servers", broker.bootstrap, "--embeddings-topic", topic, "--group-id", "crash-scaled",
-             "--metrics-port", str(free_port()), "--state-dir", str(state_dir), *options],
-            env=env, stdout=out, stderr=subprocess.STDOUT,
-        )
+def start_replica(monkeypatch: pytest.MonkeyPatch, broker: Broker, topic: str, name: str, state_dir: Path,
+                  log: Path) -> subprocess.Popen[bytes]:
+    """``embedding-monitor run`` as tests/test_crash.py starts it (fast commits and checkpoints, a
+    short session), as replica ``name`` of the scaled deployment (the environment says so)."""
+    monkeypatch.setenv("EMBMON_SCALE_OUT__REPLICA_ID", name)
+    return start_daemon(broker, topic, "crash-scaled", state_dir, free_port(), log)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -101,17 +85,22 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def test_a_replica_killed_mid_stream_leaves_the_reducer_exact(broker: Broker, tmp_path: Path) -> None:
+def test_a_replica_killed_mid_stream_leaves_the_reducer_exact(broker: Broker, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     topic, partials = "emb-scaled-crash", "emb-scaled-crash-partials"
     broker.create_topics(topic, partitions=PARTITIONS)
     broker.create_topics(partials, partitions=2)
     reducer = Reducer(load_settings(overrides=kafka_daemon_overrides(
-        broker, topic, "crash-scaled", tmp_path / "reducer",
-        window={"seconds": 3600, "subwindows": 4, "reservoir_size": 500}, drift={"enabled": False},
+        broker, topic, "crash-scaled", tmp_path / "reducer", window=WINDOW, drift={"enabled": False},
         scale_out={"role": "reducer", "partials_topic": partials},
     )))
     reducer.start()
-    steady = start_replica(broker, topic, partials, "replica-b", tmp_path / "b", tmp_path / "b.log")
+    # the replica processes' settings: the reducer's window and partials topic, role replica
+    for key, setting in WINDOW.items():
+        monkeypatch.setenv(f"EMBMON_WINDOW__{key.upper()}", str(setting))
+    monkeypatch.setenv("EMBMON_SCALE_OUT__PARTIALS_TOPIC", partials)
+    monkeypatch.setenv("EMBMON_SCALE_OUT__ROLE", "replica")
+    steady = start_replica(monkeypatch, broker, topic, "replica-b", tmp_path / "b", tmp_path / "b.log")
     rng = random.Random(20261122)
     producer = Producer(broker, topic)
     logs: list[Path] = []
@@ -123,7 +112,7 @@ def test_a_replica_killed_mid_stream_leaves_the_reducer_exact(broker: Broker, tm
         for kill in range(KILLS):
             log = tmp_path / f"a-{kill}.log"
             logs.append(log)
-            victim = start_replica(broker, topic, partials, "replica-a", tmp_path / "a", log)
+            victim = start_replica(monkeypatch, broker, topic, "replica-a", tmp_path / "a", log)
             wait_until(lambda: "assigned partitions: [(" in log.read_text(), timeout=60,
                        message="the victim got partitions")
             time.sleep(rng.uniform(0.5, 3.0))  # while it consumes, checkpoints, publishes and commits
@@ -132,7 +121,7 @@ def test_a_replica_killed_mid_stream_leaves_the_reducer_exact(broker: Broker, tm
             assert victim.returncode == -signal.SIGKILL
             time.sleep(rng.uniform(0.0, 4.0))  # its partitions may move to the other replica meanwhile
         logs.append(tmp_path / "a-final.log")
-        victim = start_replica(broker, topic, partials, "replica-a", tmp_path / "a", logs[-1])
+        victim = start_replica(monkeypatch, broker, topic, "replica-a", tmp_path / "a", logs[-1])
         producer.join(timeout=90)
         assert producer.error is None
         expected = {"bin": MESSAGES * 20, "json": MESSAGES}

@@ -48,13 +48,15 @@ def consumer_config(settings: Settings) -> dict[str, Any]:
     """kafka-python settings: the brokers and pass-through options, no group, large enough fetches."""
     from kafka import KafkaConsumer
 
-    config = {k: v for k, v in settings.kafka.options.items() if k in KafkaConsumer.DEFAULT_CONFIG and k not in _GROUP_ONLY}
+    config = {k: v for k, v in settings.kafka.options.items()
+              if k in KafkaConsumer.DEFAULT_CONFIG and k not in _GROUP_ONLY}
     record = settings.scale_out.max_record_bytes + 64 * 1024
     config.update(
         bootstrap_servers=settings.kafka.bootstrap_servers,
         client_id=f"{settings.kafka.client_id}-reducer",
         group_id=None,
         enable_auto_commit=False,
+        auto_offset_reset="earliest",  # a checkpointed position past the end (topic recreated): read it all
         max_partition_fetch_bytes=max(int(config.get("max_partition_fetch_bytes", 0)), 2 * record),
         fetch_max_bytes=max(int(config.get("fetch_max_bytes", 0)), 8 * record),
         reconnect_backoff_max_ms=10_000,

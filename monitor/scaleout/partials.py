@@ -278,7 +278,9 @@ class Tombstone:
     key: SubwindowKey
 
 
-def parse_record(key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]]) -> Chunk | Manifest | Tombstone:
+def parse_record(
+    key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]]
+) -> Chunk | Manifest | Tombstone:
     """What a record of the partials topic is; raises :class:`PartialError`."""
     try:
         parsed = orjson.loads(key) if key else None

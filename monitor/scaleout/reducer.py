@@ -77,7 +77,8 @@ class Reducer(Daemon):
         self.table = MergeTable(settings, clock)
         self.metrics_registry = daemon_metrics_registry()
         self.errors = InternalErrors()
-        self.refresher = Refresher(settings, self.table, self.errors, self.metrics_registry, clock)  # type: ignore[arg-type]
+        # the table reads like a registry: snapshot_windows(now)
+        self.refresher = Refresher(settings, self.table, self.errors, self.metrics_registry, clock)  # type: ignore
         self.jobs = JobRunner(self.metrics_registry)
         self.http = HttpServer(self.metrics_registry, settings.http.host, settings.http.port, health=self.health,
                                readiness=self.readiness, **http_security(settings))
@@ -100,7 +101,7 @@ class Reducer(Daemon):
             self.intake.offsets, self.errors, self.metrics_registry,
         )
         self.status = ReducerStatus(
-            source=self.intake, registry=self.table, refresher=self.refresher, pipeline=self.intake,  # type: ignore[arg-type]
+            source=self.intake, registry=self.table, refresher=self.refresher, pipeline=self.intake,  # type: ignore
             jobs=self.jobs, errors=self.errors, checkpointer=self.checkpointer, http=self.http,
             started_at=time.time(), wall_clock=time.time,
         )
@@ -138,18 +139,22 @@ class Reducer(Daemon):
     def _first_window_references(self, published: Published) -> None:
         """A first-records reference needs the records in order, which only replicas see: the reducer
         pins instead the first merged window that holds ``drift.reference.records`` records."""
-        drift = next((c for c in self.components if c.name == "drift"), None)
-        if drift is None or getattr(drift, "fallback", None) != "first_records":
+        if not self.settings.drift.enabled:
+            return
+        from monitor.drift.component import DriftComponent
+
+        drift = next((c for c in self.components if isinstance(c, DriftComponent)), None)
+        if drift is None or drift.fallback != "first_records":
             return
         wanted = self.settings.drift.reference.records
         for stream in self.table:
             window = published.windows.get((stream.model, stream.stream))
-            if window is None or window.records < wanted or drift.reference(stream.model, stream.stream) is not None:  # type: ignore[attr-defined]
+            if window is None or window.records < wanted or drift.reference(stream.model, stream.stream) is not None:
                 continue
-            _pin, problem = drift.pins.match(stream.model, stream.stream, window.dim)  # type: ignore[attr-defined]
+            _pin, problem = drift.pins.match(stream.model, stream.stream, window.dim)
             if problem is None:
                 with self.errors.guard("first_window_reference"):
-                    drift.capture_current([stream])  # type: ignore[attr-defined]
+                    drift.capture_current([stream])
 
     def _intake(self) -> tuple[bool, bool, str]:
         return self.intake.alive, self.intake.up, f"not connected to {self.settings.scale_out.partials_topic}"

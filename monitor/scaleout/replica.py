@@ -91,7 +91,8 @@ class ReplicaRole:
         if self._initial is not None and self._initial.replica == self.replica:
             self.publisher.epochs.advance_past(self._initial.epoch)
         elif self._initial is not None:
-            logger.warning("%s belongs to replica %r, this is %r", self.marker.path, self._initial.replica, self.replica)
+            logger.warning("%s belongs to replica %r, this is %r",
+                           self.marker.path, self._initial.replica, self.replica)
             self._initial = MarkerState(self.replica, 0)
 
     def publish_restored(self, registry: StateRegistry, offsets: OffsetTracker) -> None:

@@ -286,7 +286,9 @@ class MergeTable:
             )
         return out
 
-    def _merge(self, key: StreamKey, pieces: list[SubwindowPartial]) -> tuple[SufficientStats | None, list[SubwindowPartial]]:
+    def _merge(
+        self, key: StreamKey, pieces: list[SubwindowPartial]
+    ) -> tuple[SufficientStats | None, list[SubwindowPartial]]:
         """Fresh merged statistics (in a fixed order: by index, then replica) and the pieces merged."""
         dim = self._dims.get(key, pieces[0].stats.dim)
         kept = sorted((p for p in pieces if p.stats.dim == dim), key=lambda p: (p.index, p.replica))
