@@ -3,6 +3,7 @@ project install step run in a clean virtual environment."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -227,9 +228,11 @@ def test_dockerfile_install_steps_succeed_in_a_clean_virtualenv(tmp_path: Path) 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
+    # without PYTHONPATH: with the checkout on it, the build's in-tree egg-info reads as "already installed"
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
-                   check=True, capture_output=True, timeout=120)
+                   check=True, capture_output=True, timeout=120, env=clean)
     assert (venv / "bin" / "embedding-monitor").is_file()
     listing = subprocess.run([str(py), "-c", "import importlib.util as u; print(u.find_spec('monitor.artifacts').origin)"],
-                             check=True, capture_output=True, text=True, cwd=tmp_path).stdout
+                             check=True, capture_output=True, text=True, cwd=tmp_path, env=clean).stdout
     assert str(venv) in listing
