@@ -1,8 +1,9 @@
 """A replica SIGKILLed and restarted mid-stream: the reducer's counts end exact, nothing lost or doubled.
 
 Two replica processes (``embedding-monitor run --role replica``) share the embeddings topic's
-partitions; a producer writes a known sequence over ~30 s; one replica is SIGKILLed at seeded
-random moments while it consumes, checkpoints and publishes, and restarted. Its partitions move
+partitions; tests/test_crash.py's producer writes its known sequence over ~40 s (binary batches,
+JSON events, some invalid records); one replica is SIGKILLed at seeded random moments while it
+consumes, checkpoints and publishes, and restarted. Its partitions move
 to the other replica meanwhile and back when it returns. At the end the reducer's merged window
 holds every record exactly once: counts equal what was produced and the exact window metrics equal
 those of the whole matrix (the window is long enough to hold the whole stream).
@@ -14,12 +15,9 @@ import random
 import re
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 
-import numpy as np
-import orjson
 import pytest
 
 from monitor.config import load_settings
@@ -27,52 +25,23 @@ from monitor.quality.intrinsic import report_from_matrix
 from monitor.scaleout.reducer import Reducer
 from tests.support.broker import Broker, free_port, kafka_daemon_overrides
 from tests.support.scrape import scrape, value, wait_until
-from tests.test_crash import start_daemon
+from tests.test_crash import DIM_BIN, MESSAGES, Producer, start_daemon
 
 pytestmark = pytest.mark.broker
 
-PARTITIONS, DIM_BIN, DIM_JSON, MESSAGES, KILLS = 4, 16, 8, 120, 3
+PARTITIONS, KILLS = 2, 3  # one partition per replica while both run; both on one while the victim is down
 EXACT = ("partition_isotropy", "effective_dimension", "mean_cosine_similarity", "vector_norm_mean",
          "vector_norm_stddev", "effective_rank", "stable_rank", "top10_variance_ratio")
 WINDOW = {"seconds": 3600, "subwindows": 4, "reservoir_size": 500}
 
 
-class Producer(threading.Thread):
-    """Binary batches and JSON events, keyed to partitions with their own distributions, over ~30 s."""
-
-    def __init__(self, broker: Broker, topic: str):
-        super().__init__(name="test-producer", daemon=True)
-        self.broker, self.topic = broker, topic
-        rng = np.random.default_rng(31)
-        shifts = np.arange(PARTITIONS, dtype=np.float32)[:, None] * 0.5
-        self.bin_rows = rng.standard_normal((MESSAGES, 20, DIM_BIN)).astype(np.float32)
-        self.bin_rows += shifts[np.arange(MESSAGES) % PARTITIONS][:, :, None]
-        self.json_rows = rng.standard_normal((MESSAGES, DIM_JSON)).astype(np.float32)
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            producer = self.broker.producer()
-            headers = [("model", b"bin"), ("dim", str(DIM_BIN).encode())]
-            for i in range(MESSAGES):
-                producer.send(self.topic, self.bin_rows[i].tobytes(), headers=headers, partition=i % PARTITIONS)
-                event = {"id": f"e{i}", "model": "json", "vector": self.json_rows[i].tolist()}
-                producer.send(self.topic, orjson.dumps(event), partition=(i + 1) % PARTITIONS)
-                if i % 4 == 0:
-                    producer.flush()
-                time.sleep(0.25)
-            producer.flush()
-            producer.close()
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            self.error = exc
-
-
 def start_replica(monkeypatch: pytest.MonkeyPatch, broker: Broker, topic: str, name: str, state_dir: Path,
-                  log: Path) -> subprocess.Popen[bytes]:
+                  log: Path) -> tuple[subprocess.Popen[bytes], int]:
     """``embedding-monitor run`` as tests/test_crash.py starts it (fast commits and checkpoints, a
     short session), as replica ``name`` of the scaled deployment (the environment says so)."""
     monkeypatch.setenv("EMBMON_SCALE_OUT__REPLICA_ID", name)
-    return start_daemon(broker, topic, "crash-scaled", state_dir, free_port(), log)
+    port = free_port()
+    return start_daemon(broker, topic, "crash-scaled", state_dir, port, log), port
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -100,11 +69,12 @@ def test_a_replica_killed_mid_stream_leaves_the_reducer_exact(broker: Broker, tm
         monkeypatch.setenv(f"EMBMON_WINDOW__{key.upper()}", str(setting))
     monkeypatch.setenv("EMBMON_SCALE_OUT__PARTIALS_TOPIC", partials)
     monkeypatch.setenv("EMBMON_SCALE_OUT__ROLE", "replica")
-    steady = start_replica(monkeypatch, broker, topic, "replica-b", tmp_path / "b", tmp_path / "b.log")
+    steady, steady_port = start_replica(monkeypatch, broker, topic, "replica-b", tmp_path / "b", tmp_path / "b.log")
     rng = random.Random(20261122)
     producer = Producer(broker, topic)
     logs: list[Path] = []
     victim: subprocess.Popen[bytes] | None = None
+    killed_mid_stream = 0
     try:
         wait_until(lambda: "assigned partitions" in (tmp_path / "b.log").read_text(), timeout=60,
                    message="the steady replica joined")
@@ -112,16 +82,17 @@ def test_a_replica_killed_mid_stream_leaves_the_reducer_exact(broker: Broker, tm
         for kill in range(KILLS):
             log = tmp_path / f"a-{kill}.log"
             logs.append(log)
-            victim = start_replica(monkeypatch, broker, topic, "replica-a", tmp_path / "a", log)
+            victim, _ = start_replica(monkeypatch, broker, topic, "replica-a", tmp_path / "a", log)
             wait_until(lambda: "assigned partitions: [(" in log.read_text(), timeout=60,
                        message="the victim got partitions")
             time.sleep(rng.uniform(0.5, 3.0))  # while it consumes, checkpoints, publishes and commits
+            killed_mid_stream += producer.is_alive()
             victim.send_signal(signal.SIGKILL)
             victim.wait(timeout=10)
             assert victim.returncode == -signal.SIGKILL
             time.sleep(rng.uniform(0.0, 4.0))  # its partitions may move to the other replica meanwhile
         logs.append(tmp_path / "a-final.log")
-        victim = start_replica(monkeypatch, broker, topic, "replica-a", tmp_path / "a", logs[-1])
+        victim, victim_port = start_replica(monkeypatch, broker, topic, "replica-a", tmp_path / "a", logs[-1])
         producer.join(timeout=90)
         assert producer.error is None
         expected = {"bin": MESSAGES * 20, "json": MESSAGES}
@@ -136,6 +107,9 @@ def test_a_replica_killed_mid_stream_leaves_the_reducer_exact(broker: Broker, tm
         wait_until(lambda: reducer.table.status(time.time()).applied.get("manifest", 0) >= settled + 10,
                    timeout=60, message="further publications")
         samples = scrape(reducer.http.port)
+        # the replicas' own ingest counters (checkpointed with their state) add up exactly too
+        invalid = [value(scrape(port), "embmon_records_invalid_total", stream="default", reason="bad_binary") or 0
+                   for port in (steady_port, victim_port)]
     finally:
         if victim is not None:
             stop(victim)
@@ -143,6 +117,8 @@ def test_a_replica_killed_mid_stream_leaves_the_reducer_exact(broker: Broker, tm
         reducer.stop()
 
     assert exact_counts_in(samples, {"bin": MESSAGES * 20, "json": MESSAGES})
+    assert sum(invalid) == producer.invalid
+    assert killed_mid_stream >= 2
     text = [log.read_text() for log in logs]
     restored = [int(n) for t in text for n in re.findall(r"restored state from \S+ \((\d+) streams", t)]
     assert sum(n > 0 for n in restored) >= 2, restored  # restarts resumed from checkpoints
