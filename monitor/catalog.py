@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
 Kind = Literal["counter", "gauge", "histogram", "info"]
-Area = Literal["ingest", "intrinsic", "operations", "drift", "retrieval", "canary"]
+Area = Literal["ingest", "intrinsic", "operations", "drift", "retrieval", "canary", "scale_out"]
 
 
 @dataclass(frozen=True)
@@ -208,6 +208,37 @@ def _spec_rows() -> Iterable[MetricSpec]:
     ]
     for name, kind, help_text, labels, unit in retrieval:
         yield MetricSpec(name, kind, help_text, labels, unit, "retrieval")
+
+    scale_out: list[tuple[str, Kind, str, tuple[str, ...], str]] = [
+        # a replica (scale_out.role replica)
+        ("embmon_partials_published_total", "counter",
+         "Records a replica published to the partials topic, by kind (subwindow chunk, tombstone, manifest).",
+         ("kind",), ""),
+        ("embmon_partials_published_bytes_total", "counter",
+         "Bytes of record values a replica published to the partials topic.", (), "bytes"),
+        ("embmon_partials_publish_failures_total", "counter",
+         "Publications a replica could not send; its offsets are not committed until one is sent.", (), ""),
+        ("embmon_partials_last_publish_timestamp_seconds", "gauge",
+         "When the replica's newest publication reached the broker.", (), "seconds"),
+        # the reducer (scale_out.role reducer)
+        ("embmon_reducer_replicas", "gauge", "Replicas whose publications the reducer merges, by state (live, stale).",
+         ("state",), ""),
+        ("embmon_reducer_replica_stale", "gauge",
+         "1 when the replica's newest publication is older than scale_out.stale_after_seconds, else 0.",
+         ("replica",), ""),
+        ("embmon_reducer_partial_age_seconds", "gauge",
+         "Seconds since the replica captured the state of its newest publication the reducer applied.",
+         ("replica",), "seconds"),
+        ("embmon_reducer_replica_window_records", "gauge",
+         "Records each replica contributes to the reducer's merged windows, over all streams.", ("replica",),
+         "records"),
+        ("embmon_reducer_partials_applied_total", "counter",
+         "Partial records the reducer applied, by kind (subwindow, manifest).", ("kind",), ""),
+        ("embmon_reducer_partials_ignored_total", "counter",
+         "Partial records the reducer did not merge, by reason (see docs/metrics.md).", ("reason",), ""),
+    ]
+    for name, kind, help_text, labels, unit in scale_out:
+        yield MetricSpec(name, kind, help_text, labels, unit, "scale_out")
 
 
     canary: list[tuple[str, Kind, str, str]] = [

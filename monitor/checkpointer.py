@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
@@ -51,6 +51,22 @@ def checkpoint_interval(settings: Settings) -> float:
     return interval
 
 
+class CheckpointObserver(Protocol):
+    """What a scaled-out replica adds to checkpoints (monitor/scaleout/replica.py)."""
+
+    def tag(self) -> dict[str, Any]:
+        """Fields stored as ``scale_out`` in the checkpoint, taken with the state."""
+
+    def check(self, state: Any) -> None:
+        """Raise :class:`~monitor.checkpoint.CheckpointError` to refuse restoring ``state``."""
+
+    def written(self, state: dict[str, Any], offsets: dict[tuple[str, int], int]) -> None:
+        """The checkpoint of ``state`` is on disk (called in checkpoint order)."""
+
+    def after_write(self) -> None:
+        """Called once the checkpoint is done, outside its lock (slow work such as sending)."""
+
+
 @dataclass(frozen=True)
 class CheckpointStatus:
     """The last successful checkpoint, for the operations metrics."""
@@ -75,8 +91,10 @@ class Checkpointer:
         offsets: OffsetTracker,
         errors: InternalErrors,
         metrics: CollectorRegistry,
+        observer: CheckpointObserver | None = None,
     ):
         self.settings = settings
+        self.observer = observer
         self.source = source
         self.registry = registry
         self.decoder = decoder
@@ -105,7 +123,7 @@ class Checkpointer:
         with self._lock:
             started = time.perf_counter()
             try:
-                tree, arrays, offsets = self.pipeline.at_batch_boundary(self._capture)
+                state, tree, arrays, offsets = self.pipeline.at_batch_boundary(self._capture)
             except Exception:  # noqa: BLE001 - counted; the previous checkpoint stays valid
                 self._failed("capture", reason)
                 return False
@@ -115,10 +133,16 @@ class Checkpointer:
                 self._failed("write", reason)
                 return False
             elapsed = time.perf_counter() - started
+            if self.observer is not None and state is not None:
+                with self.errors.guard("checkpoint:observer"):
+                    self.observer.written(state, offsets)
             self.offsets.mark_durable(offsets)
             self._last_success = time.time()
             self._size_bytes = float(written.size_bytes)
         self.duration.observe(elapsed)
+        if self.observer is not None:
+            with self.errors.guard("checkpoint:observer"):
+                self.observer.after_write()
         self.pipeline.commit_soon()
         logger.debug("checkpoint (%s): %d bytes in %.3fs", reason, written.size_bytes, elapsed)
         return True
@@ -133,8 +157,9 @@ class Checkpointer:
         self._log.warning(f"checkpoint:{stage}", "checkpoint (%s) failed at %s; keeping the previous one", reason, stage)
         logger.debug("checkpoint failure", exc_info=True)
 
-    def _capture(self) -> tuple[Any, list[Any], dict[tuple[str, int], int]]:
-        """Everything a restart needs, flattened (arrays copied) so the live state can move on."""
+    def _capture(self) -> tuple[dict[str, Any] | None, Any, list[Any], dict[tuple[str, int], int]]:
+        """Everything a restart needs, flattened (arrays copied) so the live state can move on; and,
+        for an observer only, the state itself (its arrays are copies too: nothing live leaks out)."""
         registry = self.registry.state_dict()
         components: dict[str, Any] = {}
         for component in self.components:
@@ -156,9 +181,11 @@ class Checkpointer:
             "counters": counters,
             "components": components,
         }
+        if self.observer is not None:
+            state["scale_out"] = self.observer.tag()
         arrays: list[Any] = []
         tree = ckpt.flatten(state, arrays)
-        return tree, arrays, offsets
+        return (state if self.observer is not None else None), tree, arrays, offsets
 
     def _group_id(self) -> str | None:
         return self.settings.kafka.group_id if self.settings.source == "kafka" else None
@@ -185,7 +212,9 @@ class Checkpointer:
 
     def _unusable(self, reason: str, path: Any, message: str) -> None:
         self.restore_failures.add(reason)
-        logger.error("checkpoint %s is unusable (%s): %s; trying the previous one", path, reason, message)
+        # a replica's checkpoint that was never published is the expected trace of a crash
+        level = logging.WARNING if reason == "unpublished" else logging.ERROR
+        logger.log(level, "checkpoint %s is unusable (%s): %s; trying the previous one", path, reason, message)
 
     def _install(self, state: Any) -> None:
         """Rebuild everything from a decoded checkpoint; raises (changing nothing) if it does not fit."""
@@ -226,4 +255,6 @@ class Checkpointer:
         for model, m in self.settings.models.items():
             if m.dim and model in dims and dims[model] != m.dim:
                 raise ckpt.CheckpointError("incompatible", f"model {model} has dim {dims[model]}, configured {m.dim}")
+        if self.observer is not None:
+            self.observer.check(state)
 

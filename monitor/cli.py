@@ -42,6 +42,13 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     g.add_argument(
+        "--role",
+        choices=["single", "replica", "reducer"],
+        help="single process (default), one of N replicas publishing partial state, or the reducer merging it "
+        "(docs/deployment.md, \"Scaling out\")",
+    )
+    g.add_argument("--replica-id", metavar="ID", help="a replica's stable, unique id (default: the host name)")
+    g.add_argument(
         "--reference",
         action="append",
         default=[],
@@ -80,6 +87,8 @@ def settings_from_args(args: argparse.Namespace, defaults: dict[str, Any] | None
             ("refresh_seconds", args.refresh_seconds),
             ("window.reservoir_size", args.reservoir_size),
             ("log_level", args.log_level),
+            ("scale_out.role", getattr(args, "role", None)),
+            ("scale_out.replica_id", getattr(args, "replica_id", None)),
             ("drift.reference", reference or None),
         ]
     )
@@ -87,12 +96,17 @@ def settings_from_args(args: argparse.Namespace, defaults: dict[str, Any] | None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from monitor.service import Monitor
-
     settings = settings_from_args(args)
     configure_logging(settings.log_level)
     logger.info("settings: %s", settings.redacted())
-    Monitor(settings).serve()
+    if settings.scale_out.role == "reducer":
+        from monitor.scaleout.reducer import Reducer
+
+        Reducer(settings).serve()
+    else:
+        from monitor.service import Monitor
+
+        Monitor(settings).serve()
     return 0
 
 

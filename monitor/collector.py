@@ -46,7 +46,7 @@ class CoreCollector(Collector):
         yield source_up
         lag = m.source_lag()
         if lag is not None:
-            yield _by_label(catalog.gauge("embmon_consumer_lag_records"), lag)
+            yield by_label(catalog.gauge("embmon_consumer_lag_records"), lag)
 
     def _ingest_families(self) -> Iterable[Metric]:
         m = self._status
@@ -58,10 +58,10 @@ class CoreCollector(Collector):
                 last.add_metric([state.model, state.stream], state.last_record_time)
         yield records
         yield last
-        yield _by_label(catalog.counter("embmon_records_invalid_total"), m.invalid_counts())
-        yield _by_label(catalog.counter("embmon_interactions_total"), m.interaction_counts())
-        yield _by_label(catalog.counter("embmon_internal_errors_total"), m.internal_error_counts())
-        yield _by_label(catalog.counter("embmon_job_runs_total"), m.job_run_counts())
+        yield by_label(catalog.counter("embmon_records_invalid_total"), m.invalid_counts())
+        yield by_label(catalog.counter("embmon_interactions_total"), m.interaction_counts())
+        yield by_label(catalog.counter("embmon_internal_errors_total"), m.internal_error_counts())
+        yield by_label(catalog.counter("embmon_job_runs_total"), m.job_run_counts())
 
     def _intrinsic_families(self) -> Iterable[Metric]:
         published = self._status.published
@@ -107,7 +107,7 @@ class OperationsCollector(Collector):
             fresh = catalog.gauge("embmon_consumer_lag_timestamp_seconds")
             fresh.add_metric([], lag_updated)
             yield fresh
-        yield _by_label(catalog.counter("embmon_http_auth_failures_total"), m.auth_failure_counts(), AUTH_ENDPOINTS)
+        yield by_label(catalog.counter("embmon_http_auth_failures_total"), m.auth_failure_counts(), AUTH_ENDPOINTS)
 
 
 def _checkpoint_families(m: DaemonStatus, status: CheckpointStatus) -> Iterable[Metric]:
@@ -124,13 +124,13 @@ def _checkpoint_families(m: DaemonStatus, status: CheckpointStatus) -> Iterable[
     yield when
     yield age
     yield size
-    yield _by_label(catalog.counter("embmon_checkpoint_write_failures_total"), status.write_failures, WRITE_STAGES)
-    yield _by_label(
+    yield by_label(catalog.counter("embmon_checkpoint_write_failures_total"), status.write_failures, WRITE_STAGES)
+    yield by_label(
         catalog.counter("embmon_checkpoint_restore_failures_total"), status.restore_failures, RESTORE_FAILURE_REASONS
     )
 
 
-def _by_label(family: Metric, counts: Mapping[object, float], always: Sequence[str] = ()) -> Metric:
+def by_label(family: Metric, counts: Mapping[object, float], always: Sequence[str] = ()) -> Metric:
     """``family`` with one sample per key of ``counts`` (a label value or a tuple of them), sorted;
     the label values in ``always`` are present from the start, at 0 until counted."""
     values = {**{key: 0.0 for key in always}, **counts}

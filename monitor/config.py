@@ -23,6 +23,7 @@ from monitor.kafka_options import CONSUMER_OPTIONS, RESERVED_OPTIONS
 from monitor.labels import LABEL_VALUE_RE
 from monitor.quality.settings import IntrinsicSettings
 from monitor.retrieval.settings import ProbeSettings
+from monitor.scaleout.settings import ScaleOutSettings
 
 ENV_PREFIX = "EMBMON_"
 _SECRET_WORDS = ("password", "secret", "token", "keyfile", "key_password", "sasl_oauth")
@@ -258,6 +259,7 @@ class Settings(BaseSettings):
     decoding: DecodingSettings = Field(default_factory=DecodingSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
+    scale_out: ScaleOutSettings = Field(default_factory=ScaleOutSettings)  # replicas + reducer: docs/deployment.md
     models: dict[str, ModelSettings] = Field(default_factory=dict)
     refresh_seconds: float = Field(15.0, gt=0, le=3600)
     state_dir: Path = Field(default_factory=lambda: default_state_dir())

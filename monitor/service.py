@@ -9,7 +9,10 @@ The parts, in data-flow order (docs/architecture.md):
 * :mod:`monitor.refresh`: the intrinsic metrics of every window, published as one snapshot;
 * :mod:`monitor.jobs`: the scheduler that runs refresh, checkpoint and component jobs;
 * :mod:`monitor.collector`: scrape-time families, reading :class:`~monitor.status.DaemonStatus`;
-* :mod:`monitor.lifecycle`: signals, exception-safe start-up, bounded shutdown.
+* :mod:`monitor.lifecycle`: signals, exception-safe start-up, bounded shutdown;
+* :mod:`monitor.scaleout`: with ``scale_out.role: replica`` this daemon publishes each checkpoint's
+  state and commits only published offsets (and computes no window metrics); the reducer role is
+  another daemon (:class:`monitor.scaleout.reducer.Reducer`) sharing :class:`Daemon`'s lifecycle.
 
 Exactly-once state (docs/operations.md): a checkpoint holds all state and the offsets it
 reflects; with checkpointing on, only offsets in a durable checkpoint are committed, so the
@@ -44,6 +47,14 @@ from monitor.lifecycle import StartUp, StopRequest, capture_signals
 from monitor.offsets import OffsetTracker
 from monitor.rebalance import PartitionHandoff
 from monitor.refresh import Published, Refresher
+from monitor.scaleout.export import PublisherCollector
+from monitor.scaleout.replica import (
+    PublishedOffsetsSource,
+    PublishingHandoff,
+    ReplicaRole,
+    check_replica_settings,
+    replica_source_settings,
+)
 from monitor.security import read_token_file, server_ssl_context
 from monitor.sources import Source, build_source
 from monitor.state.registry import StateRegistry
@@ -52,7 +63,107 @@ from monitor.status import DaemonStatus
 logger = logging.getLogger(__name__)
 
 
-class Monitor:
+def daemon_metrics_registry() -> CollectorRegistry:
+    """A fresh registry with what every exporter shows (process_resident_memory_bytes, python_info,
+    GC): prometheus-client puts those only on its global default registry."""
+    registry = CollectorRegistry(auto_describe=False)
+    for standard in (ProcessCollector, PlatformCollector, GCCollector):
+        standard(registry=registry)
+    return registry
+
+
+class Daemon:
+    """The lifecycle every role shares: signals first, start, wait for a stop request, stop once."""
+
+    settings: Settings
+    components: list[Component]
+    errors: InternalErrors
+    http: HttpServer
+    jobs: JobRunner
+    checkpointer: Checkpointer | None
+    refresher: Refresher
+    computes_windows = True  # schedules the refresh of window metrics
+
+    def __init__(self) -> None:
+        self.stop_request = StopRequest()
+        self._started = False
+        self._stopped = False
+        self._stop_lock = threading.Lock()
+
+    def serve(self, stop_after: float | None = None, on_started: Callable[[], None] | None = None) -> None:
+        """The whole life of the daemon: signals first, start, wait for a stop request, stop."""
+        with capture_signals(self.stop_request):
+            self.start()
+            if on_started is not None:
+                on_started()
+            self.stop_request.wait(timeout=stop_after)
+            self.stop()
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def _shutdown(self) -> None:
+        """Stop intake and jobs (the role's own parts), within the configured bound."""
+
+    def refresh(self) -> Published:
+        """Recompute and publish every window's metrics now (the scheduled job)."""
+        return self.refresher.refresh()
+
+    @property
+    def published(self) -> Published:
+        return self.refresher.published
+
+    def _intake(self) -> tuple[bool, bool, str]:
+        """(threads alive, source connected, what to say when it is not)."""
+        raise NotImplementedError
+
+    def health(self) -> tuple[bool, str]:
+        """Liveness: the process can do its work (intake threads alive). Broker outages do not count."""
+        alive, _, _ = self._intake()
+        if self._started and not self.stop_request.requested and not alive:
+            return False, "ingest thread died"
+        return True, "ok"
+
+    def readiness(self) -> tuple[bool, str]:
+        """Readiness: the source is connected and metrics have been computed at least once."""
+        _, up, why = self._intake()
+        if not up:
+            return False, why
+        if self.computes_windows and self.refresher.published.computed_at is None:
+            return False, "no metrics computed yet"
+        return True, "ready"
+
+    def _schedule_jobs(self) -> None:
+        if self.computes_windows:
+            self.jobs.schedule(ScheduledJob("refresh", self.refresh, self.settings.refresh_seconds), run_soon=True)
+        if self.checkpointer is not None:
+            interval = checkpoint_interval(self.settings)
+            self.jobs.schedule(ScheduledJob("checkpoint", self.checkpointer.checkpoint, interval))
+        for component in self.components:
+            for job in component.jobs():
+                self.jobs.schedule(job)
+        self.jobs.start()
+
+    def stop(self) -> None:
+        """Stop intake, save what must be saved, and shut down within the configured bound."""
+        with self._stop_lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        self.stop_request.request()
+        self._shutdown()
+        for component in self.components:
+            with self.errors.guard(f"close:{component.name}"):
+                component.close()
+        self.http.stop()
+        logger.info("embedding-monitor stopped")
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_request.requested
+
+
+class Monitor(Daemon):
     """Wires the daemon's parts together and runs their lifecycle."""
 
     def __init__(
@@ -62,9 +173,18 @@ class Monitor:
         clock: Callable[[], float] = time.time,
         component_factories: list[ComponentFactory] | None = None,
     ):
+        super().__init__()
         self.settings = settings
         self.clock = clock
-        self.source = source or build_source(settings)
+        # scale_out.role replica: publish each checkpoint's state for the reducer (monitor/scaleout/)
+        self.replica: ReplicaRole | None = None
+        if settings.scale_out.role == "replica":
+            check_replica_settings(settings)
+            self.replica = ReplicaRole(settings)
+            self.computes_windows = False  # the reducer does
+        self.source = source or build_source(replica_source_settings(settings) if self.replica else settings)
+        if self.replica is not None:
+            self.source = PublishedOffsetsSource(self.source, self.replica)
         self.registry = StateRegistry(settings)
         self.decoder = Decoder(
             settings.limits,
@@ -73,11 +193,7 @@ class Monitor:
             admit=self.registry.admit,
             admit_model=self.registry.admit_model,
         )
-        self.metrics_registry = CollectorRegistry(auto_describe=False)
-        # What every exporter shows (process_resident_memory_bytes, python_info, GC), on the
-        # daemon's own registry: prometheus-client puts them only on its global default one.
-        for standard in (ProcessCollector, PlatformCollector, GCCollector):
-            standard(registry=self.metrics_registry)
+        self.metrics_registry = daemon_metrics_registry()
         self.errors = InternalErrors()
         self.offsets = OffsetTracker(durable_commits=checkpointing_enabled(settings))
         self.refresher = Refresher(settings, self.registry, self.errors, self.metrics_registry, clock)
@@ -99,7 +215,8 @@ class Monitor:
             add_route=self.http.add_route,
         )
         if component_factories is None:
-            component_factories = default_component_factories(settings)
+            # a replica's drift and probe gauges would be partial answers: the reducer runs them
+            component_factories = [] if self.replica else default_component_factories(settings)
         self.components: list[Component] = [factory(self.context) for factory in component_factories]
         self.pipeline = IngestPipeline(
             settings, self.source, self.decoder, self.registry, self.components, self.offsets, self.errors, clock
@@ -107,12 +224,16 @@ class Monitor:
         self.checkpointer = (
             Checkpointer(
                 settings, self.source, self.registry, self.decoder, self.pipeline, self.components, self.offsets,
-                self.errors, self.metrics_registry,
+                self.errors, self.metrics_registry, observer=self.replica,
             )
             if checkpointing_enabled(settings)
             else None
         )
-        self.source.set_listener(PartitionHandoff(self.pipeline, self.offsets, self.checkpointer))
+        self.source.set_listener(
+            PublishingHandoff(self.pipeline, self.offsets, self.checkpointer, self.replica)
+            if self.replica is not None
+            else PartitionHandoff(self.pipeline, self.offsets, self.checkpointer)
+        )
         self.status = DaemonStatus(
             source=self.source,
             registry=self.registry,
@@ -128,27 +249,16 @@ class Monitor:
         self.metrics_registry.register(CoreCollector(self.status))
         self.metrics_registry.register(ComponentCollector(self.components, self.errors))
         self.metrics_registry.register(OperationsCollector(self.status))
-        self.stop_request = StopRequest()
-        self._started = False
-        self._stopped = False
-        self._stop_lock = threading.Lock()
+        if self.replica is not None:
+            self.metrics_registry.register(PublisherCollector(self.replica.publisher))
 
     # ------------------------------------------------------------------ lifecycle
-    def serve(self, stop_after: float | None = None, on_started: Callable[[], None] | None = None) -> None:
-        """The whole life of the daemon: signals first, start, wait for a stop request, stop."""
-        with capture_signals(self.stop_request):
-            self.start()
-            if on_started is not None:
-                on_started()
-            self.stop_request.wait(timeout=stop_after)
-            self.stop()
-
     def start(self) -> None:
         """Restore, then start source, HTTP port, scheduler and ingest; on failure undo and raise."""
         with StartUp() as startup:
             startup.start("state directory", lambda: self.settings.state_dir.mkdir(parents=True, exist_ok=True))
             if self.checkpointer is not None:
-                startup.start("checkpoint restore", self.checkpointer.restore)
+                startup.start("checkpoint restore", self._restore)
             startup.start("source", self.source.start, self.source.close)
             startup.start("http", self.http.start, self.http.stop)
             startup.start("scheduler", self._schedule_jobs, self.jobs.shutdown)
@@ -163,62 +273,28 @@ class Monitor:
             self.settings.http.host, self.http.port, self.source.name, self.settings.state_dir,
         )
 
-    def stop(self) -> None:
-        """Stop intake, apply what was polled, commit, and shut down within the configured bound."""
-        with self._stop_lock:
-            if self._stopped:
-                return
-            self._stopped = True
-        self.stop_request.request()
+    def _shutdown(self) -> None:
+        """Stop intake, apply what was polled, checkpoint and commit."""
         if self._started:
             if not self.pipeline.stop(self.settings.shutdown_timeout_seconds):
                 logger.warning("ingest did not stop within %.1fs; exiting anyway", self.settings.shutdown_timeout_seconds)
             self.jobs.shutdown()
-        for component in self.components:
-            with self.errors.guard(f"close:{component.name}"):
-                component.close()
-        self.http.stop()
-        logger.info("embedding-monitor stopped")
 
-    @property
-    def stopping(self) -> bool:
-        return self.stop_request.requested
-
-    def _schedule_jobs(self) -> None:
-        self.jobs.schedule(ScheduledJob("refresh", self.refresh, self.settings.refresh_seconds), run_soon=True)
-        if self.checkpointer is not None:
-            self.jobs.schedule(ScheduledJob("checkpoint", self.checkpointer.checkpoint, checkpoint_interval(self.settings)))
-        for component in self.components:
-            for job in component.jobs():
-                self.jobs.schedule(job)
-        self.jobs.start()
+    def _restore(self) -> None:
+        assert self.checkpointer is not None
+        if self.replica is None:
+            self.checkpointer.restore()
+            return
+        self.replica.before_restore()
+        self.checkpointer.restore()
+        self.replica.publish_restored(self.registry, self.offsets)
 
     def _final_checkpoint(self) -> None:
         if self.checkpointer is not None:
             self.checkpointer.checkpoint(reason="shutdown")
 
-    # ------------------------------------------------------------------ the parts' entry points
-    def refresh(self) -> Published:
-        """Recompute and publish every window's metrics now (the scheduled job)."""
-        return self.refresher.refresh()
-
-    @property
-    def published(self) -> Published:
-        return self.refresher.published
-
-    def health(self) -> tuple[bool, str]:
-        """Liveness: the process can do its work (ingest threads alive). Broker outages do not count."""
-        if self._started and not self.stop_request.requested and not self.pipeline.alive:
-            return False, "ingest thread died"
-        return True, "ok"
-
-    def readiness(self) -> tuple[bool, str]:
-        """Readiness: the source is connected and metrics have been computed at least once."""
-        if not self.source.up:
-            return False, f"source {self.source.name} is not connected"
-        if self.refresher.published.computed_at is None:
-            return False, "no metrics computed yet"
-        return True, "ready"
+    def _intake(self) -> tuple[bool, bool, str]:
+        return self.pipeline.alive, self.source.up, f"source {self.source.name} is not connected"
 
 
 def http_security(settings: Settings) -> dict[str, Any]:

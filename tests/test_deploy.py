@@ -47,7 +47,9 @@ def pod_specs() -> list[tuple[str, dict[str, Any]]]:
 def test_the_expected_manifests_exist() -> None:
     kinds = sorted(d["kind"] for _, d in documents())
     assert kinds == sorted(["ConfigMap", "Deployment", "ConfigMap", "Service", "StatefulSet", "PodDisruptionBudget",
-                            "PodMonitor", "ServiceMonitor", "PrometheusRule", "ConfigMap"])
+                            "PodMonitor", "ServiceMonitor", "PrometheusRule", "ConfigMap",
+                            # scaled.yaml: replicas + reducer (tests/test_reducer_deploy.py)
+                            "ConfigMap", "Service", "StatefulSet", "StatefulSet", "PodDisruptionBudget"])
 
 
 @pytest.mark.parametrize(("path", "doc"), [(p, d) for p, d in documents() if d["kind"] not in CRD_KINDS],
@@ -116,7 +118,7 @@ def test_monitors_select_the_pods_and_yield_the_job_label_the_alerts_use() -> No
     assert labels[pod_monitor["spec"]["jobLabel"]] == JOB
     ports = {p["name"] for c in sidecar["spec"]["containers"] for p in c.get("ports", [])}
     assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] in ports
-    (service,) = by_kind("Service")
+    (service,) = [s for s in by_kind("Service") if s["metadata"]["name"] == "embedding-monitor"]
     assert service_monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert service["metadata"]["labels"][service_monitor["spec"]["jobLabel"]] == JOB
     assert service_monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
@@ -161,7 +163,7 @@ def test_the_monitor_configs_are_valid_daemon_settings(name: str, tmp_path: Path
     settings = load_settings(path)
     assert settings.source == "kafka" and settings.http.port == 9464
     if name == "embedding-monitor-config":
-        (sts,) = by_kind("StatefulSet")
+        (sts,) = [s for s in by_kind("StatefulSet") if s["metadata"]["name"] == "embedding-monitor"]
         assert sts["spec"]["replicas"] > 1  # replicas share one consumer group
         assert settings.kafka.group_id == "embedding-monitor-central"
 

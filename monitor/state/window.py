@@ -33,7 +33,7 @@ from monitor.state.stats import GramPrecision, SufficientStats, check_precision
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PositivePairMatcher", "SlidingWindow", "WindowSnapshot"]
+__all__ = ["PositivePairMatcher", "SlidingWindow", "WindowSnapshot", "uniform_sample"]
 
 _STATE_VERSION = 1
 _INDEX_MASK = (1 << 62) - 1  # seed sequences need non-negative entropy
@@ -389,36 +389,10 @@ class SlidingWindow:
     def _uniform_sample(
         self, live: list[_SubWindow], head: int
     ) -> tuple[np.ndarray, tuple[str | None, ...]]:
-        seen = np.array([sub.reservoir.seen for sub in live], dtype=np.int64)
-        held = np.array([sub.reservoir.size for sub in live], dtype=np.int64)
-        if seen.sum() == 0 or held.sum() == 0:
-            return np.empty((0, self.dim), dtype=np.float32), ()
         # Deterministic for a given window state, so repeated snapshots agree.
         rng = np.random.default_rng([self.seed, 1, self._records_total, head & _INDEX_MASK])
-        nonempty = seen > 0
-        p = float(np.min(held[nonempty] / seen[nonempty]))
-        parts: list[np.ndarray] = []
-        ids: list[str | None] = []
-        whole: list[tuple[_SubWindow, int]] = []  # closed sub-windows whose every held row is taken
-        for sub, n_j, r_j in zip(live, seen, held, strict=True):
-            if n_j == 0:
-                continue
-            take = _randomised_round(p * n_j, int(r_j), rng)
-            chosen = np.sort(rng.choice(int(r_j), size=take, replace=False))
-            if take == r_j and sub.index < head:
-                whole.append((sub, sum(len(part) for part in parts)))
-            parts.append(sub.reservoir.take(chosen))
-            sub_ids = sub.reservoir.ids
-            ids.extend(sub_ids[i] for i in chosen)
-        total = sum(len(part) for part in parts)
-        order = rng.permutation(total)
-        sample = np.concatenate(parts)[order]
-        # Sub-windows that take no more records now keep their rows only inside the sample.
-        position = np.empty(total, dtype=np.int64)
-        position[order] = np.arange(total)
-        for sub, start in whole:
-            sub.reservoir.share(sample, position[start : start + sub.reservoir.size])
-        return sample, tuple(ids[i] for i in order)
+        closed = [sub.index < head for sub in live]
+        return uniform_sample([sub.reservoir for sub in live], self.dim, rng, share=closed)
 
     # -- checkpointing --------------------------------------------------------------------
 
@@ -472,6 +446,59 @@ class SlidingWindow:
         if len(window._live) > window.subwindows:
             raise ValueError("window state holds more sub-windows than configured")
         return window
+
+
+def uniform_sample(
+    reservoirs: Sequence[Reservoir],
+    dim: int,
+    rng: np.random.Generator,
+    share: Sequence[bool] | None = None,
+) -> tuple[np.ndarray, tuple[str | None, ...]]:
+    """One sample of the union of several reservoirs' streams, every record equally likely.
+
+    Reservoir j saw n_j records and holds r_j = min(n_j, capacity) of them, each with
+    probability r_j/n_j; so p = min_j r_j/n_j and reservoir j contributes a uniform subset of
+    p·n_j of its rows (randomised rounding keeps the expectation exact). The pieces may be the
+    sub-windows of one window or those of several replicas (the reducer merges those).
+    Returns the rows in random order (any prefix is itself such a sample) and their ids.
+    A reservoir marked in ``share`` (one that takes no more records: a closed sub-window) whose
+    every row is taken keeps its rows only inside the returned sample, which saves a copy.
+
+    >>> rng = np.random.default_rng(0)
+    >>> a, b = Reservoir(4, 2, rng), Reservoir(4, 2, rng)
+    >>> _ = a.add(np.ones((8, 2), dtype=np.float32)); _ = b.add(np.zeros((2, 2), dtype=np.float32))
+    >>> sample, ids = uniform_sample([a, b], 2, np.random.default_rng(1))
+    >>> len(sample)  # p = min(4/8, 2/2) = 0.5: 4 rows of a, 1 of b
+    5
+    """
+    seen = np.array([r.seen for r in reservoirs], dtype=np.int64)
+    held = np.array([r.size for r in reservoirs], dtype=np.int64)
+    if seen.sum() == 0 or held.sum() == 0:
+        return np.empty((0, dim), dtype=np.float32), ()
+    nonempty = seen > 0
+    p = float(np.min(held[nonempty] / seen[nonempty]))
+    share = share if share is not None else [False] * len(reservoirs)
+    parts: list[np.ndarray] = []
+    ids: list[str | None] = []
+    whole: list[tuple[Reservoir, int]] = []  # shareable reservoirs whose every held row is taken
+    for reservoir, n_j, r_j, shareable in zip(reservoirs, seen, held, share, strict=True):
+        if n_j == 0:
+            continue
+        take = _randomised_round(p * n_j, int(r_j), rng)
+        chosen = np.sort(rng.choice(int(r_j), size=take, replace=False))
+        if take == r_j and shareable:
+            whole.append((reservoir, sum(len(part) for part in parts)))
+        parts.append(reservoir.take(chosen))
+        reservoir_ids = reservoir.ids
+        ids.extend(reservoir_ids[i] for i in chosen)
+    total = sum(len(part) for part in parts)
+    order = rng.permutation(total)
+    sample = np.concatenate(parts)[order]
+    position = np.empty(total, dtype=np.int64)
+    position[order] = np.arange(total)
+    for reservoir, start in whole:
+        reservoir.share(sample, position[start : start + reservoir.size])
+    return sample, tuple(ids[i] for i in order)
 
 
 def _randomised_round(value: float, ceiling: int, rng: np.random.Generator) -> int:

@@ -1,0 +1,270 @@
+"""A replica's side of the partials topic: each checkpoint's state, published as one publication.
+
+A publication is built from the very state a checkpoint captured (the same arrays, taken between
+two batches with the offsets they reflect), so what the reducer merges is exactly what this
+replica could restore. It holds the sub-windows that changed since the last publication that was
+sent (every one when a full publication is due, see ``scale_out.full_publish_seconds``),
+tombstones for sub-windows that left the window, and the manifest last. Building (encoding) and
+sending are separate: a publication that could not be sent stays staged and the next checkpoint
+replaces it with one that covers both.
+
+The **published marker** (``<state_dir>/partials-published.json``) records the newest epoch whose
+publication was sent *and* whose offsets were committed; on restart a checkpoint newer than it is
+not restored (docs/operations.md, "Scaling out: exactly-once").
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from monitor.config import Settings
+from monitor.counters import Tally
+from monitor.files import atomic_write
+from monitor.logs import RateLimitedLog
+from monitor.scaleout.partials import (
+    EpochClock,
+    Manifest,
+    Offsets,
+    Record,
+    StreamManifest,
+    SubwindowKey,
+    WindowGeometry,
+    encode_manifest,
+    encode_subwindow,
+    tombstones,
+)
+
+logger = logging.getLogger(__name__)
+
+MARKER = "partials-published.json"
+RECORD_KINDS = ("subwindow", "tombstone", "manifest")  # the `kind` label of embmon_partials_published_total
+PRODUCER_OVERHEAD_BYTES = 64 * 1024  # headers, key and batch framing on top of a chunk
+
+
+@dataclass(frozen=True)
+class Held:
+    """What the reducer holds of one of our sub-windows: its record count, the epoch that sent it, its chunks."""
+
+    count: int
+    epoch: int
+    chunks: int
+
+
+@dataclass(frozen=True)
+class Publication:
+    epoch: int
+    offsets: Offsets
+    records: tuple[Record, ...]
+    held: Mapping[SubwindowKey, Held]  # what the reducer holds once this is sent
+    full: bool
+
+
+@dataclass(frozen=True)
+class Sent:
+    """The newest publication that reached the broker."""
+
+    epoch: int
+    offsets: Offsets
+    at: float  # unix time
+
+
+@dataclass(frozen=True)
+class MarkerState:
+    replica: str
+    epoch: int
+
+
+class PublishedMarker:
+    """``partials-published.json``: the newest epoch published and committed, crash-safe."""
+
+    def __init__(self, state_dir: Path):
+        self.path = Path(state_dir) / MARKER
+
+    def read(self) -> MarkerState | None:
+        try:
+            data = json.loads(self.path.read_text())
+            return MarkerState(str(data["replica"]), int(data["epoch"]))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            logger.error("unreadable %s (%s): treating it as missing", self.path, exc)
+            return None
+
+    def write(self, replica: str, epoch: int) -> None:
+        body = json.dumps({"replica": replica, "epoch": int(epoch)}).encode()
+        atomic_write(self.path, lambda handle: handle.write(body))
+
+
+def producer_config(settings: Settings) -> dict[str, Any]:
+    """kafka-python producer settings: the brokers, and the security options of ``kafka.options``."""
+    from kafka import KafkaProducer
+
+    scale = settings.scale_out
+    config: dict[str, Any] = {k: v for k, v in settings.kafka.options.items() if k in KafkaProducer.DEFAULT_CONFIG}
+    for consumer_only in ("max_poll_records", "max_poll_interval_ms", "session_timeout_ms", "heartbeat_interval_ms"):
+        config.pop(consumer_only, None)
+    config.update(
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        client_id=f"{settings.kafka.client_id}-partials-{scale.replica_id}",
+        acks="all",
+        linger_ms=5,
+        max_request_size=scale.max_record_bytes + PRODUCER_OVERHEAD_BYTES,
+        # kafka-python wants delivery_timeout_ms > linger_ms + request_timeout_ms
+        delivery_timeout_ms=int(scale.publish_timeout_seconds * 1000),
+        request_timeout_ms=max(500, min(30_000, int(scale.publish_timeout_seconds * 1000) // 2)),
+        max_block_ms=int(scale.publish_timeout_seconds * 1000),  # metadata of a missing topic, a full buffer
+    )
+    return config
+
+
+class PartialsPublisher:
+    """Builds publications from checkpoint captures and sends them, in order, to one partition."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        producer_factory: Callable[[], Any] | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
+        scale = settings.scale_out
+        self.replica = scale.replica_id
+        self.topic = scale.partials_topic
+        self.max_record_bytes = scale.max_record_bytes
+        self.timeout = scale.publish_timeout_seconds
+        self.full_every = scale.full_publish_seconds or settings.window.seconds
+        self.geometry = WindowGeometry(settings.window.seconds, settings.window.subwindows,
+                                       settings.window.reservoir_size, settings.quality.alignment_alpha)
+        self.instance = uuid.uuid4().hex[:12]
+        self.epochs = EpochClock(clock)
+        self.clock = clock
+        self.records: Tally[str] = Tally()  # by kind
+        self.bytes_total = 0
+        self.failures = 0
+        self._settings = settings
+        self._producer_factory = producer_factory
+        self._producer: Any = None
+        self._partition: int | None = None
+        self._lock = threading.Lock()  # one staging or send at a time
+        self._staged: Publication | None = None
+        self._held: dict[SubwindowKey, Held] = {}
+        self._last_full: float | None = None
+        self.sent: Sent | None = None  # read without the lock (one reference swap)
+        self._log = RateLimitedLog(logger)
+
+    # ------------------------------------------------------------------ building
+    def stage(self, epoch: int, offsets: Offsets, streams: Sequence[Mapping[str, Any]]) -> None:
+        """Encode the state of one checkpoint (its registry ``streams``) as the next publication."""
+        with self._lock:
+            now = self.clock()
+            full = self._last_full is None or now - self._last_full >= self.full_every
+            records: list[Record] = []
+            held: dict[SubwindowKey, Held] = {}
+            manifests = []
+            for entry in streams:
+                model, stream, window = str(entry["model"]), str(entry["stream"]), entry["window"]
+                listed = []
+                for sub in window["live"]:
+                    key = (model, stream, int(sub["index"]))
+                    count = int(sub["stats"]["count"])
+                    before = self._held.get(key)
+                    if full or before is None or before.count != count:
+                        encoded = encode_subwindow(self.replica, model, stream, epoch, sub, self.max_record_bytes)
+                        records.extend(encoded)
+                        held[key] = Held(count, epoch, len(encoded))
+                        if before is not None and before.chunks > len(encoded):
+                            records.extend(tombstones(self.replica, key, before.chunks)[len(encoded):])
+                    else:
+                        held[key] = before
+                    listed.append((key[2], held[key].epoch, count))
+                pairs = window.get("pairs") or {}
+                manifests.append(StreamManifest(model, stream, int(window["dim"]), tuple(listed),
+                                                len(pairs.get("ids") or ()), int(pairs.get("evicted") or 0)))
+            for key, gone in self._held.items():
+                if key not in held:
+                    records.extend(tombstones(self.replica, key, gone.chunks))
+            manifest = Manifest(self.replica, epoch, self.instance, self.geometry, dict(offsets), tuple(manifests))
+            records.append(encode_manifest(manifest))
+            self._staged = Publication(epoch, dict(offsets), tuple(records), held, full)
+
+    @property
+    def pending(self) -> bool:
+        """A staged publication waits to be sent."""
+        return self._staged is not None
+
+    # ------------------------------------------------------------------ sending
+    def flush(self) -> bool:
+        """Send the staged publication and wait for the broker; True when nothing is left to send."""
+        with self._lock:
+            publication = self._staged
+            if publication is None:
+                return True
+            try:
+                self._send(publication)
+            except Exception as exc:  # noqa: BLE001 - counted; kept staged, the next checkpoint retries
+                self.failures += 1
+                self._log.warning("publish", "publishing partials to %s failed (%s); offsets are not committed "
+                                  "until a publication succeeds", self.topic, exc)
+                logger.debug("publish failure", exc_info=True)
+                self._drop_producer()
+                return False
+            self._held = dict(publication.held)
+            if publication.full:
+                self._last_full = self.clock()
+            self.sent = Sent(publication.epoch, publication.offsets, time.time())
+            if self._staged is publication:
+                self._staged = None
+            return True
+
+    def _send(self, publication: Publication) -> None:
+        producer = self._ensure_producer()
+        partition = self._partition_of(producer)
+        futures = []
+        for record in publication.records:
+            futures.append(producer.send(self.topic, key=record.key, value=record.value,
+                                         headers=list(record.headers), partition=partition))
+        deadline = time.monotonic() + self.timeout
+        producer.flush(timeout=self.timeout)
+        for future in futures:
+            future.get(timeout=max(0.1, deadline - time.monotonic()))
+        for record in publication.records:
+            kind = "tombstone" if record.value is None else dict(record.headers).get("embmon-kind", b"").decode()
+            self.records.add(kind)
+            self.bytes_total += len(record.value or b"")
+
+    def _ensure_producer(self) -> Any:
+        if self._producer is None:
+            if self._producer_factory is not None:
+                self._producer = self._producer_factory()
+            else:
+                from kafka import KafkaProducer
+
+                self._producer = KafkaProducer(**producer_config(self._settings))
+        return self._producer
+
+    def _partition_of(self, producer: Any) -> int:
+        """All of a replica's records on one partition, so a reader sees a publication in order."""
+        if self._partition is None:
+            partitions = sorted(producer.partitions_for(self.topic) or [0])
+            self._partition = partitions[zlib.crc32(self.replica.encode()) % len(partitions)]
+        return self._partition
+
+    def _drop_producer(self) -> None:
+        producer, self._producer, self._partition = self._producer, None, None
+        if producer is not None:
+            try:
+                producer.close(timeout=1)
+            except Exception:  # noqa: BLE001 - already failing; a fresh producer comes next time
+                logger.debug("closing the partials producer", exc_info=True)
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop_producer()

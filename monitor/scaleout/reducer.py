@@ -1,0 +1,176 @@
+"""The reducer role: one daemon that merges every replica's publications and exports the global gauges.
+
+Wiring (the counterpart of :class:`monitor.service.Monitor` for ``scale_out.role: reducer``):
+
+* :class:`~monitor.scaleout.intake.PartialsReader` reads the partials topic (and the interactions
+  topic) by assignment, into the :class:`~monitor.scaleout.table.MergeTable` (and the probes);
+* the refresh job computes the intrinsic metrics of the merged windows
+  (:class:`~monitor.refresh.Refresher`, reading the table as it reads a replica's registry);
+* the components run on the merged windows: drift test cycles against pinned, captured, lagged or
+  first-window references, and the retrieval probes, fed the interactions this reducer reads.
+  What needs the record stream in order cannot run here: the online change detectors are off,
+  and a first-records reference becomes the first merged window holding ``drift.reference.records``
+  records (docs/deployment.md, "What the reducer cannot do");
+* checkpoints (:class:`~monitor.checkpointer.Checkpointer`) hold the table, the components' state
+  and the reader's positions, taken between two polls, so a restart resumes exactly once;
+* the HTTP port exports what a single daemon exports, minus the ingest counters of embeddings
+  (each replica exports its own), plus the reducer's view of the replicas.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from monitor.checkpointer import Checkpointer
+from monitor.collector import ComponentCollector, CoreCollector, OperationsCollector
+from monitor.component import Component, MonitorContext
+from monitor.components import ComponentFactory, default_component_factories
+from monitor.config import ConfigError, Settings
+from monitor.counters import InternalErrors
+from monitor.decoding import Decoder
+from monitor.exporter import HttpServer
+from monitor.jobs import JobRunner
+from monitor.lifecycle import StartUp
+from monitor.refresh import Published, Refresher
+from monitor.scaleout.export import ReducerCollector
+from monitor.scaleout.intake import PartialsReader
+from monitor.scaleout.table import MergeTable
+from monitor.service import Daemon, daemon_metrics_registry, http_security
+from monitor.status import DaemonStatus, StreamCounts
+
+logger = logging.getLogger(__name__)
+
+
+def reducer_settings(settings: Settings) -> Settings:
+    """The settings the reducer runs with: online drift detectors off (they need the record stream)."""
+    if settings.source != "kafka":
+        raise ConfigError(f"scale_out.role reducer reads Kafka, not source {settings.source}")
+    if settings.scale_out.partials_topic in (settings.kafka.embeddings_topic, settings.kafka.interactions_topic):
+        raise ConfigError("scale_out.partials_topic must differ from the embeddings and interactions topics")
+    online = settings.drift.online.model_copy(update={"enabled": False})
+    return settings.model_copy(update={"drift": settings.drift.model_copy(update={"online": online})})
+
+
+class ReducerStatus(DaemonStatus):
+    """The daemon status collectors read; a reducer ingests no embeddings, so it counts none."""
+
+    def streams(self) -> list[StreamCounts]:
+        return []
+
+
+class Reducer(Daemon):
+    """Merged windows of every replica, their metrics, drift and probes: the global gauges."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Callable[[], float] = time.time,
+        component_factories: list[ComponentFactory] | None = None,
+        consumer_factory: Callable[[], Any] | None = None,
+    ):
+        super().__init__()
+        self.settings = settings = reducer_settings(settings)
+        self.clock = clock
+        self.table = MergeTable(settings, clock)
+        self.metrics_registry = daemon_metrics_registry()
+        self.errors = InternalErrors()
+        # the table reads like a registry: snapshot_windows(now)
+        self.refresher = Refresher(settings, self.table, self.errors, self.metrics_registry, clock)  # type: ignore
+        self.jobs = JobRunner(self.metrics_registry)
+        self.http = HttpServer(self.metrics_registry, settings.http.host, settings.http.port, health=self.health,
+                               readiness=self.readiness, **http_security(settings))
+        self.context = MonitorContext(
+            settings=settings, registry=self.table, clock=clock, state_dir=settings.state_dir,  # type: ignore[arg-type]
+            latest_windows=lambda: self.refresher.published.windows, add_route=self.http.add_route,
+        )
+        if component_factories is None:
+            component_factories = default_component_factories(settings)
+        self.components: list[Component] = [factory(self.context) for factory in component_factories]
+        self.decoder = Decoder(
+            settings.limits, default_stream=settings.kafka.default_stream,
+            declared_dims={name: m.dim for name, m in settings.models.items() if m.dim},
+            admit_model=_ModelBudget(settings.limits.max_models),
+        )
+        self.intake = PartialsReader(settings, self.table, self.decoder, self.components, self.errors, clock,
+                                     consumer_factory)
+        self.checkpointer = Checkpointer(
+            settings, self.intake, self.table, self.decoder, self.intake, self.components,  # type: ignore[arg-type]
+            self.intake.offsets, self.errors, self.metrics_registry,
+        )
+        self.status = ReducerStatus(
+            source=self.intake, registry=self.table, refresher=self.refresher, pipeline=self.intake,  # type: ignore
+            jobs=self.jobs, errors=self.errors, checkpointer=self.checkpointer, http=self.http,
+            started_at=time.time(), wall_clock=time.time,
+        )
+        for collector in (CoreCollector(self.status), ComponentCollector(self.components, self.errors),
+                          OperationsCollector(self.status), ReducerCollector(self.table, time.time)):
+            self.metrics_registry.register(collector)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        with StartUp() as startup:
+            startup.start("state directory", lambda: self.settings.state_dir.mkdir(parents=True, exist_ok=True))
+            startup.start("checkpoint restore", self.checkpointer.restore)
+            startup.start("http", self.http.start, self.http.stop)
+            startup.start("scheduler", self._schedule_jobs, self.jobs.shutdown)
+            startup.start("intake", self.intake.start, lambda: self.intake.stop(self.settings.shutdown_timeout_seconds))
+        self._started = True
+        logger.info("embedding-monitor reducer serving http://%s:%d/metrics, merging %s, state in %s",
+                    self.settings.http.host, self.http.port, self.settings.scale_out.partials_topic,
+                    self.settings.state_dir)
+
+    def _shutdown(self) -> None:
+        if self._started:
+            if not self.intake.stop(self.settings.shutdown_timeout_seconds / 2):
+                logger.warning("the reducer's intake did not stop in time")
+            self.checkpointer.checkpoint(reason="shutdown")
+            self.jobs.shutdown()
+
+    # ------------------------------------------------------------------ entry points
+    def refresh(self) -> Published:
+        """Merge, compute and publish every stream's window metrics; then first-window references."""
+        published = super().refresh()
+        self._first_window_references(published)
+        return published
+
+    def _first_window_references(self, published: Published) -> None:
+        """A first-records reference needs the records in order, which only replicas see: the reducer
+        pins instead the first merged window that holds ``drift.reference.records`` records."""
+        if not self.settings.drift.enabled:
+            return
+        from monitor.drift.component import DriftComponent
+
+        drift = next((c for c in self.components if isinstance(c, DriftComponent)), None)
+        if drift is None or drift.reference_settings.fallback_mode != "first_records":
+            return
+        wanted = self.settings.drift.reference.records
+        for stream in self.table:
+            window = published.windows.get((stream.model, stream.stream))
+            if window is None or window.records < wanted or drift.reference(stream.model, stream.stream) is not None:
+                continue
+            _pin, problem = drift.pins.match(stream.model, stream.stream, window.dim)
+            if problem is None:
+                with self.errors.guard("first_window_reference"):
+                    drift.capture_current([stream])
+
+    def _intake(self) -> tuple[bool, bool, str]:
+        return self.intake.alive, self.intake.up, f"not connected to {self.settings.scale_out.partials_topic}"
+
+
+class _ModelBudget:
+    """The label budget for interaction events' models (a replica's is its state registry's)."""
+
+    def __init__(self, max_models: int):
+        self.max_models = max_models
+        self.models: set[str] = set()
+
+    def __call__(self, model: str) -> bool:
+        if model in self.models:
+            return True
+        if len(self.models) >= self.max_models:
+            return False
+        self.models.add(model)
+        return True

@@ -1,0 +1,226 @@
+"""The replica role: publish each checkpoint's state, and commit only offsets whose state is published.
+
+The order of the durable steps is what keeps the reducer exact across crashes and rebalances
+(docs/operations.md, "Scaling out: exactly-once"):
+
+1. a checkpoint is captured between two batches and written (as in single-process mode), tagged
+   with this replica's id and a fresh epoch;
+2. its state is published (:class:`~monitor.scaleout.publisher.PartialsPublisher`) and the
+   broker acknowledged it;
+3. the offsets of the newest *published* state are committed (:class:`PublishedOffsetsSource`:
+   never offsets whose state is only applied or only on disk);
+4. the published marker records that epoch.
+
+On restart a checkpoint newer than the marker is not restored (:meth:`ReplicaRole.check`): its
+state may be in no publication, and its offsets are not committed, so the records it holds are
+read again by whoever owns the partition; the previous checkpoint, which is published, is
+restored instead, and republished at start so it replaces whatever this replica had published.
+On a rebalance the hand-off publishes before it returns the offsets to commit, and writes the
+marker first, since the commit follows within the listener.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from monitor.checkpoint import CheckpointError
+from monitor.checkpointer import Checkpointer
+from monitor.config import ConfigError, Settings
+from monitor.ingest import IngestPipeline
+from monitor.offsets import OffsetTracker, Partition
+from monitor.rebalance import PartitionHandoff
+from monitor.scaleout.partials import Offsets
+from monitor.scaleout.publisher import MarkerState, PartialsPublisher, PublishedMarker
+from monitor.sources import PartitionListener, Source, SourceMessage
+from monitor.state.registry import StateRegistry
+
+logger = logging.getLogger(__name__)
+
+
+class ReplicaRole:
+    """Ties a replica's checkpoints to its publications and to what it may commit and restore."""
+
+    def __init__(self, settings: Settings, publisher: PartialsPublisher | None = None):
+        self.settings = settings
+        self.replica = settings.scale_out.replica_id
+        self.publisher = publisher or PartialsPublisher(settings)
+        self.marker = PublishedMarker(settings.state_dir)
+        self._initial: MarkerState | None = None
+        self._marked = -1  # newest epoch in the marker
+        self._committed = -1  # newest published epoch whose offsets were committed
+        self.floors: dict[Partition, int] = {}  # per partition: last offset before our current assignment
+
+    # ------------------------------------------------------------------ checkpoint observer
+    def tag(self) -> dict[str, Any]:
+        """Extra checkpoint fields: who wrote it and its epoch (taken with the state, between batches)."""
+        return {"replica": self.replica, "epoch": self.publisher.epochs.next()}
+
+    def check(self, state: Mapping[str, Any]) -> None:
+        """Refuse to restore a checkpoint another replica wrote, or one this replica never published."""
+        tag = state.get("scale_out")
+        if tag is None:
+            return  # written in single-process mode: its offsets were committed as it was written
+        if tag.get("replica") != self.replica:
+            raise CheckpointError(
+                "incompatible", f"written by replica {tag.get('replica')!r}, this is {self.replica!r}: its records "
+                "are in that replica's publications"
+            )
+        epoch = int(tag["epoch"])
+        if self._initial is None:
+            logger.warning("no %s: restoring a replica checkpoint that may not have been published", self.marker.path)
+        elif epoch > self._initial.epoch:
+            raise CheckpointError(
+                "unpublished", f"epoch {epoch} was never published and committed (newest that was: "
+                f"{self._initial.epoch}); its records will be read again"
+            )
+        self.publisher.epochs.advance_past(epoch)
+
+    def written(self, state: Mapping[str, Any], offsets: Offsets) -> None:
+        """A checkpoint is on disk: build its publication (checkpoints call this in order)."""
+        self.publisher.stage(int(state["scale_out"]["epoch"]), offsets, state["streams"])
+
+    def after_write(self) -> None:
+        """Send it; its offsets may be committed once the broker has it."""
+        self.publisher.flush()
+
+    # ------------------------------------------------------------------ start-up
+    def before_restore(self) -> None:
+        self._initial = self.marker.read()
+        if self._initial is not None and self._initial.replica == self.replica:
+            self.publisher.epochs.advance_past(self._initial.epoch)
+        elif self._initial is not None:
+            logger.warning("%s belongs to replica %r, this is %r",
+                           self.marker.path, self._initial.replica, self.replica)
+            self._initial = MarkerState(self.replica, 0)
+
+    def publish_restored(self, registry: StateRegistry, offsets: OffsetTracker) -> None:
+        """Publish the state just restored (or the empty one), in full, under a new epoch.
+
+        It replaces everything this replica published before, including a newer publication whose
+        checkpoint was not restored. Its offsets were committed before the crash (commits follow
+        publications), so it is marked at once. If the broker is not reachable it stays staged and
+        the first checkpoint sends it.
+        """
+        durable = offsets.durable()
+        epoch = self.publisher.epochs.next()
+        if self._initial is None:
+            self._mark(0)
+        self.publisher.stage(epoch, durable, registry.state_dict()["streams"])
+        if self.publisher.flush():
+            self._committed = epoch
+            self._mark(epoch)
+
+    # ------------------------------------------------------------------ commits
+    def commit_published(self, source: Source) -> None:
+        """Commit the offsets of the newest sent publication (if not done yet), then mark it."""
+        sent = self.publisher.sent
+        if sent is None:
+            return
+        if sent.epoch > self._committed:
+            # never move a partition back below where our current assignment started
+            offsets = {k: o for k, o in sent.offsets.items() if o >= self.floors.get(k, -1)}
+            source.commit(offsets)
+            self._committed = sent.epoch
+        if sent.epoch > self._marked:
+            self._mark(sent.epoch)
+
+    def mark_before_handoff_commit(self) -> dict[Partition, int] | None:
+        """Hand-off: the offsets of the newest sent publication, marked (the listener commits them next)."""
+        sent = self.publisher.sent
+        if sent is None:
+            return None
+        if sent.epoch > self._marked:
+            self._mark(sent.epoch)
+        return dict(sent.offsets)
+
+    def _mark(self, epoch: int) -> None:
+        self.marker.write(self.replica, epoch)
+        self._marked = epoch
+
+
+def check_replica_settings(settings: Settings) -> None:
+    """A replica must consume Kafka and checkpoint: publications are the state of its checkpoints."""
+    if settings.source != "kafka":
+        raise ConfigError(f"scale_out.role replica needs source kafka, not {settings.source}")
+    if settings.checkpoint.enabled is False:
+        raise ConfigError("scale_out.role replica needs checkpoint.enabled (publications are checkpoints)")
+
+
+def replica_source_settings(settings: Settings) -> Settings:
+    """What a replica consumes: the embeddings topic only (the reducer reads interactions itself)."""
+    kafka = settings.kafka.model_copy(update={"interactions_topic": None})
+    return settings.model_copy(update={"kafka": kafka})
+
+
+class PublishedOffsetsSource(Source):
+    """Wraps the Kafka source so that the daemon's commits become "commit what is published"."""
+
+    def __init__(self, inner: Source, role: ReplicaRole):
+        self.inner = inner
+        self.role = role
+        self.name = inner.name
+
+    def set_listener(self, listener: PartitionListener) -> None:
+        self.inner.set_listener(listener)
+
+    def start(self) -> None:
+        self.inner.start()
+
+    def poll(self, timeout: float) -> list[SourceMessage]:
+        self.role.commit_published(self.inner)
+        return self.inner.poll(timeout)
+
+    def commit(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        # ``offsets`` are durable (on disk); what may be committed is what is published.
+        self.role.commit_published(self.inner)
+
+    def close(self) -> None:
+        self.role.commit_published(self.inner)
+        self.inner.close()
+        self.role.publisher.close()
+
+    @property
+    def up(self) -> bool:
+        return self.inner.up
+
+    @property
+    def exhausted(self) -> bool:
+        return self.inner.exhausted
+
+    def lag(self) -> dict[str, int] | None:
+        return self.inner.lag()
+
+    @property
+    def lag_updated(self) -> float | None:
+        return self.inner.lag_updated
+
+    def pause(self) -> None:
+        self.inner.pause()
+
+    def resume(self) -> None:
+        self.inner.resume()
+
+
+class PublishingHandoff(PartitionHandoff):
+    """The rebalance hand-off, committing on revocation only what the publication holds."""
+
+    def __init__(
+        self, pipeline: IngestPipeline, offsets: OffsetTracker, checkpointer: Checkpointer | None, role: ReplicaRole
+    ):
+        super().__init__(pipeline, offsets, checkpointer)
+        self._role = role
+
+    def on_revoked(self, partitions: list[Partition]) -> dict[Partition, int]:
+        super().on_revoked(partitions)  # applies what was polled and checkpoints (which publishes)
+        if not self._role.publisher.flush():
+            logger.error("hand-off: the newest state could not be published; committing the last published offsets")
+        published = self._role.mark_before_handoff_commit() or {}
+        leaving = set(partitions)
+        return {key: offset for key, offset in published.items() if key in leaving}
+
+    def on_assigned(self, positions: Mapping[Partition, int]) -> None:
+        super().on_assigned(positions)
+        for key, position in positions.items():
+            self._role.floors[key] = position - 1

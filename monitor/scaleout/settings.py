@@ -1,0 +1,55 @@
+"""``scale_out:`` settings: the daemon's role, and how replicas and the reducer meet in Kafka.
+
+Light on purpose (pydantic only): the settings module imports it, and settings are read before
+anything heavy is loaded.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Role = Literal["single", "replica", "reducer"]
+_LABEL_SAFE = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,64}$")  # the replica id becomes a label value
+
+
+def default_replica_id() -> str:
+    """The host name: stable across restarts in a StatefulSet (``embedding-monitor-0``, ...)."""
+    return socket.gethostname().split(".")[0][:64] or "replica"
+
+
+class ScaleOutSettings(BaseModel):
+    """Several replicas plus one reducer, exact global metrics (docs/deployment.md, "Scaling out").
+
+    With ``role: single`` (the default) nothing here is used and the daemon behaves as if this
+    section did not exist.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_default=True)
+
+    role: Role = "single"
+    # Identifies a replica's publications; must survive restarts (a StatefulSet's pod name does)
+    # and be unique among the replicas, or their partials replace each other.
+    replica_id: str = Field(default_factory=default_replica_id)
+    partials_topic: str = "embedding-monitor-partials"
+    # Kafka's default message size limit is ~1 MB: larger partials go in chunks of this size.
+    max_record_bytes: int = Field(900_000, ge=16_384, le=64 * 1024 * 1024)
+    # Every sub-window is re-sent this often (default: window.seconds), so a reducer that starts
+    # without a checkpoint needs to read back only twice this far.
+    full_publish_seconds: float | None = Field(None, gt=0)
+    publish_timeout_seconds: float = Field(30.0, gt=0, le=600)
+    # Reducer: a replica whose newest publication is older than this is reported stale (its
+    # partials stay merged until their sub-windows leave the window: they are still exact).
+    stale_after_seconds: float = Field(120.0, gt=0)
+    # Reducer: the replica label budget; publications of further replicas are not merged, counted.
+    max_replicas: int = Field(32, ge=1, le=1000)
+
+    @field_validator("replica_id")
+    @classmethod
+    def _label_safe(cls, value: str) -> str:
+        if not _LABEL_SAFE.match(value):
+            raise ValueError(f"{value!r} must be 1-64 characters of [A-Za-z0-9_.:/@+-] (it is a label value)")
+        return value
