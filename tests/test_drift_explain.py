@@ -66,6 +66,8 @@ def test_a_topic_shift_is_explained_with_the_new_items_within_two_cycles(tmp_pat
     # the ids a person would open are the new topic's sentences: the novel items, and the window's
     # least familiar items of the regions that gained share
     assert new_topic_share(regions["novel_exemplars"]) == 1.0
+    for ids in [regions["novel_exemplars"]] + [r["window_exemplars"] for r in regions["ranked"]]:
+        assert len(set(ids)) == len(ids)  # records repeat in the stream; exemplars do not
     window_ids = [i for r in gained for i in r["window_exemplars"]]
     assert not gained or new_topic_share(window_ids) >= 0.8
     # the reference exemplars say what each region was about: the usual topics

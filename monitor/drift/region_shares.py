@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from monitor.drift.regions import Regions, exemplar_ids
+from monitor.drift.regions import Regions, exemplar_ids, ranked_ids
 from monitor.multiple_testing import benjamini_hochberg
 
 
@@ -199,17 +199,3 @@ def nearest_distance(rows: np.ndarray, others: np.ndarray, block: int = 1024) ->
         d2 = (part * part).sum(axis=1)[:, None] + others_sq[None, :] - 2.0 * part @ others.T
         out[start : start + block] = np.sqrt(np.clip(d2.min(axis=1), 0.0, None))
     return out
-
-
-def ranked_ids(
-    labels: np.ndarray, scores: np.ndarray, ids: Sequence[str | None] | None, k: int, count: int
-) -> tuple[tuple[str, ...], ...]:
-    """Per region, the ids of its ``count`` lowest-scoring rows that have an id."""
-    if ids is None or count == 0:
-        return ((),) * k
-    out = []
-    for j in range(k):
-        members = np.flatnonzero(labels == j)
-        ordered = members[np.argsort(scores[members], kind="stable")]
-        out.append(tuple(str(ids[i]) for i in ordered if ids[i])[:count])
-    return tuple(out)

@@ -184,19 +184,29 @@ def fit_regions(
 def exemplar_ids(
     rows: np.ndarray, ids: Sequence[str | None] | None, centres: np.ndarray, count: int
 ) -> tuple[tuple[str, ...], ...]:
-    """Per centre, the ids of the ``count`` rows nearest it among the rows assigned to it (rows
-    without an id are passed over)."""
-    k = len(centres)
+    """Per centre, the ``count`` distinct ids of the rows nearest it among the rows assigned to it
+    (rows without an id are passed over)."""
+    if ids is None or count == 0 or not any(ids):
+        return ((),) * len(centres)
+    labels, distances = nearest(np.asarray(rows, dtype=np.float64), np.asarray(centres, dtype=np.float64))
+    return ranked_ids(labels, distances, ids, len(centres), count)
+
+
+def ranked_ids(
+    labels: np.ndarray, scores: np.ndarray, ids: Sequence[str | None] | None, k: int, count: int
+) -> tuple[tuple[str, ...], ...]:
+    """Per region, the ``count`` distinct ids of its lowest-scoring rows (a stream sees popular items
+    again; one of each is enough), passing over rows without an id."""
     if ids is None or count == 0:
         return ((),) * k
-    has_id = np.array([bool(i) for i in ids], dtype=bool)
-    if not has_id.any():
-        return ((),) * k
-    labelled = np.flatnonzero(has_id)
-    labels, distances = nearest(np.asarray(rows, dtype=np.float64)[labelled], np.asarray(centres, dtype=np.float64))
     out = []
     for j in range(k):
         members = np.flatnonzero(labels == j)
-        chosen = members[np.argsort(distances[members], kind="stable")[:count]]
-        out.append(tuple(str(ids[labelled[i]]) for i in chosen))
+        chosen: list[str] = []
+        for i in members[np.argsort(scores[members], kind="stable")]:
+            if ids[i] and str(ids[i]) not in chosen:
+                chosen.append(str(ids[i]))
+                if len(chosen) == count:
+                    break
+        out.append(tuple(chosen))
     return tuple(out)
