@@ -26,6 +26,13 @@ Binomial(sample, f) post-change rows, exactly what a uniform reservoir of that w
 The online detectors see every record, in order.
 
 Run: ``python bench/drift_eval.py`` (``--help``; ``--quick`` for a smoke run).
+
+``--calibration`` measures instead what docs/drift.md reports for the knob at 5 s, 60 s and
+900 s cycles, on real MiniLM embeddings of help-topic sentences (tests/support/topics.py; run
+from the repository root): false alarms on null splits at the knob's alpha and at a countable
+alpha (0.05) for each null, the region test's false alarms, and at which cycle a topic shift and
+a rotated model swap are flagged and explained when a quarter, then three quarters, of the
+window has changed.
 """
 
 from __future__ import annotations
@@ -151,10 +158,11 @@ def scheduled_runners(settings: DriftSettings) -> dict[str, Callable[[np.ndarray
 
     return {
         "mmd": lambda w, r, s: decided(mmd_test(w, r, alpha=alpha, permutations=settings.permutations_for("mmd"),
-                                                 seed=s, device=settings.device)),
+                                                 seed=s, device=settings.device, null=settings.null_for("mmd"))),
         "ks": lambda w, r, s: decided(ks_test(w, r, alpha=alpha, components=settings.ks.components)),
         "centroid": lambda w, r, s: decided(centroid_test(w, r, alpha=alpha,
-                                                          permutations=settings.permutations_for("centroid"), seed=s)),
+                                                          permutations=settings.permutations_for("centroid"), seed=s,
+                                                          null=settings.null_for("centroid"))),
         "classifier": lambda w, r, s: decided(classifier_test(w, r, alpha=alpha, seed=s)),
         "suite": lambda w, r, s: run_drift_suite(w, r, settings, seed=s).detected,
     }
@@ -230,6 +238,95 @@ def fmt_delay(seconds: float, rate: float) -> str:
     return f"{seconds:,.0f} s ({seconds * rate:,.0f} rec)"
 
 
+def calibration(args: argparse.Namespace) -> dict[str, object]:
+    """The knob at 5 s, 60 s and 900 s on real embeddings (module docstring); prints as it goes."""
+    from scipy import stats
+
+    from monitor.drift.region_shares import compare_regions
+    from monitor.drift.regions import fit_regions
+    from tests.support import topics
+    from tests.support.realdata import random_rotation
+
+    vectors = topics.embeddings()
+    rotation = random_rotation(vectors.shape[1], seed=7).astype(np.float32)
+    rows, cycles = args.sample, args.null_cycles
+    out: dict[str, object] = {}
+
+    def upper(alarms: int, n: int) -> float:  # one-sided 95% Clopper-Pearson bound on the rate
+        return float(stats.beta.ppf(0.95, alarms + 1, n - alarms))
+
+    def null_cycles(settings: DriftSettings, n: int) -> tuple[int, dict[str, int]]:
+        alarms, per_test = 0, dict.fromkeys(settings.enabled_tests, 0)
+        for seed in range(n):
+            rng = np.random.default_rng(seed)
+            report = run_drift_suite(vectors[topics.draw(rng, rows)], vectors[topics.draw(rng, rows)], settings,
+                                     seed=seed)
+            alarms += report.detected
+            for r in report.results:
+                per_test[r.test] += r.p_value <= settings.cycle_alpha
+        return alarms, per_test
+
+    for interval in (5.0, 60.0, 900.0):
+        settings = DriftSettings(interval_seconds=interval, false_alarm_every="30d", window_sample_size=rows,
+                                 reference_sample_size=rows, threads=1)
+        alarms, _ = null_cycles(settings, cycles)
+        line = (f"knob {interval:g}s: alpha {settings.cycle_alpha:.2g}, null {settings.null_for('mmd')}: {alarms} false "
+                f"alarms in {cycles} null cycles (rate < {upper(alarms, cycles):.3g} at 95%)")
+        out[f"null_{interval:g}s"] = line
+        print(line, flush=True)
+    for null in ("heldout", "permutation"):
+        settings = DriftSettings(interval_seconds=60, false_alarm_every="20m", window_sample_size=rows,
+                                 reference_sample_size=rows, threads=1, mmd={"null": null}, centroid={"null": null})
+        alarms, per_test = null_cycles(settings, cycles)
+        low, high = stats.binom.ppf([0.0005, 0.9995], cycles, 0.05)
+        line = (f"alpha 0.05, {null}: suite {alarms}/{cycles}; each test at 0.05: {per_test} "
+                f"(99.9% range {low:.0f}-{high:.0f})")
+        out[f"rate_{null}"] = line
+        print(line, flush=True)
+    named = dict.fromkeys((0.01, 0.05), 0)
+    novel = []
+    for seed in range(cycles):
+        rng = np.random.default_rng(10_000 + seed)
+        reference = vectors[topics.draw(rng, 2 * rows)]
+        regions = fit_regions(reference, seed=seed)
+        window = vectors[topics.draw(rng, rows)]
+        for alpha in named:
+            report = compare_regions(regions, window, None, reference, alpha)
+            named[alpha] += bool(report.shifted) or report.novel_shifted
+        novel.append(report.novel_share)
+    line = (f"region test on {cycles} null splits: named something in {named} (k = {regions.k}); novel share "
+            f"mean {np.mean(novel):.4f}, 5-95% {np.percentile(novel, 5):.3f}-{np.percentile(novel, 95):.3f}")
+    out["regions_null"] = line
+    print(line, flush=True)
+    for interval in (5.0, 60.0, 900.0):
+        settings = DriftSettings(interval_seconds=interval, false_alarm_every="30d", window_sample_size=rows,
+                                 reference_sample_size=rows, threads=1)
+        for change in ("topic_shift", "model_swap"):
+            flagged, explained = [], []
+            for seed in range(args.replicates):
+                rng = np.random.default_rng(500 + seed)
+                reference = vectors[topics.draw(rng, 2 * rows)]
+                regions = fit_regions(reference, topics.ids_of(np.arange(len(reference))), seed=seed)
+                first_flag = first_named = None
+                for cycle, fraction in ((1, 0.25), (2, 0.75)):
+                    usual = topics.draw(rng, rows - int(rows * fraction))
+                    fresh = topics.draw(rng, int(rows * fraction), new_share=1.0 if change == "topic_shift" else 0.0)
+                    moved = vectors[fresh] @ rotation.T if change == "model_swap" else vectors[fresh]
+                    window = np.concatenate([vectors[usual], moved])
+                    report = run_drift_suite(window, reference, settings, seed=seed, regions=regions,
+                                             window_ids=topics.ids_of(np.r_[usual, fresh]))
+                    if report.detected and first_flag is None:
+                        first_flag = cycle
+                    if (report.regions.shifted or report.regions.novel_shifted) and first_named is None:
+                        first_named = cycle
+                flagged.append(first_flag)
+                explained.append(first_named)
+            line = f"{change} at {interval:g}s: flagged at cycle {flagged}, explained at cycle {explained}"
+            out[f"{change}_{interval:g}s"] = line
+            print(line, flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=1000.0, help="records per second")
@@ -248,10 +345,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny sizes")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--calibration", action="store_true",
+                        help="the knob at 5 s, 60 s, 900 s on real MiniLM embeddings (docs/drift.md)")
     args = parser.parse_args(argv)
     if args.quick:
         args.replicates, args.null_cycles, args.null_hours, args.sample = 1, 5, 0.01, 300
     logging.basicConfig(level=logging.WARNING)
+    if args.calibration:
+        results = calibration(args)
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as handle:
+                json.dump({"args": vars(args), "results": results}, handle, indent=2)
+        return 0
     settings = DriftSettings(interval_seconds=args.interval, false_alarm_every=args.false_alarm_every)
     runners = scheduled_runners(settings)
     scenarios = synthetic_scenarios(args.seed)

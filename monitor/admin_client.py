@@ -1,7 +1,7 @@
 """Calling a running daemon's token-protected admin routes from the command line.
 
-``baseline capture --url`` and ``canary repin`` share this: the flags, reading the token file,
-TLS verification, and turning HTTP failures into one line and exit status 1.
+``baseline capture --url``, ``canary repin`` and ``drift explain`` share this: the flags, reading
+the token file, TLS verification, and turning HTTP failures into one line and exit status 1.
 """
 
 from __future__ import annotations
@@ -34,6 +34,16 @@ def post_admin(args: argparse.Namespace, path: str, query: dict[str, str]) -> An
     Raises ValueError for a missing or unreadable token file (a usage error) and
     :class:`AdminCallFailed` when the daemon answers an error or cannot be reached.
     """
+    return call_admin(args, "POST", path, query)
+
+
+def get_admin(args: argparse.Namespace, path: str, query: dict[str, str]) -> Any:
+    """GET ``path`` with the bearer token, like :func:`post_admin` (for read-only admin routes)."""
+    return call_admin(args, "GET", path, query)
+
+
+def call_admin(args: argparse.Namespace, method: str, path: str, query: dict[str, str]) -> Any:
+    """One authenticated request to an admin route; the decoded JSON answer (see :func:`post_admin`)."""
     from monitor.security import read_token_file
 
     if not args.token_file:
@@ -43,7 +53,8 @@ def post_admin(args: argparse.Namespace, path: str, query: dict[str, str]) -> An
     except OSError as exc:
         raise ValueError(str(exc)) from None
     url = f"{args.url.rstrip('/')}{path}?{urllib.parse.urlencode(query)}"
-    request = urllib.request.Request(url, data=b"", method="POST", headers={"Authorization": f"Bearer {token}"})
+    body = b"" if method == "POST" else None
+    request = urllib.request.Request(url, data=body, method=method, headers={"Authorization": f"Bearer {token}"})
     context = ssl.create_default_context(cafile=args.cafile) if args.cafile else None
     try:
         with urllib.request.urlopen(request, timeout=args.timeout, context=context) as response:

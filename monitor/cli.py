@@ -173,6 +173,9 @@ def _optional_subcommands() -> list[Any]:
     from monitor.canary.cli import add_canary_parser
 
     registrars.append(add_canary_parser)
+    from monitor.drift_cli import add_drift_parser
+
+    registrars.append(add_drift_parser)
     return registrars
 
 

@@ -75,9 +75,23 @@ def test_test_level_p_value_is_the_simes_combination() -> None:
     rng = np.random.default_rng(6)
     x, y = rng.normal(size=(200, 8)), rng.normal(0.1, 1.0, size=(200, 8))
     result = ks_test(x, y, basis="raw")
-    p = ks_p_values(ks_statistics(x, y), 200, 200)
+    p = np.array([stats.ks_2samp(x[:, j], y[:, j], method="exact").pvalue for j in range(8)])
     simes = np.min(np.sort(p) * 8 / np.arange(1, 9))
     assert result.p_value == pytest.approx(min(simes, 1.0))
+
+
+@pytest.mark.parametrize(("n", "h"), [(250, 65), (500, 90), (1000, 120)])
+def test_the_asymptotic_tail_is_anti_conservative_and_auto_is_exact(n: int, h: int) -> None:
+    """At p ~ 1e-7 the asymptotic p-value is 10-25% below the exact one: not valid at a tiny alpha."""
+    x = np.arange(n, dtype=float)[:, None]
+    y = x + h - 0.5  # every reference value h ranks above its window twin: D = h / n exactly
+    assert ks_statistics(x, y)[0] == pytest.approx(h / n)
+    asymp = ks_p_values(ks_statistics(x, y), n, n)[0]
+    exact = stats.ks_2samp(x[:, 0], y[:, 0], method="exact").pvalue
+    assert 1e-9 < exact < 1e-5
+    assert asymp < 0.92 * exact
+    assert ks_test(x, y, basis="raw").p_value == pytest.approx(exact, rel=1e-12)
+    assert ks_test(x, y, basis="raw", method="asymp").p_value == pytest.approx(asymp, rel=1e-12)
 
 
 def test_pca_reference_fits_on_half_and_tests_the_other_half() -> None:

@@ -7,7 +7,10 @@ rescaling of all vectors (cosine ignores length).
 
 p-value: a permutation null. The pooled rows are relabelled at random ``permutations`` times,
 and the window/reference sums of all relabellings come from one matrix product
-(``labels (P+1, N) @ pooled (N, d)``), in chunks so memory stays ``O(chunk·N + chunk·d)``.
+(``labels (P+1, N) @ pooled (N, d)``), in chunks so memory stays ``O(chunk·N + chunk·d)``. Or,
+where the per-test alpha is out of the permutations' reach, the held-out null
+(:mod:`monitor.drift.heldout`): the mean directions of one half of each sample give a witness,
+``cos(z, window mean) - cos(z, reference mean)``, and the other halves are ranked by it.
 """
 
 from __future__ import annotations
@@ -15,10 +18,13 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from typing import Literal
 
 import numpy as np
 
+from monitor.drift.budget import Deadline
 from monitor.drift.calibration import TestResult
+from monitor.drift.heldout import direction_witness, heldout_rank_test, split_halves
 from monitor.drift.permutation import check_permutation_budget, sequential_permutation_test
 
 logger = logging.getLogger(__name__)
@@ -49,11 +55,14 @@ def centroid_test(
     permutations: int = DEFAULT_PERMUTATIONS,
     stop_after: int | None = DEFAULT_STOP_AFTER,
     seed: int | np.random.SeedSequence | None = 0,
+    null: Literal["permutation", "heldout"] = "permutation",
+    deadline: Deadline | None = None,
 ) -> TestResult:
-    """Permutation test on the cosine distance between ``mean(x)`` (m, d) and ``mean(y)`` (n, d).
+    """Test on the cosine distance between ``mean(x)`` (m, d) and ``mean(y)`` (n, d).
 
     At most ``permutations`` relabellings; with ``stop_after`` set, the Besag–Clifford sequential
-    p-value stops once that many reached the observed distance (``None`` draws them all).
+    p-value stops once that many reached the observed distance (``None`` draws them all); none
+    after ``deadline``. ``null="heldout"``: the held-out direction witness's p-value instead.
 
     Examples
     --------
@@ -65,6 +74,8 @@ def centroid_test(
     >>> r = centroid_test(turned, ref, permutations=200)
     >>> r.detected, r.p_value
     (True, 0.004975124378109453)
+    >>> centroid_test(turned, ref, null="heldout").p_value < 1e-4
+    True
     """
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
@@ -82,6 +93,21 @@ def centroid_test(
     if not (np.linalg.norm(x_mean) > 0 and np.linalg.norm(y_mean) > 0):
         raise ValueError("a sample mean is the zero vector; its direction is undefined")
     observed = float(cosine_distance(x_mean, y_mean))
+    base_extra = {
+        "window_mean_norm": float(np.linalg.norm(x_mean)),
+        "reference_mean_norm": float(np.linalg.norm(y_mean)),
+        "window_size": m,
+        "reference_size": n,
+    }
+    if null == "heldout":
+        ranked = heldout_rank_test(split_halves(x, y, rng), direction_witness)
+        extra = {"null": "heldout", "auc": ranked.auc, "p_value_floor": 0.0, "test_rows": ranked.test_rows}
+        return TestResult.at_level(
+            "centroid", observed, ranked.p_value, alpha,
+            extra={**extra, **base_extra, "seconds": time.perf_counter() - started},
+        )
+    if null != "permutation":
+        raise ValueError(f"null must be 'permutation' or 'heldout', got {null!r}")
 
     def null_statistics(labels: np.ndarray) -> np.ndarray:
         x_sums = labels @ pooled
@@ -91,19 +117,12 @@ def centroid_test(
     base[:m] = 1.0
     outcome = sequential_permutation_test(
         observed, null_statistics, base, rng, permutations=permutations, stop_after=stop_after,
-        chunk_sizes=itertools.repeat(_CHUNK),
+        chunk_sizes=itertools.repeat(_CHUNK), deadline=deadline,
     )
     p_value = outcome.p_value
     elapsed = time.perf_counter() - started
     logger.debug("centroid: distance=%.3g p=%.3g in %.2fs", observed, p_value, elapsed)
     return TestResult.at_level(
         "centroid", observed, p_value, alpha,
-        extra={
-            **outcome.diagnostics(permutations),
-            "window_mean_norm": float(np.linalg.norm(x_mean)),
-            "reference_mean_norm": float(np.linalg.norm(y_mean)),
-            "window_size": m,
-            "reference_size": n,
-            "seconds": elapsed,
-        },
+        extra={**outcome.diagnostics(permutations), **base_extra, "seconds": elapsed},
     )

@@ -2,7 +2,8 @@
 
 A classifier is trained on one half of both samples and scored on the other half. Under no drift
 the held-out scores of window and reference rows are exchangeable, so the held-out AUC has the
-Mann–Whitney null (``AUC = U / (m n)``), which gives an exact-level p-value without permutations.
+Mann–Whitney null (``AUC = U / (m n)``), which gives a valid p-value at any level without
+permutations (:mod:`monitor.drift.heldout`, which the MMD and centroid tests share).
 The AUC itself is an interpretable effect size: 0.5 is "indistinguishable", 1.0 "a different
 population".
 
@@ -22,12 +23,12 @@ import time
 import warnings
 
 import numpy as np
-from scipy import stats
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
 from monitor.drift.calibration import TestResult
+from monitor.drift.heldout import rank_test, split_halves
 
 logger = logging.getLogger(__name__)
 
@@ -70,18 +71,10 @@ def classifier_test(
     y = np.asarray(y, dtype=np.float64)
     if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
         raise ValueError(f"samples must be 2-D with the same dimension; got {x.shape} and {y.shape}")
-    if not 0 < train_fraction < 1:
-        raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
-    m, n = len(x), len(y)
-    m_train, n_train = int(m * train_fraction), int(n * train_fraction)
-    if min(m_train, n_train, m - m_train, n - n_train) < 2:
-        raise ValueError(f"samples too small to split: {m} and {n} rows at train_fraction={train_fraction}")
     started = time.perf_counter()
-    rng = np.random.default_rng(seed)
-    x = x[rng.permutation(m)]
-    y = y[rng.permutation(n)]
-    x_train, x_test = x[:m_train], x[m_train:]
-    y_train, y_test = y[:n_train], y[n_train:]
+    halves = split_halves(x, y, np.random.default_rng(seed), train_fraction)
+    x_train, y_train = halves.x_train, halves.y_train
+    m_train, n_train = len(x_train), len(y_train)
     train = np.concatenate([x_train, y_train])
 
     mean = train.mean(axis=0)
@@ -107,11 +100,9 @@ def classifier_test(
     if not converged:
         logger.info("classifier: lbfgs did not converge in %d iterations; the test stays valid", max_iter)
 
-    x_scores = model.decision_function(scaler.transform(_features(x_test, mean, axes)))
-    y_scores = model.decision_function(scaler.transform(_features(y_test, mean, axes)))
-    u = stats.mannwhitneyu(x_scores, y_scores, alternative="greater", method="auto")
-    auc = float(u.statistic) / (len(x_scores) * len(y_scores))
-    p_value = float(u.pvalue)
+    ranked = rank_test(*(model.decision_function(scaler.transform(_features(rows, mean, axes)))
+                         for rows in (halves.x_test, halves.y_test)))
+    auc, p_value = ranked.auc, ranked.p_value
     elapsed = time.perf_counter() - started
     logger.debug("classifier: auc=%.3f p=%.3g in %.2fs", auc, p_value, elapsed)
     return TestResult.at_level(
@@ -119,11 +110,13 @@ def classifier_test(
         extra={
             "auc": auc,
             "train_rows": int(len(train)),
-            "test_rows": int(len(x_scores) + len(y_scores)),
+            "null": "heldout",
+            "p_value_floor": 0.0,
+            "test_rows": ranked.test_rows,
             "converged": converged,
             "squared_components": components,
-            "window_size": m,
-            "reference_size": n,
+            "window_size": len(x),
+            "reference_size": len(y),
             "seconds": elapsed,
         },
     )

@@ -19,9 +19,17 @@ One :class:`DriftComponent` serves every (model, stream) (docs/drift.md, "In the
 * **online detectors** (:class:`~monitor.drift.detectors.OnlineDriftMonitor`), fed every
   accepted batch on the ingest thread once the stream has a reference (vectorised signals,
   aggregated mini-batches);
+* **time budget**: a cycle has ``drift.cycle_budget × interval_seconds`` (on the context's clock);
+  each (model, stream) gets an equal share of what is left when its turn comes, and its tests stop
+  at that deadline (:mod:`monitor.drift.budget`); tests cut short are counted;
+* **regions** (:mod:`monitor.drift.regions`): fitted on a reference the first time a cycle needs
+  them (never on the ingest thread), stored with it, so every cycle also says where the window
+  moved;
 * ``POST /admin/baseline?model=M[&stream=S]`` (bearer token ``http.admin_token``; without a token
   configured every ``/admin/*`` route answers 403): the current window becomes the reference,
-  written to the state directory before the response.
+  written to the state directory before the response;
+* ``GET /admin/drift/explain?model=M[&stream=S]`` (same token): the last cycle's explanation
+  (:mod:`monitor.drift.explain`).
 
 Scrapes read published values only (:mod:`monitor.drift.export`).
 """
@@ -45,7 +53,9 @@ from prometheus_client.metrics_core import Metric
 
 from monitor.component import Component, MonitorContext, ScheduledJob
 from monitor.config import ConfigError
+from monitor.drift.budget import Deadline
 from monitor.drift.detectors import OnlineDriftMonitor, build_detector
+from monitor.drift.explain import explanation
 from monitor.drift.export import (
     ERROR_STAGES,
     ChangeKey,
@@ -54,13 +64,15 @@ from monitor.drift.export import (
     DriftSnapshot,
     ReferenceInfo,
     StreamKey,
+    TestKey,
     families,
 )
 from monitor.drift.first_records import FirstRecords
 from monitor.drift.lagged import LaggedRing
 from monitor.drift.online_state import decode_monitor, encode_monitor
 from monitor.drift.pinned import PinnedFiles
-from monitor.drift.profile import ReferenceProfile, uniform_subsample
+from monitor.drift.profile import ReferenceProfile, subsample_ids, subsample_index
+from monitor.drift.regions import Regions, fit_regions
 from monitor.drift.settings import DriftSettings
 from monitor.drift.store import ReferenceStore, StoredReference
 from monitor.drift.suite import run_drift_suite
@@ -72,6 +84,7 @@ logger = logging.getLogger(__name__)
 _STATE_VERSION = 1
 MIN_TEST_RECORDS = 200  # a window needs min(this, drift.window_sample_size) records to be tested
 ADMIN_PATH = "/admin/baseline"
+EXPLAIN_PATH = "/admin/drift/explain"
 
 
 def default_threads() -> int:
@@ -98,6 +111,7 @@ class _Stream:
 class _Counters:
     cycles: int = 0
     errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_STAGES, 0))
+    cuts: dict[TestKey, int] = field(default_factory=dict)
 
 
 class DriftComponent(Component):
@@ -133,11 +147,14 @@ class DriftComponent(Component):
         self._counters = _Counters()
         self._cycle_lock = threading.Lock()  # one cycle at a time (the job, or a test calling run_cycle)
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="embmon-drift-store")
+        # regions of references that do not store them (lagged ones): (the profile, its regions)
+        self._fitted: dict[StreamKey, tuple[ReferenceProfile, Regions | None]] = {}
         self._stored = self.store.load_all()
         for key, ref in sorted(self._stored.items()):
             self._init_stream(key, ref.profile.dim)
         if context.add_route is not None:
             context.add_route(ADMIN_PATH, self.handle_admin_baseline, methods=("POST",))
+            context.add_route(EXPLAIN_PATH, self.handle_explain, methods=("GET",))
 
     # ------------------------------------------------------------------ references
     def _init_stream(self, key: StreamKey, dim: int) -> _Stream:
@@ -225,10 +242,10 @@ class DriftComponent(Component):
     def _window_profile(
         self, key: StreamKey, window: WindowSnapshot, now: float, rows: int, source: str
     ) -> ReferenceProfile:
-        rng = np.random.default_rng(self._seed(key, int(now * 1000)))
+        kept = subsample_index(len(window.sample), rows, np.random.default_rng(self._seed(key, int(now * 1000))))
         return ReferenceProfile(
-            sample=uniform_subsample(window.sample, rows, rng), centroid=window.stats.mean, count=window.records,
-            captured_at=now, source=source,
+            sample=window.sample[kept], centroid=window.stats.mean, count=window.records, captured_at=now,
+            source=source, sample_ids=subsample_ids(window.sample_ids, kept),
         )
 
     def reference(self, model: str, stream: str) -> ReferenceProfile | None:
@@ -252,7 +269,7 @@ class DriftComponent(Component):
             if slot.dim != vectors.shape[1]:
                 return
             if slot.builder is not None:
-                used = slot.builder.add(vectors)
+                used = slot.builder.add(vectors, batch.ids)
                 if not slot.builder.done:
                     return
                 profile = slot.builder.profile(captured_at=now)
@@ -277,17 +294,23 @@ class DriftComponent(Component):
         return [ScheduledJob("drift", self.run_cycle, interval, timeout_seconds=interval)]
 
     def run_cycle(self) -> Mapping[StreamKey, CycleResult]:
-        """One test cycle over every (model, stream) in the latest published windows; returns the results."""
+        """One test cycle over every (model, stream) in the latest published windows; returns the results.
+
+        It ends within ``cycle_budget × interval_seconds`` on the context's clock, give or take
+        the one test per stream that was running at its deadline (module docstring).
+        """
         with self._cycle_lock:
-            now = self.context.clock()
-            windows = self.context.latest_windows()
+            clock = self.context.clock
+            now = clock()
+            deadline = Deadline(now + self.settings.cycle_budget * self.settings.interval_seconds, clock)
+            windows = sorted(self.context.latest_windows().items())
             with self._lock:
                 self._counters.cycles += 1
                 cycle = self._counters.cycles
             failed: list[tuple[StreamKey, BaseException]] = []
-            for key, window in sorted(windows.items()):
+            for turn, (key, window) in enumerate(windows):
                 try:
-                    self._cycle_one(key, window, now, cycle)
+                    self._cycle_one(key, window, now, cycle, deadline.share(len(windows) - turn))
                 except Exception as exc:  # noqa: BLE001 - one stream's failure must not skip the others
                     self._count_error("cycle")
                     failed.append((key, exc))
@@ -297,7 +320,7 @@ class DriftComponent(Component):
                 raise RuntimeError(f"drift cycle failed for {len(failed)} stream(s), first {key[0]}/{key[1]}") from exc
             return self._results
 
-    def _cycle_one(self, key: StreamKey, window: WindowSnapshot, now: float, cycle: int) -> None:
+    def _cycle_one(self, key: StreamKey, window: WindowSnapshot, now: float, cycle: int, deadline: Deadline) -> None:
         slot = self._streams.get(key) or self._init_stream(key, window.dim)
         if slot.problem is not None or slot.dim != window.dim:
             return
@@ -322,10 +345,19 @@ class DriftComponent(Component):
             return
         if reference is None or not enough or window.end == slot.last_end:
             return
-        report = run_drift_suite(window.sample, reference.sample, self.suite_settings, seed=self._seed(key, cycle))
+        regions = self._regions(key, reference) if self.settings.regions.enabled else None
+        if fixed is not None and regions is not None and fixed.profile.regions is None:
+            fixed = self._store_regions(slot, fixed, regions)
+        report = run_drift_suite(
+            window.sample, reference.sample, self.suite_settings, seed=self._seed(key, cycle), deadline=deadline,
+            window_ids=window.sample_ids, regions=regions,
+        )
         if report.errors:
             self._count_error("test", len(report.errors))
         with self._lock:
+            for test in report.planned:
+                cut = self._counters.cuts.setdefault((*key, test), 0)
+                self._counters.cuts[(*key, test)] = cut + (test in report.cut)
             if slot.reference is not fixed:  # replaced while the tests ran: this verdict is about the old one
                 return
             slot.last_end = window.end
@@ -339,14 +371,55 @@ class DriftComponent(Component):
         elif was and not report.detected:
             logger.info("drift: %s/%s is back in line with its reference", key[0], key[1])
 
-    # ------------------------------------------------------------------ admin endpoint
+    def _regions(self, key: StreamKey, reference: ReferenceProfile) -> Regions | None:
+        """The reference's regions: stored with it, or fitted now (once per reference)."""
+        if reference.regions is not None:
+            return reference.regions
+        fitted = self._fitted.get(key)
+        if fitted is None or fitted[0] is not reference:
+            regions = fit_regions(
+                reference.sample, reference.sample_ids, max_regions=self.settings.regions.max_regions,
+                exemplars=self.settings.regions.exemplars, seed=self._seed(key, 0),
+            )
+            if regions is None:
+                logger.info("drift: the reference of %s/%s has too few sample rows for regions", *key)
+            fitted = self._fitted[key] = (reference, regions)
+        return fitted[1]
+
+    def _store_regions(self, slot: _Stream, ref: StoredReference, regions: Regions) -> StoredReference:
+        """Keep freshly fitted regions with the stream's reference, in memory and on disk."""
+        with self._lock:
+            if slot.reference is not ref:
+                return ref
+            slot.reference = replace(ref, profile=replace(ref.profile, regions=regions))
+            self._fitted.pop((ref.model, ref.stream), None)
+            try:
+                self._writer.submit(self._save, slot.reference)
+            except RuntimeError:  # shutting down: it is stored at the next start
+                pass
+            return slot.reference
+
+    # ------------------------------------------------------------------ admin endpoints
+    def handle_explain(self, environ: Mapping[str, Any]) -> tuple[int, str, bytes]:
+        """``GET /admin/drift/explain?model=M[&stream=S]``: the last cycle's verdict, ranked regions, exemplar ids."""
+        model, stream, refused = _target(environ)
+        if refused is not None:
+            return refused
+        with self._lock:
+            known = [k for k in self._streams if k[0] == model and (not stream or k[1] == stream)]
+            results = {k: self._results[k] for k in sorted(known) if k in self._results}
+        what = f"{model}/{stream}" if stream else f"model {model}"
+        if not known:
+            return _json(404, {"error": f"no records seen for {what}"})
+        if not results:
+            return _json(404, {"error": f"no drift cycle has tested {what} yet"})
+        return _json(200, {"explanations": [explanation(*key, result) for key, result in results.items()]})
+
     def handle_admin_baseline(self, environ: Mapping[str, Any]) -> tuple[int, str, bytes]:
         """``POST /admin/baseline?model=M[&stream=S]``: pin the current window(s) as the reference."""
-        query = parse_qs(str(environ.get("QUERY_STRING", "")), keep_blank_values=True)
-        model = (query.get("model") or [""])[0]
-        stream = (query.get("stream") or [""])[0]
-        if not model:
-            return _json(400, {"error": "the query parameter model is required (and optionally stream)"})
+        model, stream, refused = _target(environ)
+        if refused is not None:
+            return refused
         states = [s for s in self.context.registry if s.model == model and (not stream or s.stream == stream)]
         if not states:
             what = f"{model}/{stream}" if stream else f"model {model}"
@@ -415,6 +488,7 @@ class DriftComponent(Component):
                 "streams": streams,
                 "changes": [[*k, v.changes, v.last_timestamp] for k, v in sorted(self._changes.items())],
                 "cycles": self._counters.cycles,
+                "cuts": [[*k, v] for k, v in sorted(self._counters.cuts.items())],
             }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -457,6 +531,9 @@ class DriftComponent(Component):
                 when = old.last_timestamp if last is None else float(last)
                 self._changes[ckey] = ChangeTotals(max(old.changes, int(count)), when)
             self._counters.cycles = max(self._counters.cycles, int(state.get("cycles") or 0))
+            for model, stream, test, count in state.get("cuts") or []:
+                tkey = (str(model), str(stream), str(test))
+                self._counters.cuts[tkey] = max(self._counters.cuts.get(tkey, 0), int(count))
 
     # ------------------------------------------------------------------ scrape
     def snapshot(self) -> DriftSnapshot:
@@ -472,7 +549,7 @@ class DriftComponent(Component):
                 references[key] = ReferenceInfo(p.count, p.captured_at, origin, p.source, p.dim)
             return DriftSnapshot(
                 results=self._results, references=references, changes=dict(self._changes),
-                errors=dict(self._counters.errors),
+                errors=dict(self._counters.errors), cuts=dict(self._counters.cuts),
             )
 
     def collect(self) -> Iterable[Metric]:
@@ -495,6 +572,16 @@ def _check_detector_values(settings: DriftSettings) -> None:
             build_detector(kind, params)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"drift.online.detectors.{kind}: {exc}") from None
+
+
+def _target(environ: Mapping[str, Any]) -> tuple[str, str, tuple[int, str, bytes] | None]:
+    """An admin request's ``model`` and optional ``stream``, or the 400 answer when ``model`` is missing."""
+    query = parse_qs(str(environ.get("QUERY_STRING", "")), keep_blank_values=True)
+    model = (query.get("model") or [""])[0]
+    stream = (query.get("stream") or [""])[0]
+    if not model:
+        return model, stream, _json(400, {"error": "the query parameter model is required (and optionally stream)"})
+    return model, stream, None
 
 
 def _json(status: int, body: Any) -> tuple[int, str, bytes]:

@@ -9,6 +9,12 @@ Definitions, healthy and unhealthy values: docs/metrics.md, "Drift". Per (model,
   verdict; ``sustained`` is ``drift.sustained``'s N-of-M rule over the last cycles, detected
   only), ``embmon_drift_drifted_components_ratio``, ``embmon_drift_centroid_cosine_distance``,
   ``embmon_drift_classifier_auc``;
+* the cycle's budget: ``embmon_drift_p_value_floor{test}`` (the smallest p-value the test could
+  give: ``1 / (1 + permutations)`` for a permutation test, 0 for the others) and
+  ``embmon_drift_tests_cut_total{test}`` (tests the deadline cut short, every planned test from 0);
+* where it moved, when the reference has regions: ``embmon_drift_region_reference_ratio{region}``,
+  ``embmon_drift_region_window_ratio{region}``, ``embmon_drift_region_p_value{region}`` (BH-adjusted),
+  ``embmon_drift_regions_shifted`` and ``embmon_drift_novel_ratio``;
 * from the online detectors: ``embmon_drift_change_points_total{signal,detector}`` and
   ``embmon_drift_last_change_timestamp_seconds{signal,detector}`` (only once a change happened).
 
@@ -16,8 +22,8 @@ And for the component itself, ``embmon_drift_errors_total{stage}`` (every stage 
 :data:`ERROR_STAGES`, from 0): failures it caught and lived with, which the verdicts above
 cannot show.
 
-The suite's p-value is the Bonferroni-adjusted minimum ``min(1, k · min p)`` over the k tests that
-ran, and its threshold the per-cycle α: ``detected{test="suite"}`` is 1 exactly when that p-value
+The suite's p-value is the Bonferroni-adjusted minimum ``min(1, k · min p)`` over the k planned
+tests (a test without a result counts as ``p = 1``), and its threshold the per-cycle α: ``detected{test="suite"}`` is 1 exactly when that p-value
 is at most that threshold (Holm and Bonferroni reject the global null in the same cycles).
 """
 
@@ -32,10 +38,12 @@ from prometheus_client.metrics_core import Metric
 from monitor import catalog
 
 from monitor.drift.calibration import TestResult
+from monitor.drift.region_shares import RegionReport
 from monitor.drift.suite import DriftReport
 
 StreamKey = tuple[str, str]
 ChangeKey = tuple[str, str, str, str]  # (model, stream, signal, detector)
+TestKey = tuple[str, str, str]  # (model, stream, test)
 MS = ["model", "stream"]
 # store: a reference could not be written to the state directory (kept in memory; a restart
 # would capture it again); cycle: one stream's test cycle raised (that stream got no verdict);
@@ -53,14 +61,18 @@ class CycleResult:
     reference_captured_at: float
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain values for a checkpoint: what the exported series need (per-test diagnostics beyond
-        ``drifted_components_ratio`` are dropped)."""
+        """Plain values for a checkpoint: what the exported series and the explanation need
+        (per-test diagnostics beyond ``drifted_components_ratio`` and the p-value floor are dropped)."""
         report = self.report
         return {
             "tests": [
-                [r.test, r.statistic, r.p_value, r.threshold, r.detected, r.extra.get("drifted_components_ratio")]
+                [r.test, r.statistic, r.p_value, r.threshold, r.detected, r.extra.get("drifted_components_ratio"),
+                 r.extra.get("p_value_floor")]
                 for r in report.results
             ],
+            "planned": list(report.planned),
+            "cut": dict(report.cut),
+            "regions": None if report.regions is None else report.regions.state_dict(),
             "detected": report.detected,
             "cycle_alpha": report.cycle_alpha,
             "multiplicity": report.multiplicity,
@@ -75,20 +87,28 @@ class CycleResult:
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> CycleResult:
-        tests = tuple(
-            TestResult(
-                str(t), float(s), float(p), float(th), bool(d),
-                {} if r is None else {"drifted_components_ratio": float(r)},
-            )
-            for t, s, p, th, d, r in state["tests"]
-        )
+        tests = tuple(_test_from_state(entry) for entry in state["tests"])
+        regions = state.get("regions")
         report = DriftReport(
             results=tests, detected=bool(state["detected"]), cycle_alpha=float(state["cycle_alpha"]),
             multiplicity=str(state["multiplicity"]), window_size=int(state["window_size"]),
             reference_size=int(state["reference_size"]), seconds=float(state["seconds"]),
             errors={str(k): str(v) for k, v in dict(state["errors"]).items()},
+            planned=tuple(str(t) for t in state.get("planned") or ()),
+            cut={str(k): str(v) for k, v in dict(state.get("cut") or {}).items()},
+            regions=None if regions is None else RegionReport.from_state_dict(dict(regions)),
         )
         return cls(report, bool(state["sustained"]), float(state["computed_at"]), float(state["reference_captured_at"]))
+
+
+def _test_from_state(entry: list[Any]) -> TestResult:
+    """One checkpointed test result (checkpoints written before the p-value floor have 6 fields)."""
+    test, statistic, p_value, threshold, detected, ratio = entry[:6]
+    floor = entry[6] if len(entry) > 6 else None
+    extra = {} if ratio is None else {"drifted_components_ratio": float(ratio)}
+    if floor is not None:
+        extra["p_value_floor"] = float(floor)
+    return TestResult(str(test), float(statistic), float(p_value), float(threshold), bool(detected), extra)
 
 
 @dataclass(frozen=True)
@@ -116,13 +136,14 @@ class DriftSnapshot:
     references: Mapping[StreamKey, ReferenceInfo] = field(default_factory=dict)
     changes: Mapping[ChangeKey, ChangeTotals] = field(default_factory=dict)
     errors: Mapping[str, int] = field(default_factory=dict)  # stage -> failures since start
+    cuts: Mapping[TestKey, int] = field(default_factory=dict)  # tests the deadline cut, since start
 
 
 def suite_p_value(report: DriftReport) -> float | None:
-    """``min(1, k · min p)`` over the tests that ran (None when none did)."""
+    """``min(1, k · min p)`` over the k planned tests (None when none ran)."""
     if not report.results:
         return None
-    return min(1.0, len(report.results) * min(r.p_value for r in report.results))
+    return min(1.0, report.family_size * min(r.p_value for r in report.results))
 
 
 def families(snapshot: DriftSnapshot) -> Iterable[Metric]:
@@ -163,6 +184,8 @@ def families(snapshot: DriftSnapshot) -> Iterable[Metric]:
             detected.add_metric([*labels, "suite"], 1.0 if report.detected else 0.0)
             detected.add_metric([*labels, "sustained"], 1.0 if cycle.sustained else 0.0)
     yield from (mmd2, p_value, threshold, detected, ratio, cosine, auc)
+    yield from _budget_families(snapshot)
+    yield from _region_families(snapshot)
 
     changes = catalog.counter("embmon_drift_change_points_total")
     last = catalog.gauge("embmon_drift_last_change_timestamp_seconds")
@@ -177,3 +200,36 @@ def families(snapshot: DriftSnapshot) -> Iterable[Metric]:
     for stage in ERROR_STAGES:
         errors.add_metric([stage], float(snapshot.errors.get(stage, 0)))
     yield errors
+
+
+def _budget_families(snapshot: DriftSnapshot) -> Iterable[Metric]:
+    floor = catalog.gauge("embmon_drift_p_value_floor")
+    for (model, stream), cycle in sorted(snapshot.results.items()):
+        for result in cycle.report.results:
+            if "p_value_floor" in result.extra:
+                floor.add_metric([model, stream, result.test], float(result.extra["p_value_floor"]))
+    yield floor
+    cuts = catalog.counter("embmon_drift_tests_cut_total")
+    for key, count in sorted(snapshot.cuts.items()):
+        cuts.add_metric(list(key), float(count))
+    yield cuts
+
+
+def _region_families(snapshot: DriftSnapshot) -> Iterable[Metric]:
+    reference_share = catalog.gauge("embmon_drift_region_reference_ratio")
+    window_share = catalog.gauge("embmon_drift_region_window_ratio")
+    p_value = catalog.gauge("embmon_drift_region_p_value")
+    shifted = catalog.gauge("embmon_drift_regions_shifted")
+    novel = catalog.gauge("embmon_drift_novel_ratio")
+    for (model, stream), cycle in sorted(snapshot.results.items()):
+        regions = cycle.report.regions
+        if regions is None:
+            continue
+        for region in regions.regions:
+            labels = [model, stream, str(region.region)]
+            reference_share.add_metric(labels, region.reference_share)
+            window_share.add_metric(labels, region.window_share)
+            p_value.add_metric(labels, region.p_adjusted)
+        shifted.add_metric([model, stream], float(len(regions.shifted)))
+        novel.add_metric([model, stream], regions.novel_share)
+    yield from (reference_share, window_share, p_value, shifted, novel)

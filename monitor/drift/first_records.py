@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,8 @@ class FirstRecords:
     """Builds a reference from the first ``target`` records of a stream, in bounded memory.
 
     Keeps the exact float64 sum (so the centroid is exact over all ``target`` records) and a
-    uniform sample of at most ``capacity`` of them (a :class:`~monitor.state.reservoir.Reservoir`).
+    uniform sample of at most ``capacity`` of them (a :class:`~monitor.state.reservoir.Reservoir`),
+    with the records' ids (the regions' exemplars name them).
 
     >>> builder = FirstRecords(target=5, dim=2, capacity=3, seed=0)
     >>> builder.add(np.ones((4, 2), dtype=np.float32)), builder.done
@@ -40,12 +42,12 @@ class FirstRecords:
     def done(self) -> bool:
         return self.seen >= self.target
 
-    def add(self, vectors: np.ndarray) -> int:
-        """Take rows until ``target`` is reached; returns how many rows of ``vectors`` were used."""
+    def add(self, vectors: np.ndarray, ids: Sequence[str | None] | None = None) -> int:
+        """Take rows (and their ids) until ``target`` is reached; returns how many rows of ``vectors`` were used."""
         take = max(0, min(len(vectors), self.target - self.seen))
         if take:
             rows = vectors[:take]
-            self.reservoir.add(rows)
+            self.reservoir.add(rows, None if ids is None else ids[:take])
             self.vector_sum += rows.sum(axis=0, dtype=np.float64)
         return take
 
@@ -54,7 +56,7 @@ class FirstRecords:
             raise ValueError(f"only {self.seen} of {self.target} records so far")
         return ReferenceProfile(
             sample=self.reservoir.vectors.copy(), centroid=self.vector_sum / self.seen, count=self.seen,
-            captured_at=captured_at, source=f"first {self.target} records",
+            captured_at=captured_at, source=f"first {self.target} records", sample_ids=self.reservoir.ids,
         )
 
     def state_dict(self) -> dict[str, Any]:

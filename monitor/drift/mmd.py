@@ -19,6 +19,12 @@ recomputing the tiles; the sequential stopping rule keeps that to the first chun
 data do not look drifted. The label products run in float64: the statistic is a small
 difference of sums of ~N² kernel values, which float32 accumulation would blur; in float64 the
 result does not depend on the blocking (to ~1e-12 relative).
+
+Two nulls. ``permutation`` (above) is the most powerful but cannot give a p-value below
+``1 / (1 + permutations)``; ``heldout`` ranks one half of the rows by the MMD witness function
+learned on the other half (:mod:`monitor.drift.heldout`), needs no permutations and reaches any
+alpha, for half the sample's worth of power. The settings pick ``heldout`` when the per-test
+alpha would need more permutations than ``drift.max_permutations`` (short cycles).
 """
 
 from __future__ import annotations
@@ -32,12 +38,15 @@ from typing import Literal
 import numpy as np
 import torch
 
+from monitor.drift.budget import Deadline
 from monitor.drift.calibration import TestResult
+from monitor.drift.heldout import heldout_rank_test, kernel_witness, split_halves
 from monitor.drift.permutation import check_permutation_budget, relabellings, sequential_permutation_test
 
 logger = logging.getLogger(__name__)
 
 Device = Literal["auto", "cpu", "cuda"]
+Null = Literal["permutation", "heldout"]
 
 DEFAULT_PERMUTATIONS = 200
 DEFAULT_BLOCK_SIZE = 1024
@@ -135,12 +144,15 @@ def mmd2_unbiased(x: np.ndarray, y: np.ndarray, bandwidth: float) -> float:
     >>> round(mmd2_unbiased(x, rng.normal(1.0, 1.0, size=(200, 4)).astype(np.float32), 2.0), 3)
     0.22
     """
-    pooled = torch.from_numpy(np.concatenate([x, y]).astype(np.float32))
-    m, n = len(x), len(y)
-    labels = torch.zeros((m + n, 2), dtype=torch.float64)
+    return pooled_mmd2(torch.from_numpy(np.concatenate([x, y]).astype(np.float32)), len(x), len(y), bandwidth)
+
+
+def pooled_mmd2(pooled: torch.Tensor, m: int, n: int, bandwidth: float, block_size: int = DEFAULT_BLOCK_SIZE) -> float:
+    """Unbiased MMD² between the first ``m`` rows of ``pooled`` and the other ``n``."""
+    labels = torch.zeros((m + n, 2), dtype=torch.float64, device=pooled.device)
     labels[:m, 0] = 1.0
     labels[:, 1] = 1.0
-    products = kernel_label_products(pooled, labels, bandwidth)
+    products = kernel_label_products(pooled, labels, bandwidth, block_size)
     return float(mmd2_from_products(labels[:, :1], products[:, :1], products[:, 1], m, n)[0])
 
 
@@ -174,8 +186,10 @@ def mmd_test(
     block_size: int = DEFAULT_BLOCK_SIZE,
     bandwidth_points: int = DEFAULT_BANDWIDTH_POINTS,
     label_budget_bytes: int = DEFAULT_LABEL_BUDGET_BYTES,
+    null: Null = "permutation",
+    deadline: Deadline | None = None,
 ) -> TestResult:
-    """Permutation test of "the window ``x`` (m, d) and the reference ``y`` (n, d) share a distribution".
+    """Kernel two-sample test of "the window ``x`` (m, d) and the reference ``y`` (n, d) share a distribution".
 
     Statistic: the unbiased MMD² (Gretton et al. 2012, eq. 3) with the RBF kernel
     ``exp(-|u - v|² / (2 σ²))``; ``σ`` is ``bandwidth`` or the median heuristic on the pooled
@@ -186,6 +200,10 @@ def mmd_test(
     :func:`~monitor.drift.permutation.sequential_p_value`; ``None`` always draws all of them).
     Relabellings are processed in chunks whose label matrices fit ``label_budget_bytes``; the
     kernel tiles are recomputed per chunk rather than stored. Deterministic given ``seed``.
+    ``deadline``: no further chunk of relabellings is drawn once it has passed (the p-value stays
+    valid; ``extra["p_value_floor"]`` rises). ``null="heldout"``: the p-value of the held-out
+    witness test instead (no permutations; the bandwidth then comes from the training halves);
+    the statistic is the same MMD² of the whole samples.
 
     Examples
     --------
@@ -198,6 +216,9 @@ def mmd_test(
     >>> r = mmd_test(moved, ref, permutations=100, seed=1, device="cpu")
     >>> r.detected, r.p_value
     (True, 0.009900990099009901)
+    >>> h = mmd_test(moved, ref, null="heldout", seed=1, device="cpu")
+    >>> h.detected, h.p_value < 1e-4, h.extra["p_value_floor"]
+    (True, True, 0.0)
     """
     x = np.asarray(x, dtype=np.float32)
     y = np.asarray(y, dtype=np.float32)
@@ -205,16 +226,18 @@ def mmd_test(
     check_permutation_budget(permutations, stop_after)
     if block_size < 1:
         raise ValueError(f"block_size must be at least 1, got {block_size}")
+    if null not in ("permutation", "heldout"):
+        raise ValueError(f"null must be 'permutation' or 'heldout', got {null!r}")
     started = time.perf_counter()
     rng = np.random.default_rng(seed)
     dev = resolve_device(device)
     m, n = len(x), len(y)
     size = m + n
     pooled = torch.from_numpy(np.ascontiguousarray(np.concatenate([x, y]))).to(dev)
+    if null == "heldout":
+        return _heldout_mmd(x, y, pooled, rng, alpha, bandwidth, bandwidth_points, block_size, started)
 
-    sigma = float(bandwidth) if bandwidth is not None else median_bandwidth(pooled, rng, bandwidth_points)
-    if not sigma > 0:
-        raise ValueError(f"bandwidth must be positive, got {sigma}")
+    sigma = _bandwidth(bandwidth, pooled, rng, bandwidth_points)
 
     # labels and products, float64 (size, columns) each, plus a temporary of the same size
     budget_columns = max(64, label_budget_bytes // (3 * 8 * size))
@@ -244,7 +267,7 @@ def mmd_test(
     observed = float(stats[0])
     outcome = sequential_permutation_test(
         observed, null_statistics, base, rng, permutations=permutations, stop_after=stop_after,
-        chunk_sizes=_doubling(chunk, budget_columns), first_null=stats[1:],
+        chunk_sizes=_doubling(chunk, budget_columns), first_null=stats[1:], deadline=deadline,
     )
     p_value = outcome.p_value
     elapsed = time.perf_counter() - started
@@ -258,6 +281,51 @@ def mmd_test(
             "window_size": m,
             "reference_size": n,
             "device": dev.type,
+            "seconds": elapsed,
+        },
+    )
+
+
+def _bandwidth(bandwidth: float | None, rows: torch.Tensor, rng: np.random.Generator, points: int) -> float:
+    sigma = float(bandwidth) if bandwidth is not None else median_bandwidth(rows, rng, points)
+    if not sigma > 0:
+        raise ValueError(f"bandwidth must be positive, got {sigma}")
+    return sigma
+
+
+def _heldout_mmd(
+    x: np.ndarray,
+    y: np.ndarray,
+    pooled: torch.Tensor,
+    rng: np.random.Generator,
+    alpha: float,
+    bandwidth: float | None,
+    bandwidth_points: int,
+    block_size: int,
+    started: float,
+) -> TestResult:
+    """The held-out witness test; its bandwidth comes from the training halves only, so the
+    held-out rows stay exchangeable under no drift."""
+    halves = split_halves(x, y, rng)
+    train = torch.from_numpy(np.ascontiguousarray(np.concatenate([halves.x_train, halves.y_train])))
+    sigma = _bandwidth(bandwidth, train, rng, bandwidth_points)
+    ranked = heldout_rank_test(halves, kernel_witness(sigma))
+    m, n = len(x), len(y)
+    observed = pooled_mmd2(pooled, m, n, sigma, block_size)
+    elapsed = time.perf_counter() - started
+    logger.debug("mmd (held-out): m=%d n=%d mmd2=%.3g auc=%.3f p=%.3g in %.2fs", m, n, observed, ranked.auc,
+                 ranked.p_value, elapsed)
+    return TestResult.at_level(
+        "mmd", observed, ranked.p_value, alpha,
+        extra={
+            "null": "heldout",
+            "bandwidth": sigma,
+            "auc": ranked.auc,
+            "p_value_floor": 0.0,
+            "test_rows": ranked.test_rows,
+            "window_size": m,
+            "reference_size": n,
+            "device": pooled.device.type,
             "seconds": elapsed,
         },
     )

@@ -4,7 +4,11 @@ Shared by the MMD (:mod:`monitor.drift.mmd`) and centroid (:mod:`monitor.drift.c
 each supplies the statistic of a batch of relabellings; :func:`sequential_permutation_test` draws
 them (``rng.permuted`` of the observed labels, one chunk at a time) and applies the
 Besag–Clifford stopping rule, so a test's p-value depends only on its seed and its statistic.
-numpy only.
+
+A cycle's deadline (:class:`~monitor.drift.budget.Deadline`) can end the draws early. The p-value
+is then that of a test whose budget was the relabellings drawn so far: still valid, because when
+the clock runs out does not depend on how the relabellings came out; only its floor, the smallest
+p-value it could give (``1 / (1 + drawn)``), rises, and the outcome says so. numpy only.
 """
 
 from __future__ import annotations
@@ -15,24 +19,37 @@ from typing import Any
 
 import numpy as np
 
+from monitor.drift.budget import Deadline
+
 
 @dataclass(frozen=True)
 class PermutationOutcome:
-    """The p-value, how many relabellings it used, whether the stopping rule ended the draws, and
-    the null statistics of the used relabellings (in draw order)."""
+    """The p-value, how many relabellings it used, whether the stopping rule ended the draws, the
+    null statistics of the used relabellings (in draw order), and whether the deadline cut the
+    draws short (``truncated``) after ``drawn`` relabellings."""
 
     p_value: float
     used: int
     stopped: bool
     null: np.ndarray
+    truncated: bool = False
+    drawn: int = 0
+
+    def floor(self, budget: int) -> float:
+        """The smallest p-value this test could have given: ``1 / (1 + budget)``, or
+        ``1 / (1 + drawn)`` when the deadline ended the draws."""
+        return 1.0 / (1.0 + (self.drawn if self.truncated else budget))
 
     def diagnostics(self, budget: int) -> dict[str, Any]:
         """The test result's ``extra`` entries about the permutations; ``null_p95`` is what the
         statistic is compared with (the null's 95th percentile, for dashboards)."""
         return {
+            "null": "permutation",
             "permutations": self.used,
             "max_permutations": budget,
             "stopped_early": self.stopped,
+            "truncated": self.truncated,
+            "p_value_floor": self.floor(budget),
             "null_p95": float(np.quantile(self.null, 0.95)),
         }
 
@@ -60,14 +77,17 @@ def sequential_permutation_test(
     stop_after: int | None,
     chunk_sizes: Iterator[int],
     first_null: np.ndarray | None = None,
+    deadline: Deadline | None = None,
 ) -> PermutationOutcome:
-    """Draw relabellings in chunks until the stopping rule or the budget ends it; the p-value.
+    """Draw relabellings in chunks until the stopping rule, the budget or the deadline ends it; the p-value.
 
     ``null_statistics`` maps a chunk of relabellings (count, N) to their statistics (count,);
     chunk ``i`` holds ``min(chunk_sizes[i], budget left)`` of them. ``first_null``: the
     statistics of a first chunk the caller drew itself with :func:`relabellings` and the same
     ``rng`` (MMD computes it in one pass with the observed statistic); the chunks then continue
-    after it. See :func:`sequential_p_value` for the rule.
+    after it. See :func:`sequential_p_value` for the rule. ``deadline``: checked before each
+    further chunk; once it has passed no more are drawn (``truncated``), and the p-value is the
+    one a budget of the relabellings drawn so far gives (at least one chunk is always drawn).
 
     Examples
     --------
@@ -82,19 +102,22 @@ def sequential_permutation_test(
     """
     null: list[np.ndarray] = []
     exceeded = np.zeros(0, dtype=bool)
-    drawn, stopped = 0, False
+    drawn, stopped, truncated = 0, False, False
     if first_null is not None:
         null.append(first_null)
         drawn = len(first_null)
         exceeded = exceedances(observed, first_null)
         p_value, used, stopped = sequential_p_value(exceeded, stop_after)
     while not stopped and drawn < permutations:
+        if drawn and deadline is not None and deadline.expired():
+            truncated = True
+            break
         count = min(next(chunk_sizes), permutations - drawn)
         null.append(null_statistics(relabellings(labels, count, rng)))
         drawn += count
         exceeded = np.concatenate([exceeded, exceedances(observed, null[-1])])
         p_value, used, stopped = sequential_p_value(exceeded, stop_after)
-    return PermutationOutcome(p_value, used, stopped, np.concatenate(null)[:used])
+    return PermutationOutcome(p_value, used, stopped, np.concatenate(null)[:used], truncated, drawn)
 
 
 def exceedances(observed: float, null_statistics: np.ndarray) -> np.ndarray:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from monitor.drift.regions import Regions
 from monitor.drift.signals import SignalBaseline
 from monitor.files import atomic_savez
 
@@ -27,6 +28,10 @@ class ReferenceProfile:
     ``centroid`` is the mean over all ``count`` reference records (exact, from the running sums),
     not only over ``sample``. ``captured_at`` is unix seconds; ``source`` says where it came from
     (e.g. ``"first 5000 records"``, ``"pinned /etc/embmon/ref.npz"``, ``"lagged 86400s"``).
+    ``sample_ids``: the records' own ids of the sample rows (None where a record had none; None
+    when no row had one), so an explanation can name reference items. ``regions``: the partition
+    the drift cycle explains shifts with (:mod:`monitor.drift.regions`); None until the drift
+    component fits it (references written before regions existed have none either).
 
     Examples
     --------
@@ -46,6 +51,8 @@ class ReferenceProfile:
     count: int
     captured_at: float
     source: str
+    sample_ids: tuple[str | None, ...] | None = None
+    regions: Regions | None = None
 
     def __post_init__(self) -> None:
         sample = np.ascontiguousarray(self.sample, dtype=np.float32)
@@ -58,6 +65,16 @@ class ReferenceProfile:
             raise ValueError("the reference contains non-finite values")
         if self.count < len(sample):
             raise ValueError(f"count ({self.count}) is smaller than the sample ({len(sample)} rows)")
+        ids = self.sample_ids
+        if ids is not None:
+            ids = tuple(None if i is None or i == "" else str(i) for i in ids)
+            if len(ids) != len(sample):
+                raise ValueError(f"{len(ids)} sample ids for {len(sample)} sample rows")
+            if all(i is None for i in ids):
+                ids = None
+        if self.regions is not None and self.regions.dim != sample.shape[1]:
+            raise ValueError(f"regions of dimension {self.regions.dim} for a {sample.shape[1]}-d reference")
+        object.__setattr__(self, "sample_ids", ids)
         object.__setattr__(self, "sample", sample)
         object.__setattr__(self, "centroid", centroid)
         object.__setattr__(self, "count", int(self.count))
@@ -92,8 +109,12 @@ class ReferenceProfile:
         return SignalBaseline.from_reference(self.sample, self.centroid)
 
     def to_arrays(self) -> dict[str, Any]:
-        """The members of the ``.npz`` archive (the reference store adds a metadata member to them)."""
-        return {
+        """The members of the ``.npz`` archive (the reference store adds a metadata member to them).
+
+        ``sample_ids`` and the regions' members are optional: readers that predate them ignore
+        them, and archives without them load with none.
+        """
+        arrays = {
             "format_version": np.int64(_NPZ_FORMAT_VERSION),
             "sample": self.sample,
             "centroid": self.centroid,
@@ -101,6 +122,11 @@ class ReferenceProfile:
             "captured_at": np.float64(self.captured_at),
             "source": np.str_(self.source),
         }
+        if self.sample_ids is not None:
+            arrays["sample_ids"] = np.array(["" if i is None else i for i in self.sample_ids], dtype=np.str_)
+        if self.regions is not None:
+            arrays.update(self.regions.to_arrays())
+        return arrays
 
     def to_npz(self, target: str | os.PathLike[str] | Any) -> None:
         """Write to a path (atomically: temporary file, then rename) or to a binary file object."""
@@ -123,6 +149,8 @@ class ReferenceProfile:
                 count=int(data["count"]),
                 captured_at=float(data["captured_at"]),
                 source=str(data["source"]),
+                sample_ids=tuple(str(i) for i in data["sample_ids"]) if "sample_ids" in data else None,
+                regions=Regions.from_arrays(data),
             )
 
 
@@ -130,7 +158,20 @@ def uniform_subsample(sample: np.ndarray, size: int, rng: np.random.Generator) -
     """At most ``size`` rows, uniformly without replacement, in their original order."""
     if len(sample) <= size:
         return sample
-    return sample[np.sort(rng.choice(len(sample), size=size, replace=False))]
+    return sample[subsample_index(len(sample), size, rng)]
+
+
+def subsample_index(rows: int, size: int, rng: np.random.Generator) -> np.ndarray:
+    """Indices of :func:`uniform_subsample`'s rows (every row when there are at most ``size``), so
+    ids can follow their rows."""
+    if rows <= size:
+        return np.arange(rows)
+    return np.sort(rng.choice(rows, size=size, replace=False))
+
+
+def subsample_ids(ids: tuple[str | None, ...] | None, index: np.ndarray) -> tuple[str | None, ...] | None:
+    """The ids of the rows at ``index`` (None when there are no ids)."""
+    return None if ids is None else tuple(ids[i] for i in index)
 
 
 def check_matrix(matrix: np.ndarray, what: str) -> np.ndarray:

@@ -2,9 +2,11 @@
 
 One knob sets how often the operator accepts a false drift alarm (``false_alarm_every``); the
 per-cycle and per-test p-value thresholds, and how many permutations the permutation tests need
-to be able to reach them, follow from it (see :mod:`monitor.drift.calibration`). A setting that
-would make a test unable to ever detect is rejected here, at start-up, with a message saying
-what to change.
+to be able to reach them, follow from it (see :mod:`monitor.drift.calibration`). Where that is
+more than ``max_permutations`` (short cycles: 5 s with one false alarm a month needs two
+million), the MMD and centroid tests use their held-out null instead, which reaches any alpha
+(:mod:`monitor.drift.heldout`). A setting that would make a test unable to ever detect is
+rejected here, at start-up, with a message saying what to change.
 
 Examples
 --------
@@ -13,8 +15,11 @@ Examples
 ('mmd', 'ks', 'centroid', 'classifier')
 >>> round(s.cycle_alpha, 6), round(s.test_alpha, 7)
 (0.001389, 0.0003472)
->>> s.permutations_for("mmd")
-2880
+>>> s.permutations_for("mmd"), s.null_for("mmd")
+(2880, 'permutation')
+>>> fast = DriftSettings(interval_seconds=5, false_alarm_every="30d")  # alpha per test 4.8e-7
+>>> fast.null_for("mmd"), fast.null_for("centroid")  # two million permutations: out of reach
+('heldout', 'heldout')
 
 :class:`DriftSettings` is everything the drift library needs; :class:`DaemonDriftSettings` (what
 the daemon's ``Settings.drift`` holds) adds per-(model, stream) reference pins and the ``run``
@@ -41,6 +46,12 @@ from monitor.drift.calibration import (
 from monitor.drift.detector_kinds import DEFAULT_DETECTOR_PARAMS, DEFAULT_DETECTORS, SIGNALS, check_detector_params
 
 TEST_NAMES = ("mmd", "ks", "centroid", "classifier")
+PERMUTATION_TESTS = ("mmd", "centroid")
+NullChoice = Literal["auto", "permutation", "heldout"]
+_NULL_HELP = (
+    "auto: permutations when the per-test alpha needs at most max_permutations of them (or when "
+    "permutations is set), else the held-out rank test; permutation; heldout"
+)
 REFERENCE_SUFFIXES = (".npz", ".npy")
 _TARGET_RE = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,129}$")  # MODEL or MODEL/STREAM (label characters)
 
@@ -53,6 +64,7 @@ class MMDSettings(_Section):
     """Kernel two-sample test (:mod:`monitor.drift.mmd`)."""
 
     enabled: bool = True
+    null: NullChoice = Field("auto", description=_NULL_HELP)
     permutations: int | None = Field(
         None, ge=1, le=1_000_000,
         description="permutation budget; None = the fewest that can reach the per-test alpha (at least 200)",
@@ -74,6 +86,7 @@ class CentroidSettings(_Section):
     """Cosine distance between the means (:mod:`monitor.drift.centroid`)."""
 
     enabled: bool = True
+    null: NullChoice = Field("auto", description=_NULL_HELP)
     permutations: int | None = Field(None, ge=1, le=1_000_000)
     stop_after: int | None = Field(10, ge=1)
 
@@ -86,6 +99,14 @@ class ClassifierSettings(_Section):
     regularization: float = Field(0.1, gt=0, description="scikit-learn C (smaller is stronger)")
     squared_components: int = Field(16, ge=0, le=256)
     max_iter: int = Field(500, ge=10, le=100_000)
+
+
+class RegionSettings(_Section):
+    """What moved: a k-means partition of the reference and each cycle's share test (:mod:`monitor.drift.regions`)."""
+
+    enabled: bool = True
+    max_regions: int = Field(16, ge=2, le=16, description="k is min(this, held-out reference rows / 50)")
+    exemplars: int = Field(3, ge=0, le=10, description="ids shown per region (nearest the centre)")
 
 
 class OnlineSettings(_Section):
@@ -160,6 +181,14 @@ class DriftSettings(_Section):
     window_sample_size: int = Field(2000, ge=20, le=100_000, description="rows of the window sample per cycle")
     reference_sample_size: int = Field(2000, ge=20, le=100_000, description="rows of the reference sample")
     min_permutations: int = Field(200, ge=1, le=1_000_000)
+    max_permutations: int = Field(
+        20_000, ge=1, le=1_000_000,
+        description="null: auto uses the held-out null where the per-test alpha needs more permutations",
+    )
+    cycle_budget: float = Field(
+        0.8, gt=0, le=1,
+        description="share of interval_seconds a cycle may take; no test starts, no permutation is drawn after it",
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(
         None, ge=1, le=1024,
@@ -170,6 +199,7 @@ class DriftSettings(_Section):
     ks: KSSettings = Field(default_factory=KSSettings)
     centroid: CentroidSettings = Field(default_factory=CentroidSettings)
     classifier: ClassifierSettings = Field(default_factory=ClassifierSettings)
+    regions: RegionSettings = Field(default_factory=RegionSettings)
     online: OnlineSettings = Field(default_factory=OnlineSettings)
     reference: ReferenceSettings = Field(default_factory=ReferenceSettings)
     sustained: SustainedSettings = Field(default_factory=SustainedSettings)
@@ -192,14 +222,16 @@ class DriftSettings(_Section):
                 f"false_alarm_every ({self.false_alarm_every}) must be longer than interval_seconds "
                 f"({self.interval_seconds:g}s)"
             )
-        for name in ("mmd", "centroid"):
+        for name in PERMUTATION_TESTS:
             section = getattr(self, name)
             needed = permutations_needed(self.test_alpha)
-            if section.enabled and section.permutations is not None and section.permutations < needed:
+            budget = self.permutations_for(name)  # type: ignore[arg-type]
+            if section.enabled and self.null_for(name) == "permutation" and budget < needed:  # type: ignore[arg-type]
                 raise ValueError(
-                    f"{name}.permutations={section.permutations} can never detect: the per-test alpha is "
+                    f"{name}.permutations={budget} can never detect: the per-test alpha is "
                     f"{self.test_alpha:.3g} and the smallest p-value is 1/(1 + permutations). Use at least "
-                    f"{needed}, leave it unset (automatic), lengthen interval_seconds, shorten "
+                    f"{needed}, leave it unset with null: auto (the held-out null where permutations are out "
+                    f"of reach), set {name}.null: heldout, lengthen interval_seconds, shorten "
                     f"false_alarm_every, or alert on a sustained rule (sustained.detections/cycles)"
                 )
         return self
@@ -232,6 +264,20 @@ class DriftSettings(_Section):
         if configured is not None:
             return configured
         return max(self.min_permutations, permutations_needed(self.test_alpha))
+
+    def null_for(self, test: Literal["mmd", "centroid"]) -> Literal["permutation", "heldout"]:
+        """The null distribution the MMD or centroid test uses (``null: auto`` resolved).
+
+        ``auto`` keeps the permutation test (the more powerful one) while the per-test alpha needs
+        at most ``max_permutations`` relabellings, or when ``permutations`` is set explicitly;
+        beyond, the held-out rank test, which reaches any alpha without permutations.
+        """
+        section = getattr(self, test)
+        if section.null != "auto":
+            return section.null  # type: ignore[no-any-return]
+        if section.permutations is not None or self.permutations_for(test) <= self.max_permutations:
+            return "permutation"
+        return "heldout"
 
 
 # ---------------------------------------------------------------------------------- the daemon's

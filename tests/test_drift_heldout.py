@@ -1,0 +1,87 @@
+"""Held-out nulls: the Mann–Whitney tail they rely on, their level and their power.
+
+A permutation p-value cannot go below ``1 / (1 + permutations)``; the held-out tests
+(:mod:`monitor.drift.heldout`) reach any alpha because their null is the rank distribution of
+held-out rows. That is only honest if the p-value used in the far tail is not smaller than the
+exact one: checked against the exact Mann–Whitney distribution.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from monitor.drift.centroid import centroid_test
+from monitor.drift.heldout import direction_witness, heldout_rank_test, kernel_witness, rank_test, split_halves
+from monitor.drift.mmd import mmd_test
+
+
+@pytest.mark.parametrize(("n", "slack"), [(30, 50.0), (100, 2.5)])
+def test_the_normal_tail_of_mann_whitney_is_conservative_where_small_alphas_live(n: int, slack: float) -> None:
+    """The p-values the held-out tests use are at least the exact ones, 3 to 5.5 sd out (and, from
+    100 rows a side, at most 2.5 times them: conservative, not useless)."""
+    reference = np.arange(n, dtype=float)
+    sd = np.sqrt(n * n * (2 * n + 1) / 12)
+    for z in (3.0, 4.0, 5.0, 5.5):
+        u = int(n * n / 2 + z * sd)
+        # distinct window scores (no ties) that beat exactly u reference scores in total
+        wins = np.full(n, u // n)
+        wins[: u % n] += 1
+        window = wins - 0.5 + np.arange(n) * 1e-4
+        used = rank_test(window, reference)
+        exact = stats.mannwhitneyu(window, reference, alternative="greater", method="exact").pvalue
+        assert used.auc == pytest.approx(u / (n * n))
+        assert exact <= used.p_value <= slack * exact, (z, used.p_value, exact)
+
+
+def test_held_out_halves_are_a_seeded_split_of_each_sample() -> None:
+    x, y = np.arange(20.0)[:, None], 100 + np.arange(30.0)[:, None]
+    halves = split_halves(x, y, np.random.default_rng(3))
+    assert (len(halves.x_train), len(halves.x_test), len(halves.y_train), len(halves.y_test)) == (10, 10, 15, 15)
+    assert sorted(np.r_[halves.x_train, halves.x_test].ravel()) == list(range(20))
+    again = split_halves(x, y, np.random.default_rng(3))
+    assert np.array_equal(again.y_test, halves.y_test)
+    with pytest.raises(ValueError, match="too small to split"):
+        split_halves(x[:3], y, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("witness", ["kernel", "direction"])
+def test_held_out_tests_hold_their_level_on_null_data(witness: str) -> None:
+    """300 null draws at 0.05 and 0.01: within the 99.9% binomial bounds (expected 15 and 3)."""
+    fit = kernel_witness(3.0) if witness == "kernel" else direction_witness
+    p_values = []
+    for seed in range(300):
+        rng = np.random.default_rng(seed)
+        x, y = rng.normal(0.5, 1.0, size=(120, 6)), rng.normal(0.5, 1.0, size=(120, 6))
+        p_values.append(heldout_rank_test(split_halves(x, y, rng), fit).p_value)
+    p = np.array(p_values)
+    assert (p <= 0.05).sum() <= stats.binom.ppf(0.999, 300, 0.05)
+    assert (p <= 0.01).sum() <= stats.binom.ppf(0.999, 300, 0.01)
+    assert (p <= 0.5).sum() >= stats.binom.ppf(0.001, 300, 0.5)  # not stuck at 1 either
+
+
+def test_held_out_mmd_and_centroid_reach_a_tiny_alpha_that_permutations_cannot() -> None:
+    rng = np.random.default_rng(4)
+    reference = rng.normal(0.3, 1.0, size=(600, 16)).astype(np.float32)
+    turned = (rng.normal(0.3, 1.0, size=(600, 16)) + np.r_[0.5, np.zeros(15)]).astype(np.float32)
+    alpha = 5e-7  # a 5-second cycle with one false alarm a month, per test
+    permuted = mmd_test(turned, reference, alpha=alpha, permutations=2000, device="cpu")
+    assert not permuted.detected and permuted.extra["p_value_floor"] == pytest.approx(1 / 2001)
+    for result in (mmd_test(turned, reference, alpha=alpha, null="heldout", device="cpu"),
+                   centroid_test(turned, reference, alpha=alpha, null="heldout")):
+        assert result.detected and result.extra["null"] == "heldout" and result.extra["p_value_floor"] == 0.0
+        assert result.extra["auc"] > 0.6
+    quiet = mmd_test(rng.normal(0.3, 1.0, size=(600, 16)).astype(np.float32), reference, alpha=0.01,
+                     null="heldout", device="cpu")
+    assert not quiet.detected
+
+
+def test_held_out_mmd_reports_the_same_statistic_as_the_permutation_test() -> None:
+    rng = np.random.default_rng(5)
+    x, y = rng.normal(size=(200, 8)).astype(np.float32), rng.normal(0.2, 1, size=(200, 8)).astype(np.float32)
+    permuted = mmd_test(x, y, bandwidth=2.0, permutations=20, device="cpu")
+    heldout = mmd_test(x, y, bandwidth=2.0, null="heldout", device="cpu")
+    assert heldout.statistic == pytest.approx(permuted.statistic, rel=1e-9)
+    with pytest.raises(ValueError, match="null must be"):
+        mmd_test(x, y, null="bootstrap", device="cpu")  # type: ignore[arg-type]

@@ -1,0 +1,154 @@
+"""Regions of the reference: fitted once, stored with it, exported per cycle, explained on request."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from monitor.drift.profile import ReferenceProfile
+from monitor.drift.region_shares import compare_regions
+from monitor.drift.regions import MIN_ROWS_PER_REGION, fit_regions, kmeans
+from monitor.drift.store import ReferenceStore
+from monitor.records import EmbeddingBatch
+from tests.test_drift_component import DIM, Harness, axis, settings_for, unit_rows
+
+
+def blobs(rng: np.random.Generator, centres: list[int], rows: int) -> np.ndarray:
+    return np.concatenate([unit_rows(rng, rows, axis(c), spread=0.2) for c in centres])
+
+
+def test_kmeans_is_seeded_and_finds_separated_blobs() -> None:
+    rng = np.random.default_rng(0)
+    rows = blobs(rng, [0, 1, 2, 3], 100)
+    first = kmeans(rows, 4, np.random.default_rng(5))
+    again = kmeans(rows, 4, np.random.default_rng(5))
+    assert np.array_equal(first, again)
+    nearest_axis = sorted(int(np.argmax(c)) for c in first)
+    assert nearest_axis == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(("rows", "k"), [(150, None), (200, 2), (1000, 10), (4000, 16)])
+def test_about_fifty_held_out_rows_per_region_and_at_most_sixteen(rows: int, k: int | None) -> None:
+    rng = np.random.default_rng(1)
+    regions = fit_regions(rng.normal(size=(rows, 8)), seed=0)
+    if k is None:
+        assert regions is None  # 75 held-out rows cannot support two regions of 50
+    else:
+        assert regions.k == k and regions.reference_rows == rows - rows // 2
+        assert regions.reference_rows / regions.k >= MIN_ROWS_PER_REGION
+
+
+def test_the_novel_share_of_unchanged_data_is_about_one_percent() -> None:
+    rng = np.random.default_rng(2)
+    shares = []
+    for seed in range(40):
+        reference, window = blobs(rng, [0, 1, 2], 400), blobs(rng, [0, 1, 2], 400)
+        regions = fit_regions(reference, seed=seed)
+        shares.append(compare_regions(regions, window, None, reference, alpha=0.01).novel_share)
+        assert regions.novel_reference_count == pytest.approx(0.01 * regions.reference_rows, abs=1)
+    assert np.mean(shares) == pytest.approx(0.01, abs=0.004)
+
+
+def test_profiles_keep_ids_and_regions_through_npz_and_older_files_load_without_them() -> None:
+    rng = np.random.default_rng(3)
+    sample = blobs(rng, [0, 1], 150)
+    ids = tuple(f"doc-{i}" if i % 3 else None for i in range(len(sample)))
+    regions = fit_regions(sample, ids, seed=0, exemplars=2)
+    profile = ReferenceProfile.from_sample(sample, captured_at=1.0, source="test")
+    profile = ReferenceProfile(profile.sample, profile.centroid, profile.count, 1.0, "test", ids, regions)
+    buffer = io.BytesIO()
+    profile.to_npz(buffer)
+    buffer.seek(0)
+    restored = ReferenceProfile.from_npz(buffer)
+    assert restored.sample_ids == ids
+    assert np.array_equal(restored.regions.centres, regions.centres)
+    assert np.array_equal(restored.regions.reference_counts, regions.reference_counts)
+    assert restored.regions.exemplar_ids == regions.exemplar_ids
+    assert all(len(e) == 2 and all(int(i.split("-")[1]) % 3 for i in e) for e in regions.exemplar_ids)
+    assert restored.regions.novel_reference_count == regions.novel_reference_count
+
+    old = io.BytesIO()  # what a version before regions wrote
+    arrays = profile.to_arrays()
+    np.savez(old, **{k: v for k, v in arrays.items() if k == "sample_ids" or not k.startswith(("regions", "sample_"))})
+    old.seek(0)
+    legacy = ReferenceProfile.from_npz(old)
+    assert legacy.regions is None and legacy.sample_ids == ids
+    with pytest.raises(ValueError, match="sample ids"):
+        ReferenceProfile(profile.sample, profile.centroid, profile.count, 1.0, "test", ids[:-1])
+
+
+def feed_with_ids(h: Harness, stream: str, vectors: np.ndarray, first_id: int) -> None:
+    for start in range(0, len(vectors), 50):
+        rows = vectors[start : start + 50]
+        ids = tuple(f"{stream}-{first_id + start + i}" for i in range(len(rows)))
+        batch = EmbeddingBatch("m", stream, np.ascontiguousarray(rows), ids=ids)
+        h.registry.apply(batch, h.now)
+        h.component.on_embeddings(batch, h.now)
+
+
+def test_the_first_cycle_fits_regions_and_stores_them_with_the_reference(tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    settings = settings_for(tmp_path / "state")
+    h = Harness(settings)
+    feed_with_ids(h, "s", blobs(rng, [0, 1, 2], 100), 0)  # the first 300 records: the reference
+    reference = h.component.reference("m", "s")
+    assert reference.regions is None and reference.sample_ids[:2] == ("s-0", "s-1")
+    h.now += 1
+    feed_with_ids(h, "s", blobs(rng, [0, 1, 2], 100), 300)
+    h.publish()
+    report = h.component.run_cycle()[("m", "s")].report
+    h.component.flush()
+    regions = h.component.reference("m", "s").regions
+    assert regions is not None and regions.k == 3 and report.regions is not None
+    assert all(i.startswith("s-") and int(i[2:]) < 300 for e in regions.exemplar_ids for i in e)
+    for r in report.regions.regions:
+        assert h.value("embmon_drift_region_reference_ratio", model="m", stream="s", region=str(r.region)) == (
+            pytest.approx(r.reference_share))
+        assert h.value("embmon_drift_region_window_ratio", model="m", stream="s", region=str(r.region)) == (
+            pytest.approx(r.window_share))
+        assert h.value("embmon_drift_region_p_value", model="m", stream="s", region=str(r.region)) == (
+            pytest.approx(r.p_adjusted))
+    assert h.value("embmon_drift_regions_shifted", model="m", stream="s") == 0
+    assert h.value("embmon_drift_novel_ratio", model="m", stream="s") == pytest.approx(report.regions.novel_share)
+    h.close()
+
+    stored = ReferenceStore(tmp_path / "state").load_all()[("m", "s")]
+    assert np.array_equal(stored.profile.regions.centres, regions.centres)
+    h2 = Harness(settings)  # a restart: the stored regions, not a refit
+    assert h2.component.reference("m", "s").regions.exemplar_ids == regions.exemplar_ids
+    h2.close()
+
+
+def test_the_explain_endpoint_names_what_moved_with_ids(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    h = Harness(settings_for(tmp_path / "state"))
+    explain = h.routes["/admin/drift/explain"]
+    assert explain({"QUERY_STRING": ""})[0] == 400
+    assert explain({"QUERY_STRING": "model=m"})[0] == 404
+    feed_with_ids(h, "s", blobs(rng, [0, 1, 2], 100), 0)
+    status, _, body = explain({"QUERY_STRING": "model=m&stream=s"})
+    assert status == 404 and b"no drift cycle" in body
+    h.now += 1
+    feed_with_ids(h, "s", np.concatenate([blobs(rng, [0], 40), blobs(rng, [1, 2], 30), blobs(rng, [5], 100)]), 300)
+    h.publish()
+    h.component.run_cycle()
+    status, content_type, body = explain({"QUERY_STRING": "model=m"})
+    assert (status, content_type) == (200, "application/json")
+    [entry] = json.loads(body)["explanations"]
+    assert (entry["model"], entry["stream"], entry["detected"]) == ("m", "s", True)
+    regions = entry["regions"]
+    changes = [abs(r["change"]) for r in regions["ranked"]]
+    assert changes == sorted(changes, reverse=True)
+    # the new blob (axis 5, ids s-400 and up) is what is novel, and its rows are the exemplars
+    assert regions["novel_shifted"] and regions["novel_share"] > 0.1  # 100 of the 500 window records
+    assert regions["novel_exemplars"] and all(int(i[2:]) >= 400 for i in regions["novel_exemplars"])
+    # per region: what it is about (reference ids, nearest its centre) and the window's rows least
+    # like any reference row (here the new blob's, wherever they landed)
+    for region in regions["ranked"]:
+        assert region["reference_exemplars"] and all(int(i[2:]) < 300 for i in region["reference_exemplars"])
+        assert region["window_exemplars"] and all(int(i[2:]) >= 400 for i in region["window_exemplars"])
+    h.close()
