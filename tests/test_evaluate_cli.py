@@ -1,14 +1,19 @@
-"""The ``evaluate`` command: table and JSON output, --compare, --k expansion, exit 2 on bad input."""
+"""The ``evaluate`` command: table and JSON output, --compare, --k expansion, exit 2 on bad input;
+trec_eval's ``-q`` layout and ``-M`` depth against pytrec_eval, and ERR/nDCG against gdeval's definition."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+import pytrec_eval
 
 from monitor.retrieval.evaluate import add_evaluate_parser, main
 from monitor.retrieval.metrics import RankedResults, evaluate
@@ -96,6 +101,7 @@ def test_json_means_are_the_engine_means(capsys, files):
         "confidence": 0.95,
         "seed": 0,
         "all_queries": False,
+        "depth": None,
     }
     assert "compare" not in report
 
@@ -199,3 +205,204 @@ def test_registers_on_a_subparsers_object(capsys, files):
     assert args.command == "evaluate"
     assert args.func(args) == 0
     assert "hit_rate@1" in capsys.readouterr().out
+
+
+# --- trec_eval's -q layout and -M depth, against pytrec_eval ----------------------------------------
+
+# our name -> pytrec_eval's (trec_eval's) measure name
+TREC_NAMES = {
+    "map": "map",
+    "ndcg": "ndcg",
+    "ndcg@10": "ndcg_cut_10",
+    "precision@5": "P_5",
+    "recall@100": "recall_100",
+    "mrr": "recip_rank",
+    "r_precision": "Rprec",
+}
+# trec_eval's per-query printf: "%-22s\t%s\t%6.4f\n"
+TREC_EVAL_LINE = re.compile(r"^(?P<measure>\S+) *\t(?P<query>\S+)\t(?P<value>\d\.\d{4})$")
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess:
+    """The real command, in a fresh interpreter, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "monitor.retrieval.evaluate", *argv], capture_output=True, text=True, timeout=60
+    )
+
+
+def _trec_eval(qrels_path, run, measures=TREC_NAMES.values()):
+    """pytrec_eval (trec_eval's C code) on the qrels file and a run dict."""
+    return pytrec_eval.RelevanceEvaluator(read_qrels(qrels_path), set(measures)).evaluate(run)
+
+
+def test_per_query_prints_trec_eval_q_layout_with_pytrec_eval_values(files):
+    done = _cli("--qrels", files["qrels"], "--run", files["weak"], "-q", "--metrics", *TREC_NAMES)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 59 * len(TREC_NAMES) + len(TREC_NAMES)  # per query, then one 'all' line per measure
+    parsed = [TREC_EVAL_LINE.match(line) for line in lines]
+    assert all(parsed), [line for line, match in zip(lines, parsed) if not match]
+    for line, match in zip(lines, parsed):
+        assert len(line.split("\t")[0]) == 22  # left-justified, padded to 22 like "%-22s"
+    queries = [m["query"] for m in parsed[: -len(TREC_NAMES)]]
+    # each query's measures together, in the order asked for; queries in strcmp order, as trec_eval
+    assert queries[:: len(TREC_NAMES)] == sorted(set(queries))
+    assert [m["measure"] for m in parsed[: len(TREC_NAMES)]] == list(TREC_NAMES)
+    trec = _trec_eval(files["qrels"], read_run(files["weak"]))
+    for m in parsed[: -len(TREC_NAMES)]:
+        assert m["value"] == f"{trec[m['query']][TREC_NAMES[m['measure']]]:6.4f}", m.group(0)
+    tail = parsed[-len(TREC_NAMES) :]
+    assert [(m["measure"], m["query"]) for m in tail] == [(name, "all") for name in TREC_NAMES]
+    for m in tail:
+        mean = np.mean([values[TREC_NAMES[m["measure"]]] for values in trec.values()])
+        assert m["value"] == f"{mean:6.4f}"
+
+
+def test_depth_equals_pytrec_eval_on_the_run_cut_to_depth(tmp_path, files):
+    # scores in 4 levels: many ties, so which documents survive the cut depends on the docid tie-break
+    rng = np.random.default_rng(5)
+    run = {
+        qid: {f"d{d}": float(rng.integers(0, 4)) for d in rng.choice(40, size=30, replace=False)}
+        for qid in read_qrels(files["qrels"])
+    }
+    path = tmp_path / "tied_run.txt"
+    write_run(path, run)
+    depth = 7
+    # trec_eval's order, written out independently: score descending, then docid descending
+    cut = {
+        qid: dict(sorted(scores.items(), key=lambda item: (item[1], item[0]), reverse=True)[:depth])
+        for qid, scores in run.items()
+    }
+    trec = _trec_eval(files["qrels"], cut)
+    whole = _trec_eval(files["qrels"], run)
+    for flag in ("-M", "--depth"):
+        done = _cli("--qrels", files["qrels"], "--run", str(path), flag, str(depth), "-q", "--json",
+                    "--metrics", *TREC_NAMES, "--resamples", "10")  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        assert report["settings"]["depth"] == depth
+        per_query = report["run"]["per_query"]
+        assert list(per_query) == sorted(trec)
+        for qid, values in per_query.items():
+            for name, value in values.items():
+                assert value == pytest.approx(trec[qid][TREC_NAMES[name]], abs=1e-9), (qid, name)
+        # the cut changed something: the whole run scores differently on some queries
+        assert any(
+            abs(per_query[qid]["map"] - whole[qid]["map"]) > 1e-6 for qid in per_query
+        )
+
+
+def test_depth_shows_in_the_table_header(files):
+    done = _cli("--qrels", files["qrels"], "--run", files["weak"], "--depth", "20", "--metrics", "map")
+    assert done.returncode == 0, done.stderr
+    assert "depth: 20" in done.stdout.splitlines()[0]
+
+
+def test_per_query_json_carries_both_runs_and_text_with_compare_is_refused(capsys, files):
+    argv = ["--qrels", files["qrels"], "--run", files["weak"], "--compare", files["strong"], "--metrics", "mrr"]
+    report, _ = _json(capsys, [*argv, "--per-query"])
+    assert list(report["run"]["per_query"]) == list(report["compare"]["per_query"])
+    assert len(report["run"]["per_query"]) == report["queries"] == 59
+    means = [np.mean([v["mrr"] for v in report[key]["per_query"].values()]) for key in ("run", "compare")]
+    assert means == [pytest.approx(report[key]["metrics"]["mrr"]["mean"], abs=1e-12) for key in ("run", "compare")]
+    assert main([*argv, "-q"]) == 2
+    captured = capsys.readouterr()
+    assert "--per-query prints one run" in captured.err and captured.out == ""
+
+
+def test_comments_blank_lines_and_extra_run_columns_read_as_trec_eval_reads_them(tmp_path, files):
+    plain = _cli("--qrels", files["qrels"], "--run", files["weak"], "-q", "--metrics", "ndcg@10", "map")
+    noisy_qrels, noisy_run = tmp_path / "qrels.txt", tmp_path / "run.txt"
+    noisy_qrels.write_text("# judged by two assessors\n\n" + Path(files["qrels"]).read_text() + "   # end\n")
+    run_lines = [line + " extra columns\n" for line in Path(files["weak"]).read_text().splitlines()]
+    noisy_run.write_text("# system: weak\n" + "\n".join(run_lines[:100]) + "\n#mid\n" + "".join(run_lines[100:]))
+    noisy = _cli("--qrels", str(noisy_qrels), "--run", str(noisy_run), "-q", "--metrics", "ndcg@10", "map")
+    assert noisy.returncode == plain.returncode == 0, noisy.stderr
+    assert noisy.stdout == plain.stdout
+
+
+def test_malformed_line_after_comments_names_its_physical_line(tmp_path, files):
+    bad = tmp_path / "run.txt"
+    bad.write_text("# header\n\nq1 Q0 d1 1 0.5 t extra\nq1 Q0 d2 2 0.4\n")
+    done = _cli("--qrels", files["qrels"], "--run", str(bad))
+    assert done.returncode == 2
+    assert f"{bad}:4: expected 6 fields" in done.stderr and done.stdout == ""
+
+
+# --- ERR's top grade: gdeval.pl ---------------------------------------------------------------------
+
+
+def _gdeval(qrels, run, k):
+    """gdeval.pl (TREC Web track 2010-14), written from its definition, per topic: (ndcg@k, err@k).
+
+    Judgments are 0..4 (gdeval refuses more); only positive ones count. A topic is scored when it has a
+    positive judgment and a ranking. The run is ranked by score descending, then docid descending.
+    nDCG@k: gain 2^g - 1, discount 1/log2(rank + 1), over the ideal ordering of the positive judgments.
+    ERR@k: stop probability R = (2^g - 1) / 2^4; sum over ranks of R / rank times P(not stopped before).
+    """
+    scored = {}
+    for topic, judged in qrels.items():
+        positive = {doc: grade for doc, grade in judged.items() if grade > 0}
+        if not positive or topic not in run:
+            continue
+        ranked = [doc for doc, _ in sorted(run[topic].items(), key=lambda item: (item[1], item[0]), reverse=True)]
+        gains = [positive.get(doc, 0) for doc in ranked[:k]]
+        ideal = sorted(positive.values(), reverse=True)[:k]
+        dcg = sum((2**g - 1) / math.log2(rank + 2) for rank, g in enumerate(gains))
+        ideal_dcg = sum((2**g - 1) / math.log2(rank + 2) for rank, g in enumerate(ideal))
+        err, not_stopped = 0.0, 1.0
+        for rank, g in enumerate(gains, start=1):
+            stop = (2**g - 1) / 2**4
+            err += not_stopped * stop / rank
+            not_stopped *= 1 - stop
+        scored[topic] = (dcg / ideal_dcg, err)
+    return scored
+
+
+@pytest.fixture(scope="module")
+def graded_0_to_4(tmp_path_factory):
+    """Numeric topics (as gdeval requires), grades 0..4 with every topic holding a 4, score ties."""
+    rng = np.random.default_rng(11)
+    root = tmp_path_factory.mktemp("gdeval")
+    qrels, run = {}, {}
+    for topic in range(101, 141):
+        docs = [f"doc{d}" for d in rng.choice(60, size=15, replace=False)]
+        qrels[str(topic)] = {doc: int(rng.integers(0, 5)) for doc in docs}
+        qrels[str(topic)][docs[0]] = 4
+        ranked = rng.choice(60, size=30, replace=False)
+        run[str(topic)] = {f"doc{d}": float(rng.integers(0, 10)) / 2 for d in ranked}
+    write_qrels(root / "qrels.txt", qrels)
+    write_run(root / "run.txt", run)
+    return qrels, run, str(root / "qrels.txt"), str(root / "run.txt")
+
+
+@pytest.mark.parametrize("k", [5, 20])
+def test_max_grade_4_with_exponential_gain_is_gdeval(graded_0_to_4, k):
+    qrels, run, qrels_path, run_path = graded_0_to_4
+    expected = _gdeval(qrels, run, k)
+    assert len(expected) == 40
+    done = _cli("--qrels", qrels_path, "--run", run_path, "--metrics", f"ndcg@{k}", f"err@{k}",
+                "--max-grade", "4", "--gain", "exponential", "-q", "--json", "--resamples", "10")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    per_query = json.loads(done.stdout)["run"]["per_query"]
+    assert set(per_query) == set(expected)
+    for topic, (ndcg, err) in expected.items():
+        assert per_query[topic][f"ndcg@{k}"] == pytest.approx(ndcg, abs=1e-12), topic
+        assert per_query[topic][f"err@{k}"] == pytest.approx(err, abs=1e-12), topic
+
+    # the default top grade, 3, is not gdeval's: stop probabilities of grades 1-3 double, a 4 is clipped to 3
+    default = _cli("--qrels", qrels_path, "--run", run_path, "--metrics", f"err@{k}", "-q", "--json",
+                   "--resamples", "10")  # fmt: skip
+    default_err = json.loads(default.stdout)["run"]["per_query"]
+    reached = [topic for topic, (_, err) in expected.items() if err > 0]
+    assert len(reached) > 20
+    assert all(abs(default_err[topic][f"err@{k}"] - expected[topic][1]) > 1e-4 for topic in reached)
+
+
+def test_help_says_the_err_default_and_the_trec_eval_flags():
+    done = _cli("--help")
+    assert done.returncode == 0
+    text = " ".join(done.stdout.split())
+    assert "gdeval.pl fixes 4" in text and "(default: 3.0)" in text
+    assert "-M N, --depth N" in text and "trec_eval -M" in text
+    assert "-q, --per-query" in text and "trec_eval -q" in text

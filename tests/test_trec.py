@@ -1,4 +1,5 @@
-"""TREC qrels/run files: round trips, trec_eval's ordering on write, file:line errors on bad lines."""
+"""TREC qrels/run files: round trips, trec_eval's ordering on write, what trec_eval skips or ignores
+(comment and blank lines, run columns after the tag), file:line errors on bad lines."""
 
 from __future__ import annotations
 
@@ -37,6 +38,22 @@ def test_whitespace_blank_lines_and_ignored_columns(tmp_path):
     assert read_qrels(qrels) == {"q1": {"d1": -1, "d2": 3}}
 
 
+def test_comment_lines_are_skipped_but_a_hash_inside_a_line_is_data(tmp_path):
+    # trec_eval skips lines starting with '#' (after blanks, in run files); ids like 'doc#13' are common
+    run = tmp_path / "run.txt"
+    run.write_text("# run: bm25\n  # indented comment\nq1 Q0 doc#13 1 2.5 tag\n#q1 Q0 d9 2 9.0 tag\nq#2 Q0 d2 1 1 tag\n")
+    assert read_run(run) == {"q1": {"doc#13": 2.5}, "q#2": {"d2": 1.0}}
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text("# qid iter docid grade\n\nq1 0 doc#13 2\n# q1 0 d9 3\n\t\nq1 0 d2 0\n")
+    assert read_qrels(qrels) == {"q1": {"doc#13": 2, "d2": 0}}
+
+
+def test_run_columns_after_the_tag_are_ignored_as_trec_eval_ignores_them(tmp_path):
+    path = tmp_path / "run.txt"
+    path.write_text("q1 Q0 d1 1 2.5 tag 0.93 note\nq1 Q0 d2 2 1.5 tag\n")
+    assert read_run(path) == {"q1": {"d1": 2.5, "d2": 1.5}}
+
+
 def test_gzip_files(tmp_path):
     path = tmp_path / "run.txt.gz"
     write_run(path, {"q": {"d": 1.5}})
@@ -49,11 +66,13 @@ def test_gzip_files(tmp_path):
     ("reader", "content", "line", "reason"),
     [
         (read_qrels, "q1 0 d1 1\nq1 0 d2\n", 2, "expected 4 fields"),
-        (read_qrels, "q1 0 d1 1\n\nq1 0 d2 1 extra\n", 3, "found 5"),
+        (read_qrels, "q1 0 d1 1\n\nq1 0 d2 1 extra\n", 3, "found 5"),  # trec_eval rejects it too
+        (read_qrels, "# header\n\nq1 0 d1 1\nq1 0 d2\n", 4, "expected 4 fields"),  # comments count as lines
         (read_qrels, "q1 0 d1 high\n", 1, "grade 'high' is not an integer"),
         (read_qrels, "q1 0 d1 1.5\n", 1, "not an integer"),
         (read_qrels, "q1 0 d1 1\nq1 0 d1 2\n", 2, "judged twice"),
         (read_run, "q1 Q0 d1 1 0.5\n", 1, "expected 6 fields"),
+        (read_run, "# c\nq1 Q0 d1 1 0.5 t x y\n#\nq1 Q0 d2 2\n", 4, "more are ignored), found 4"),
         (read_run, "q1 Q0 d1 1 0.5 t\nq1 Q0 d2 first 0.4 t\n", 2, "rank 'first' is not an integer"),
         (read_run, "q1 Q0 d1 1 high t\n", 1, "score 'high' is not a number"),
         (read_run, "q1 Q0 d1 1 nan t\n", 1, "not finite"),

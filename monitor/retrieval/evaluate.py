@@ -2,11 +2,15 @@
 
     embedding-monitor evaluate --qrels qrels.txt --run run.txt --metrics ndcg recall --k 10 100
     embedding-monitor evaluate --qrels qrels.txt --run old.txt --compare new.txt --json
+    embedding-monitor evaluate --qrels qrels.txt --run run.txt -q -M 100   # trec_eval -q -M100 layout
 
 The same engine as the online probes (``monitor.retrieval.metrics``), trec_eval's semantics by
 default, a bootstrap interval on every mean, and with ``--compare`` a paired test per metric with
-Benjamini–Hochberg adjustment. Also runnable as ``python -m monitor.retrieval.evaluate``.
-Exit status: 0 on success, 2 on unreadable or malformed input or bad arguments.
+Benjamini–Hochberg adjustment. Files are read as trec_eval reads them (``#`` comments, blank
+lines, run columns after the tag ignored); ``-q`` prints trec_eval ``-q``'s per-query layout and
+``-M N`` cuts every ranking to N documents first, as trec_eval's flags do. Also runnable as
+``python -m monitor.retrieval.evaluate``. Exit status: 0 on success, 2 on unreadable or
+malformed input or bad arguments.
 
 This module is the command line only (standard library), so registering the command costs
 nothing; the report is built by :mod:`monitor.retrieval.run_report` when the command runs.
@@ -63,6 +67,13 @@ def run_evaluate(args: argparse.Namespace, *, stdout: TextIO | None = None, stde
 
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
+    if args.per_query and args.compare and not args.json:
+        print(
+            "evaluate: error: --per-query prints one run in trec_eval's layout; "
+            "with --compare add --json to get both runs' per-query values",
+            file=stderr,
+        )
+        return _EXIT_BAD_INPUT
     try:
         report = build_report(args, _metric_names(args))
     except InputError as error:
@@ -73,6 +84,8 @@ def run_evaluate(args: argparse.Namespace, *, stdout: TextIO | None = None, stde
     if args.json:
         json.dump(report, stdout, indent=2)
         stdout.write("\n")
+    elif args.per_query:
+        stdout.write(_format_per_query(report["run"]))
     else:
         stdout.write(_format_table(report))
     return 0
@@ -104,7 +117,31 @@ def _with_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--gain", choices=("linear", "exponential"), default="linear", help="nDCG gain: grade or 2^grade - 1"
     )
-    parser.add_argument("--max-grade", type=_positive_float, default=3.0, metavar="N", help="ERR's maximum grade")
+    parser.add_argument(
+        "--max-grade",
+        type=_positive_float,
+        default=3.0,
+        metavar="N",
+        help="ERR's top grade g_max: stopping probability (2^min(g, g_max) - 1) / 2^g_max. The default 3 is "
+        "the value of Elasticsearch's rank_eval examples (which require maximum_relevance); gdeval.pl fixes 4, "
+        "so --max-grade 4 gives gdeval's err@k (and --gain exponential its ndcg@k)",
+    )
+    parser.add_argument(
+        "-M",
+        "--depth",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="keep only the top N documents of each ranking, in trec_eval's order, before every metric "
+        "(trec_eval -M); None keeps them all",
+    )
+    parser.add_argument(
+        "-q",
+        "--per-query",
+        action="store_true",
+        help="print each query's values in trec_eval -q's layout (measure, query, value, then the 'all' means) "
+        "instead of the table; with --json, add each run's per_query values",
+    )
     parser.add_argument(
         "--resamples", type=_positive_int, default=1000, metavar="N", help="bootstrap and sign-flip resamples"
     )
@@ -125,10 +162,30 @@ def _metric_names(args: argparse.Namespace) -> Sequence[str]:
     return DEFAULT_FAMILIES if args.k else DEFAULT_METRICS
 
 
+def _format_per_query(run: dict[str, Any]) -> str:
+    """trec_eval ``-q``: ``%-22s\t%s\t%6.4f`` lines, each query's measures, then the ``all`` means.
+
+    Queries in trec_eval's order (sorted as strcmp sorts them; Python's code-point order is the
+    same order on UTF-8), measures in the order asked for. The names are ours (``ndcg@10``).
+    """
+    lines = [
+        _trec_eval_line(name, qid, value)
+        for qid, values in run["per_query"].items()
+        for name, value in values.items()
+    ]
+    lines += [_trec_eval_line(name, "all", metric["mean"]) for name, metric in run["metrics"].items()]
+    return "".join(lines)
+
+
+def _trec_eval_line(measure: str, query: str, value: float) -> str:
+    return f"{measure:<22}\t{query}\t{value:6.4f}\n"
+
+
 def _format_table(report: dict[str, Any]) -> str:
     settings = report["settings"]
+    depth = f"depth: {settings['depth']}   " if settings["depth"] is not None else ""
     lines = [
-        f"qrels: {report['qrels']}   queries: {report['queries']}   "
+        f"qrels: {report['qrels']}   queries: {report['queries']}   {depth}"
         f"{settings['confidence']:.0%} percentile-bootstrap CI over queries "
         f"({settings['resamples']} resamples, seed {settings['seed']})"
     ]

@@ -11,6 +11,8 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from monitor.retrieval.metrics import MetricSpec, RankedResults, UnknownMetricError, evaluate, expand_metrics
 from monitor.retrieval.stats import ConfidenceInterval, PairedComparison, bootstrap_ci, compare_paired
 from monitor.retrieval.trec import TrecFormatError, read_qrels, read_run
@@ -45,7 +47,8 @@ def build_report(args: argparse.Namespace, metrics: Sequence[str]) -> dict[str, 
         "max_grade": args.max_grade,
     }
     resampling = {"resamples": args.resamples, "confidence": args.confidence, "seed": args.seed}
-    results = RankedResults.from_run(run, judged, all_queries=args.all_queries)
+    ranking = {"all_queries": args.all_queries, "depth": args.depth}
+    results = RankedResults.from_run(run, judged, **ranking)
     if len(results) == 0:
         raise InputError(
             f"no query of {args.run} has judgments in {args.qrels} "
@@ -54,18 +57,15 @@ def build_report(args: argparse.Namespace, metrics: Sequence[str]) -> dict[str, 
     per_query = evaluate(results, specs, **engine_options)
     report: dict[str, Any] = {
         "qrels": args.qrels,
-        "settings": {**engine_options, **resampling, "all_queries": args.all_queries},
+        "settings": {**engine_options, **resampling, **ranking},
         "queries": len(results),
-        "run": {"path": args.run, "metrics": _intervals_json(bootstrap_ci(per_query, **resampling))},
+        "run": _run_json(args.run, results, per_query, resampling, args.per_query),
         "notes": notes,
     }
     if other is not None:
-        other_results = RankedResults.from_run(other, judged, all_queries=args.all_queries)
+        other_results = RankedResults.from_run(other, judged, **ranking)
         other_per_query = evaluate(other_results, specs, **engine_options)
-        report["compare"] = {
-            "path": args.compare,
-            "metrics": _intervals_json(bootstrap_ci(other_per_query, **resampling)),
-        }
+        report["compare"] = _run_json(args.compare, other_results, other_per_query, resampling, args.per_query)
         report["difference"] = _comparisons_json(compare_paired(per_query, other_per_query, **resampling))
     return report
 
@@ -103,6 +103,23 @@ def _coverage_notes(path: str, run: dict[str, Any], judged: dict[str, Any], all_
 
 def _queries(n: int, adjective: str) -> str:
     return f"{n} {adjective} {'query' if n == 1 else 'queries'}"
+
+
+def _run_json(
+    path: str,
+    results: RankedResults,
+    per_query: dict[str, np.ndarray],
+    resampling: dict[str, Any],
+    with_queries: bool,
+) -> dict[str, Any]:
+    """One run's means and intervals; with ``with_queries``, each query's values in trec_eval's order."""
+    scored: dict[str, Any] = {"path": path, "metrics": _intervals_json(bootstrap_ci(per_query, **resampling))}
+    if with_queries:
+        row = {qid: i for i, qid in enumerate(results.query_ids)}
+        scored["per_query"] = {
+            qid: {name: float(values[row[qid]]) for name, values in per_query.items()} for qid in sorted(row)
+        }
+    return scored
 
 
 def _intervals_json(intervals: dict[str, ConfidenceInterval]) -> dict[str, dict[str, float]]:

@@ -1,11 +1,14 @@
 """TREC qrels and run files: the interchange format of trec_eval, pytrec_eval, ranx and most IR toolkits.
 
 qrels: ``qid iteration docid grade`` (the iteration column is ignored, usually ``0``).
-run:   ``qid Q0 docid rank score tag`` (the rank column is ignored: trec_eval re-sorts by score).
+run:   ``qid Q0 docid rank score tag`` (the rank column is ignored: trec_eval re-sorts by score;
+       columns after the tag are ignored, as trec_eval ignores them).
 
-Fields are separated by any whitespace; blank lines are skipped; ``.gz`` files are read and
-written compressed. A malformed line raises ``TrecFormatError`` naming ``file:line`` and what is
-wrong with it, so a bad file fails loudly instead of silently losing queries.
+Read as trec_eval reads them: fields are separated by any whitespace, blank lines and ``#``
+comment lines (the first non-blank character is ``#``) are skipped; a ``#`` inside a line is
+data (document ids such as ``doc#3`` are common). ``.gz`` files are read and written compressed.
+A malformed line raises ``TrecFormatError`` naming ``file:line`` and what is wrong with it, so a
+bad file fails loudly instead of silently losing queries.
 
 >>> import pathlib, tempfile
 >>> path = pathlib.Path(tempfile.mkdtemp()) / "run.txt"
@@ -48,7 +51,7 @@ def read_qrels(path: PathLike) -> dict[str, dict[str, int]]:
     error rather than a silent overwrite.
     """
     qrels: dict[str, dict[str, int]] = {}
-    for line_number, fields in _fields(path, expected=4, layout="qid iteration docid grade"):
+    for line_number, fields in _fields(path, expected=4, layout="qid iteration docid grade", extra_ok=False):
         qid, _iteration, docid, grade_text = fields
         try:
             grade = int(grade_text)
@@ -65,12 +68,12 @@ def read_run(path: PathLike) -> dict[str, dict[str, float]]:
     """Read ``qid Q0 docid rank score tag`` lines into ``{qid: {docid: score}}``.
 
     Scores must be finite numbers; the rank must be an integer but is otherwise ignored (the
-    ranking comes from the scores, as in trec_eval). A document listed twice for one query is
-    an error.
+    ranking comes from the scores, as in trec_eval). Fields after the tag are ignored, as in
+    trec_eval. A document listed twice for one query is an error.
     """
     run: dict[str, dict[str, float]] = {}
-    for line_number, fields in _fields(path, expected=6, layout="qid Q0 docid rank score tag"):
-        qid, _q0, docid, rank_text, score_text, _tag = fields
+    for line_number, fields in _fields(path, expected=6, layout="qid Q0 docid rank score tag", extra_ok=True):
+        qid, _q0, docid, rank_text, score_text = fields[:5]
         try:
             int(rank_text)
         except ValueError:
@@ -113,7 +116,11 @@ def write_run(path: PathLike, run: Mapping[str, Mapping[str, float]], *, tag: st
                 out.write(f"{qid} Q0 {docid} {rank} {float(score)!r} {tag}\n")
 
 
-def _fields(path: PathLike, *, expected: int, layout: str) -> Iterator[tuple[int, list[str]]]:
+def _fields(path: PathLike, *, expected: int, layout: str, extra_ok: bool) -> Iterator[tuple[int, list[str]]]:
+    """The fields of each data line with its 1-based number; blank and ``#`` lines are skipped.
+
+    ``extra_ok``: more than ``expected`` fields are allowed (the run's trailing columns).
+    """
     with _open(path, "r") as lines:
         line_number = 0
         while True:
@@ -125,11 +132,14 @@ def _fields(path: PathLike, *, expected: int, layout: str) -> Iterator[tuple[int
             except UnicodeDecodeError as error:
                 raise TrecFormatError(path, line_number, f"not UTF-8 text ({error.reason})") from None
             fields = line.split()
-            if not fields:
+            if not fields or fields[0].startswith("#"):
                 continue
-            if len(fields) != expected:
+            if len(fields) < expected or (len(fields) > expected and not extra_ok):
+                more = "; more are ignored" if extra_ok else ""
                 raise TrecFormatError(
-                    path, line_number, f"expected {expected} fields ({layout}), found {len(fields)}: {line.strip()!r}"
+                    path,
+                    line_number,
+                    f"expected {expected} fields ({layout}{more}), found {len(fields)}: {line.strip()!r}",
                 )
             yield line_number, fields
 
