@@ -92,39 +92,20 @@ class _Usage(Exception):
 
 
 def _capture_remote(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
-    import ssl
-    import urllib.error
-    import urllib.parse
-    import urllib.request
-
-    from monitor.security import read_token_file
+    from monitor.admin_client import AdminCallFailed, fail, post_admin
 
     if not args.model:
         raise _Usage("--model is required with --url")
-    if not args.token_file:
-        raise _Usage("--token-file is required with --url (the daemon's http.admin_token)")
     if args.state_dir or args.out:
         raise _Usage("--state-dir and --out go with --from, not --url")
-    try:
-        token = read_token_file(Path(args.token_file))
-    except (OSError, ValueError) as exc:
-        raise _Usage(str(exc)) from None
     query = {"model": args.model, **({"stream": args.stream} if args.stream else {})}
-    url = f"{args.url.rstrip('/')}/admin/baseline?{urllib.parse.urlencode(query)}"
-    request = urllib.request.Request(url, data=b"", method="POST", headers={"Authorization": f"Bearer {token}"})
-    context = ssl.create_default_context(cafile=args.cafile) if args.cafile else None
     try:
-        with urllib.request.urlopen(request, timeout=args.timeout, context=context) as response:
-            body = response.read().decode()
-    except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace").strip()
-        print(f"embedding-monitor baseline: the daemon answered {exc.code}: {detail}", file=stderr)
-        return 1
-    except (urllib.error.URLError, OSError) as exc:
-        print(f"embedding-monitor baseline: cannot reach {args.url}: {getattr(exc, 'reason', exc)}", file=stderr)
-        return 1
-    refs = json.loads(body).get("references", [])
-    for ref in refs:
+        answer = post_admin(args, "/admin/baseline", query)
+    except ValueError as exc:  # no or unreadable token file
+        raise _Usage(str(exc)) from None
+    except AdminCallFailed as exc:
+        return fail("baseline", str(exc), stderr)
+    for ref in answer.get("references", []):
         print(_line(ref), file=stdout)
     return 0
 

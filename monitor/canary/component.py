@@ -10,19 +10,18 @@ after the change. Re-pinning after an intended upgrade is ``POST /admin/canaries
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qs
 
 import numpy as np
 from prometheus_client.metrics_core import Metric
 
 from monitor import catalog
+from monitor.admin_http import json_response, model_and_stream
 from monitor.canary.pins import Pins, PinStore, unit
 from monitor.canary.settings import CanarySettings
 from monitor.component import Component, MonitorContext, ScheduledJob
@@ -176,14 +175,13 @@ class CanaryComponent(Component):
 
     def handle_repin(self, environ: Mapping[str, Any]) -> tuple[int, str, bytes]:
         """``POST /admin/canaries/repin?model=M`` (admin token)."""
-        query = parse_qs(str(environ.get("QUERY_STRING", "")), keep_blank_values=True)
-        model = (query.get("model") or [""])[0]
-        if not model:
-            return _json(400, {"error": "the query parameter model is required"})
+        model, _, refused = model_and_stream(environ, stream_allowed=False)
+        if refused is not None:
+            return refused
         try:
-            return _json(200, self.repin(model))
+            return json_response(200, self.repin(model))
         except KeyError:
-            return _json(404, {"error": f"model {model!r} has no canaries configured"})
+            return json_response(404, {"error": f"model {model!r} has no canaries configured"})
 
     def _save_locked(self) -> None:
         saveable = {m: {i: v for i, v in ids.items() if (m, i) not in self._fixed} for m, ids in self._pins.items()}
@@ -212,7 +210,3 @@ class CanaryComponent(Component):
             }
             self._last_seen = {str(m): float(t) for m, t in dict(state["last_seen"]).items()}
         self.publish()
-
-
-def _json(status: int, body: Any) -> tuple[int, str, bytes]:
-    return status, "application/json", (json.dumps(body, indent=2) + "\n").encode()

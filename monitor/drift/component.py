@@ -36,7 +36,6 @@ Scrapes read published values only (:mod:`monitor.drift.export`).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -46,11 +45,11 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
-from urllib.parse import parse_qs
 
 import numpy as np
 from prometheus_client.metrics_core import Metric
 
+from monitor.admin_http import json_response, model_and_stream
 from monitor.component import Component, MonitorContext, ScheduledJob
 from monitor.config import ConfigError
 from monitor.drift.budget import Deadline
@@ -402,7 +401,7 @@ class DriftComponent(Component):
     # ------------------------------------------------------------------ admin endpoints
     def handle_explain(self, environ: Mapping[str, Any]) -> tuple[int, str, bytes]:
         """``GET /admin/drift/explain?model=M[&stream=S]``: the last cycle's verdict, ranked regions, exemplar ids."""
-        model, stream, refused = _target(environ)
+        model, stream, refused = model_and_stream(environ)
         if refused is not None:
             return refused
         with self._lock:
@@ -410,25 +409,25 @@ class DriftComponent(Component):
             results = {k: self._results[k] for k in sorted(known) if k in self._results}
         what = f"{model}/{stream}" if stream else f"model {model}"
         if not known:
-            return _json(404, {"error": f"no records seen for {what}"})
+            return json_response(404, {"error": f"no records seen for {what}"})
         if not results:
-            return _json(404, {"error": f"no drift cycle has tested {what} yet"})
-        return _json(200, {"explanations": [explanation(*key, result) for key, result in results.items()]})
+            return json_response(404, {"error": f"no drift cycle has tested {what} yet"})
+        return json_response(200, {"explanations": [explanation(*key, result) for key, result in results.items()]})
 
     def handle_admin_baseline(self, environ: Mapping[str, Any]) -> tuple[int, str, bytes]:
         """``POST /admin/baseline?model=M[&stream=S]``: pin the current window(s) as the reference."""
-        model, stream, refused = _target(environ)
+        model, stream, refused = model_and_stream(environ)
         if refused is not None:
             return refused
         states = [s for s in self.context.registry if s.model == model and (not stream or s.stream == stream)]
         if not states:
             what = f"{model}/{stream}" if stream else f"model {model}"
-            return _json(404, {"error": f"no records seen for {what}"})
+            return json_response(404, {"error": f"no records seen for {what}"})
         try:
             refs = self.capture_current(states)
         except ValueError as exc:
-            return _json(409, {"error": str(exc)})
-        return _json(200, {"references": [r.describe() for r in refs]})
+            return json_response(409, {"error": str(exc)})
+        return json_response(200, {"references": [r.describe() for r in refs]})
 
     def capture_current(self, states: Iterable[Any]) -> list[StoredReference]:
         """Pin each stream's current window as its reference; stored on disk before it is used."""
@@ -572,17 +571,3 @@ def _check_detector_values(settings: DriftSettings) -> None:
             build_detector(kind, params)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"drift.online.detectors.{kind}: {exc}") from None
-
-
-def _target(environ: Mapping[str, Any]) -> tuple[str, str, tuple[int, str, bytes] | None]:
-    """An admin request's ``model`` and optional ``stream``, or the 400 answer when ``model`` is missing."""
-    query = parse_qs(str(environ.get("QUERY_STRING", "")), keep_blank_values=True)
-    model = (query.get("model") or [""])[0]
-    stream = (query.get("stream") or [""])[0]
-    if not model:
-        return model, stream, _json(400, {"error": "the query parameter model is required (and optionally stream)"})
-    return model, stream, None
-
-
-def _json(status: int, body: Any) -> tuple[int, str, bytes]:
-    return status, "application/json", (json.dumps(body, indent=2) + "\n").encode()
