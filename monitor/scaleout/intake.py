@@ -33,13 +33,12 @@ from monitor.logs import RateLimitedLog
 from monitor.offsets import OffsetTracker, Partition
 from monitor.scaleout.partials import PartialError
 from monitor.scaleout.table import MergeTable
+from monitor.sources.reconnect import Backoff, LagReading
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 PARTITION_REFRESH_SECONDS = 30.0
-LAG_REFRESH_SECONDS = 5.0
-MAX_BACKOFF_SECONDS = 30.0
 # kafka-python consumer settings a reader by assignment must not take from kafka.options
 _GROUP_ONLY = {"max_poll_interval_ms", "session_timeout_ms", "heartbeat_interval_ms", "partition_assignment_strategy"}
 
@@ -97,12 +96,9 @@ class PartialsReader:
         self._consumer: Any = None
         self._assigned: set[Partition] = set()
         self._partitions_checked = -PARTITION_REFRESH_SECONDS
-        self._next_attempt = 0.0
-        self._backoff = 0.5
+        self._backoff = Backoff()
         self._up = False
-        self._lag: dict[str, int] | None = None
-        self._lag_at = -LAG_REFRESH_SECONDS
-        self._lag_updated: float | None = None
+        self._lag = LagReading()
         self._apply_lock = threading.Lock()  # held while one poll is applied, and by captures
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="embmon-reducer-intake", daemon=True)
@@ -149,7 +145,7 @@ class PartialsReader:
         """One poll: connect and (re)assign when needed, read, apply; returns records read."""
         consumer = self._connected()
         if consumer is None:
-            self._stop.wait(min(timeout, max(0.05, self._next_attempt - time.monotonic())))
+            self._stop.wait(min(timeout, max(0.05, self._backoff.remaining())))
             return 0
         self._maybe_assign(consumer)
         if not self._assigned:
@@ -230,17 +226,16 @@ class PartialsReader:
     def _connected(self) -> Any:
         if self._consumer is not None:
             return self._consumer
-        if time.monotonic() < self._next_attempt:
+        if not self._backoff.ready():
             return None
         try:
             consumer = self._consumer_factory() if self._consumer_factory else self._new_consumer()
         except Exception as exc:  # noqa: BLE001 - unreachable broker: retry with backoff
-            self._next_attempt = time.monotonic() + self._backoff
             logger.warning("cannot reach Kafka at %s (%s); retrying in %.1fs",
-                           ",".join(self.settings.kafka.bootstrap_servers), type(exc).__name__, self._backoff)
-            self._backoff = min(2 * self._backoff, MAX_BACKOFF_SECONDS)
+                           ",".join(self.settings.kafka.bootstrap_servers), type(exc).__name__, self._backoff.failed())
             return None
-        self._consumer, self._backoff, self._up = consumer, 0.5, True
+        self._backoff.succeeded()
+        self._consumer, self._up = consumer, True
         self._assigned = set()
         self._partitions_checked = -PARTITION_REFRESH_SECONDS
         return consumer
@@ -302,10 +297,8 @@ class PartialsReader:
                 consumer.seek(tp, hit.offset)
 
     def _maybe_refresh_lag(self, consumer: Any) -> None:
-        now = time.monotonic()
-        if now - self._lag_at < LAG_REFRESH_SECONDS or not self._assigned:
+        if not self._assigned or not self._lag.due():
             return
-        self._lag_at = now
         from kafka import TopicPartition
 
         try:
@@ -316,7 +309,7 @@ class PartialsReader:
         for tp, end in ends.items():
             if end is not None:  # every record is applied as soon as it is polled: position = applied + 1
                 lag[tp.topic] = lag.get(tp.topic, 0) + max(0, end - consumer.position(tp))
-        self._lag, self._lag_updated = lag, time.time()
+        self._lag.record(lag)
 
     # ------------------------------------------------------------------ status (DaemonStatus reads these)
     @property
@@ -324,11 +317,11 @@ class PartialsReader:
         return self._up
 
     def lag(self) -> dict[str, int] | None:
-        return self._lag
+        return self._lag.lag
 
     @property
     def lag_updated(self) -> float | None:
-        return self._lag_updated
+        return self._lag.updated
 
     def queue_depth(self) -> int:
         return 0

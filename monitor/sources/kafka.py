@@ -38,11 +38,10 @@ from monitor.sources.kafka_internals import (
     fetch_committed,
     yield_to_loop,
 )
+from monitor.sources.reconnect import Backoff, LagReading
 
 logger = logging.getLogger(__name__)
 
-LAG_REFRESH_SECONDS = 5.0
-MAX_BACKOFF_SECONDS = 30.0
 HANDOFF_TIMEOUT_SECONDS = 60.0
 
 
@@ -171,12 +170,9 @@ class KafkaSource(Source):
         self._kinds: dict[str, MessageKind] = {settings.embeddings_topic: "embeddings"}
         if settings.interactions_topic:
             self._kinds[settings.interactions_topic] = "interactions"
-        self._next_attempt = 0.0
-        self._backoff = 0.5
+        self._backoff = Backoff(clock)
         self._up = False
-        self._lag: dict[str, int] | None = None
-        self._lag_at = -LAG_REFRESH_SECONDS
-        self._lag_updated: float | None = None
+        self._lag = LagReading(clock)
         self._paused = False
         self._pending_commit: dict[Partition, int] = {}
         self._committed_lock = threading.Lock()
@@ -203,32 +199,29 @@ class KafkaSource(Source):
         self._connect()
 
     def _connect(self) -> bool:
-        now = self._clock()
-        if now < self._next_attempt:
+        if not self._backoff.ready():
             return False
         try:
             consumer = KafkaConsumer(**self.consumer_config())
         except KafkaError as exc:
-            self._next_attempt = now + self._backoff
             logger.warning(
                 "cannot reach Kafka at %s (%s); retrying in %.1fs",
                 ",".join(self.settings.bootstrap_servers),
                 type(exc).__name__,
-                self._backoff,
+                self._backoff.failed(),
             )
-            self._backoff = min(self._backoff * 2, MAX_BACKOFF_SECONDS)
             self._up = False
             return False
         self._consumer = consumer
         consumer.subscribe(topics=sorted(self._kinds), listener=_Rebalance(self))
-        self._backoff = 0.5
+        self._backoff.succeeded()
         self._up = True
         logger.info("consuming %s as group %s", sorted(self._kinds), self.settings.group_id)
         return True
 
     def poll(self, timeout: float) -> list[SourceMessage]:
         if self._consumer is None and not self._connect():
-            time.sleep(min(timeout, max(0.0, self._next_attempt - self._clock())))
+            time.sleep(min(timeout, self._backoff.remaining()))
             return []
         assert self._consumer is not None
         try:
@@ -304,10 +297,8 @@ class KafkaSource(Source):
             self._committed.update(offsets)
 
     def _maybe_refresh_lag(self) -> None:
-        now = self._clock()
-        if now - self._lag_at < LAG_REFRESH_SECONDS or self._consumer is None:
+        if self._consumer is None or not self._lag.due():
             return
-        self._lag_at = now
         assigned = self._consumer.assignment()
         if not assigned:
             return
@@ -331,16 +322,15 @@ class KafkaSource(Source):
                 done = position - 1
             # Records not yet reflected in state (queued or not fetched), not just not fetched.
             lag[tp.topic] = lag.get(tp.topic, 0) + max(0, end - (done + 1))
-        self._lag = lag
-        self._lag_updated = time.time()
+        self._lag.record(lag)
 
     def lag(self) -> dict[str, int] | None:
-        return self._lag
+        return self._lag.lag
 
     @property
     def lag_updated(self) -> float | None:
         """Unix time of the last lag measurement."""
-        return self._lag_updated
+        return self._lag.updated
 
     @property
     def up(self) -> bool:
