@@ -17,7 +17,8 @@ from monitor.scaleout.partials import (
     encode_subwindow,
     parse_record,
 )
-from monitor.scaleout.publisher import PartialsPublisher, PublishedMarker
+from monitor.scaleout.marker import CommitIntent, MarkerState, PublishedMarker, commit_happened
+from monitor.scaleout.publisher import PartialsPublisher
 from monitor.state.registry import StateRegistry
 from tests.support.scaleout import MemoryProducer
 
@@ -191,3 +192,16 @@ def test_the_published_marker_survives_a_reread(tmp_path) -> None:  # type: igno
     assert marker.read() is not None and marker.read().epoch == 123  # type: ignore[union-attr]
     (tmp_path / "partials-published.json").write_text("{broken")
     assert marker.read() is None
+
+
+def test_the_marker_keeps_a_commit_intent_until_the_commit_is_marked(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    marker = PublishedMarker(tmp_path)
+    intent = CommitIntent(9, {("emb", 0): 40, ("emb", 1): 12}, {("emb", 0): 31, ("emb", 1): None})
+    marker.write("r0", 8, intent)
+    back = marker.read()
+    assert back is not None and (back.epoch, back.committing) == (8, intent)
+    assert commit_happened(intent, {("emb", 0): 41, ("emb", 1): 13}) is True
+    assert commit_happened(intent, {("emb", 0): 32, ("emb", 1): None}) is False
+    assert commit_happened(intent, {("emb", 0): 41, ("emb", 1): None}) is None  # contradicting partitions
+    marker.write("r0", 9)
+    assert marker.read() == MarkerState("r0", 9)

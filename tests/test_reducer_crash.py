@@ -20,10 +20,13 @@ from pathlib import Path
 
 import pytest
 
+from monitor import failpoints
 from monitor.config import load_settings
 from monitor.quality.intrinsic import report_from_matrix
+from monitor.scaleout.marker import PublishedMarker
 from monitor.scaleout.reducer import Reducer
 from tests.support.broker import Broker, free_port, kafka_daemon_overrides
+from tests.support.logs import tracebacks
 from tests.support.scrape import scrape, value, wait_until
 from tests.test_crash import DIM_BIN, MESSAGES, Producer, start_daemon
 
@@ -36,12 +39,30 @@ WINDOW = {"seconds": 3600, "subwindows": 4, "reservoir_size": 500}
 
 
 def start_replica(monkeypatch: pytest.MonkeyPatch, broker: Broker, topic: str, name: str, state_dir: Path,
-                  log: Path) -> tuple[subprocess.Popen[bytes], int]:
+                  log: Path, group: str = "crash-scaled") -> tuple[subprocess.Popen[bytes], int]:
     """``embedding-monitor run`` as tests/test_crash.py starts it (fast commits and checkpoints, a
     short session), as replica ``name`` of the scaled deployment (the environment says so)."""
     monkeypatch.setenv("EMBMON_SCALE_OUT__REPLICA_ID", name)
     port = free_port()
-    return start_daemon(broker, topic, "crash-scaled", state_dir, port, log), port
+    return start_daemon(broker, topic, group, state_dir, port, log), port
+
+
+def start_reducer(monkeypatch: pytest.MonkeyPatch, broker: Broker, topic: str, group: str, tmp_path: Path) -> Reducer:
+    """The topic and its partials topic, a reducer in this process, and the replica processes'
+    settings in the environment: the reducer's window and partials topic, role replica."""
+    partials = f"{topic}-partials"
+    broker.create_topics(topic, partitions=PARTITIONS)
+    broker.create_topics(partials, partitions=2)
+    reducer = Reducer(load_settings(overrides=kafka_daemon_overrides(
+        broker, topic, group, tmp_path / "reducer", window=WINDOW, drift={"enabled": False},
+        scale_out={"role": "reducer", "partials_topic": partials},
+    )))
+    reducer.start()
+    for key, setting in WINDOW.items():
+        monkeypatch.setenv(f"EMBMON_WINDOW__{key.upper()}", str(setting))
+    monkeypatch.setenv("EMBMON_SCALE_OUT__PARTIALS_TOPIC", partials)
+    monkeypatch.setenv("EMBMON_SCALE_OUT__ROLE", "replica")
+    return reducer
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -56,19 +77,8 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 def test_a_replica_killed_mid_stream_leaves_the_reducer_exact(broker: Broker, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    topic, partials = "emb-scaled-crash", "emb-scaled-crash-partials"
-    broker.create_topics(topic, partitions=PARTITIONS)
-    broker.create_topics(partials, partitions=2)
-    reducer = Reducer(load_settings(overrides=kafka_daemon_overrides(
-        broker, topic, "crash-scaled", tmp_path / "reducer", window=WINDOW, drift={"enabled": False},
-        scale_out={"role": "reducer", "partials_topic": partials},
-    )))
-    reducer.start()
-    # the replica processes' settings: the reducer's window and partials topic, role replica
-    for key, setting in WINDOW.items():
-        monkeypatch.setenv(f"EMBMON_WINDOW__{key.upper()}", str(setting))
-    monkeypatch.setenv("EMBMON_SCALE_OUT__PARTIALS_TOPIC", partials)
-    monkeypatch.setenv("EMBMON_SCALE_OUT__ROLE", "replica")
+    topic = "emb-scaled-crash"
+    reducer = start_reducer(monkeypatch, broker, topic, "crash-scaled", tmp_path)
     steady, steady_port = start_replica(monkeypatch, broker, topic, "replica-b", tmp_path / "b", tmp_path / "b.log")
     rng = random.Random(20261122)
     producer = Producer(broker, topic)
@@ -128,7 +138,7 @@ def test_a_replica_killed_mid_stream_leaves_the_reducer_exact(broker: Broker, tm
     text = [log.read_text() for log in logs]
     restored = [int(n) for t in text for n in re.findall(r"restored state from \S+ \((\d+) streams", t)]
     assert sum(n > 0 for n in restored) >= 2, restored  # restarts resumed from checkpoints
-    assert all("Traceback" not in t for t in text + [(tmp_path / "b.log").read_text()])
+    assert not [tb for t in text + [(tmp_path / "b.log").read_text()] for tb in tracebacks(t)]
     settings = load_settings().quality
     for model, matrix in (("bin", producer.bin_rows.reshape(-1, DIM_BIN)), ("json", producer.json_rows)):
         want = report_from_matrix(matrix, settings=settings)
@@ -141,3 +151,55 @@ def test_a_replica_killed_mid_stream_leaves_the_reducer_exact(broker: Broker, tm
 
 def exact_counts_in(samples: dict, expected: dict[str, int]) -> bool:  # type: ignore[type-arg]
     return all(value(samples, "embmon_window_records", model=m, stream="default") == n for m, n in expected.items())
+
+
+GAP_GROUP = "gap-scaled"
+
+
+def test_a_replica_killed_between_its_commit_and_its_marker_loses_nothing(broker: Broker, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The narrowest crash window: the group's offsets moved to a publication the marker does not
+    name yet. The other replica resumes from those offsets, so the restarted replica must restore
+    that publication's checkpoint, not the one before (which would lose the records in between)."""
+    topic = "emb-scaled-gap"
+    reducer = start_reducer(monkeypatch, broker, topic, GAP_GROUP, tmp_path)
+    producer = Producer(broker, topic)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        producer.start()
+        monkeypatch.setenv("EMBMON_FAILPOINT", "replica-committed@5")
+        victim, _ = start_replica(monkeypatch, broker, topic, "replica-a", tmp_path / "a", tmp_path / "a-0.log",
+                                  GAP_GROUP)
+        procs.append(victim)
+        victim.wait(timeout=90)
+        assert victim.returncode == failpoints.EXIT_STATUS  # died right after a commit, before its marker
+        monkeypatch.delenv("EMBMON_FAILPOINT")
+        marker = PublishedMarker(tmp_path / "a").read()
+        assert marker is not None and marker.committing is not None and marker.committing.epoch > marker.epoch
+        steady, steady_port = start_replica(monkeypatch, broker, topic, "replica-b", tmp_path / "b",
+                                            tmp_path / "b.log", GAP_GROUP)
+        procs.append(steady)
+        # the other replica takes every partition and resumes from the offsets the victim committed
+        wait_until(lambda: "assigned partitions: [(" in (tmp_path / "b.log").read_text(), timeout=60,
+                   message="the steady replica got partitions")
+        time.sleep(2.0)
+        restarted, _ = start_replica(monkeypatch, broker, topic, "replica-a", tmp_path / "a", tmp_path / "a-1.log",
+                                     GAP_GROUP)
+        procs.append(restarted)
+        producer.join(timeout=90)
+        assert producer.error is None
+        expected = {"bin": MESSAGES * 20, "json": MESSAGES}
+        wait_until(lambda: exact_counts_in(scrape(reducer.http.port), expected), timeout=120,
+                   message="the reducer's counts reach what was produced")
+        settled = reducer.table.status(time.time()).applied.get("manifest", 0)
+        wait_until(lambda: reducer.table.status(time.time()).applied.get("manifest", 0) >= settled + 10,
+                   timeout=60, message="further publications")
+        samples = scrape(reducer.http.port)
+    finally:
+        for proc in procs:
+            stop(proc)
+        reducer.stop()
+    assert exact_counts_in(samples, {"bin": MESSAGES * 20, "json": MESSAGES})
+    restart_log = (tmp_path / "a-1.log").read_text()
+    assert f"the commit of epoch {marker.committing.epoch} went through before the restart" in restart_log
+    assert not [tb for name in ("a-1.log", "b.log") for tb in tracebacks((tmp_path / name).read_text())]

@@ -8,9 +8,8 @@ tombstones for sub-windows that left the window, and the manifest last. Building
 sending are separate: a publication that could not be sent stays staged and the next checkpoint
 replaces it with one that covers both.
 
-The **published marker** (``<state_dir>/partials-published.json``) records the newest epoch whose
-publication was sent *and* whose offsets were committed; on restart a checkpoint newer than it is
-not restored (docs/operations.md, "Scaling out: exactly-once").
+Which publication the group's committed offsets match is recorded by the published marker
+(:mod:`monitor.scaleout.marker`; docs/operations.md, "Scaling out: exactly-once").
 """
 
 from __future__ import annotations
@@ -23,12 +22,10 @@ import uuid
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from monitor.config import Settings
 from monitor.counters import Tally
-from monitor.files import atomic_write
 from monitor.logs import RateLimitedLog
 from monitor.scaleout.partials import (
     EpochClock,
@@ -45,7 +42,6 @@ from monitor.scaleout.partials import (
 
 logger = logging.getLogger(__name__)
 
-MARKER = "partials-published.json"
 RECORD_KINDS = ("subwindow", "tombstone", "manifest")  # the `kind` label of embmon_partials_published_total
 PRODUCER_OVERHEAD_BYTES = 64 * 1024  # headers, key and batch framing on top of a chunk
 
@@ -75,33 +71,6 @@ class Sent:
     epoch: int
     offsets: Offsets
     at: float  # unix time
-
-
-@dataclass(frozen=True)
-class MarkerState:
-    replica: str
-    epoch: int
-
-
-class PublishedMarker:
-    """``partials-published.json``: the newest epoch published and committed, crash-safe."""
-
-    def __init__(self, state_dir: Path):
-        self.path = Path(state_dir) / MARKER
-
-    def read(self) -> MarkerState | None:
-        try:
-            data = json.loads(self.path.read_text())
-            return MarkerState(str(data["replica"]), int(data["epoch"]))
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            logger.error("unreadable %s (%s): treating it as missing", self.path, exc)
-            return None
-
-    def write(self, replica: str, epoch: int) -> None:
-        body = json.dumps({"replica": replica, "epoch": int(epoch)}).encode()
-        atomic_write(self.path, lambda handle: handle.write(body))
 
 
 def producer_config(settings: Settings) -> dict[str, Any]:

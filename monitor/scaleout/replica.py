@@ -9,14 +9,16 @@ The order of the durable steps is what keeps the reducer exact across crashes an
    broker acknowledged it;
 3. the offsets of the newest *published* state are committed (:class:`PublishedOffsetsSource`:
    never offsets whose state is only applied or only on disk);
-4. the published marker records that epoch.
+4. the published marker records that epoch. Before step 3 it records the commit intent, so a
+   replica killed between the commit and the marker learns from the broker which of the two
+   the group holds (:mod:`monitor.scaleout.marker`).
 
 On restart a checkpoint newer than the marker is not restored (:meth:`ReplicaRole.check`): its
 state may be in no publication, and its offsets are not committed, so the records it holds are
 read again by whoever owns the partition; the previous checkpoint, which is published, is
 restored instead, and republished at start so it replaces whatever this replica had published.
-On a rebalance the hand-off publishes before it returns the offsets to commit, and writes the
-marker first, since the commit follows within the listener.
+On a rebalance the hand-off publishes before it returns the offsets to commit, and records the
+commit intent first, since the commit follows within the listener.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ from monitor.config import ConfigError, Settings
 from monitor.ingest import IngestPipeline
 from monitor.offsets import OffsetTracker, Partition
 from monitor.rebalance import PartitionHandoff
+from monitor import failpoints
+from monitor.scaleout.marker import CommitIntent, MarkerState, PublishedMarker, commit_happened
 from monitor.scaleout.partials import Offsets
-from monitor.scaleout.publisher import MarkerState, PartialsPublisher, PublishedMarker
+from monitor.scaleout.publisher import PartialsPublisher
 from monitor.sources import PartitionListener, Source, SourceMessage
 from monitor.state.registry import StateRegistry
 
@@ -50,6 +54,7 @@ class ReplicaRole:
         self._initial: MarkerState | None = None
         self._marked = -1  # newest epoch in the marker
         self._committed = -1  # newest published epoch whose offsets were committed
+        self._last_commit: dict[Partition, int] = {}  # what this replica committed, per partition
         self.floors: dict[Partition, int] = {}  # per partition: last offset before our current assignment
 
     # ------------------------------------------------------------------ checkpoint observer
@@ -88,12 +93,31 @@ class ReplicaRole:
     # ------------------------------------------------------------------ start-up
     def before_restore(self) -> None:
         self._initial = self.marker.read()
+        if self._initial is not None and self._initial.committing is not None:
+            self._initial = self._settle_intent(self._initial)
         if self._initial is not None and self._initial.replica == self.replica:
             self.publisher.epochs.advance_past(self._initial.epoch)
         elif self._initial is not None:
             logger.warning("%s belongs to replica %r, this is %r",
                            self.marker.path, self._initial.replica, self.replica)
             self._initial = MarkerState(self.replica, 0)
+
+    def _settle_intent(self, marker: MarkerState) -> MarkerState:
+        """Killed between a commit and its marker: ask the broker whether the commit went through."""
+        intent = marker.committing
+        assert intent is not None
+        positions = group_positions(self.settings, sorted(intent.offsets))
+        happened = None if positions is None else commit_happened(intent, positions)
+        if happened is None:
+            # Another replica has committed past both positions (or the broker did not answer):
+            # the newer checkpoint risks doubling records, the older one losing them.
+            logger.error(
+                "cannot tell whether the commit of epoch %d reached the group before the restart; restoring it "
+                "(records read again by another replica may count twice until they leave the window)", intent.epoch)
+            happened = True
+        logger.info("the commit of epoch %d %s before the restart", intent.epoch,
+                    "went through" if happened else "did not go through")
+        return MarkerState(marker.replica, intent.epoch if happened else marker.epoch)
 
     def publish_restored(self, registry: StateRegistry, offsets: OffsetTracker) -> None:
         """Publish the state just restored (or the empty one), in full, under a new epoch.
@@ -121,23 +145,55 @@ class ReplicaRole:
         if sent.epoch > self._committed:
             # never move a partition back below where our current assignment started
             offsets = {k: o for k, o in sent.offsets.items() if o >= self.floors.get(k, -1)}
-            source.commit(offsets)
+            before = {k: self._last_commit.get(k) for k in offsets}
+            self.marker.write(self.replica, self._marked, CommitIntent(sent.epoch, offsets, before))
+            if not source.commit(offsets):
+                return  # the intent stays: the next poll tries again, and a restart asks the broker
+            if offsets:
+                failpoints.reach("replica-committed")  # tests: killed between the commit and the marker
+            self._last_commit.update(offsets)
             self._committed = sent.epoch
         if sent.epoch > self._marked:
             self._mark(sent.epoch)
 
-    def mark_before_handoff_commit(self) -> dict[Partition, int] | None:
-        """Hand-off: the offsets of the newest sent publication, marked (the listener commits them next)."""
+    def intend_handoff_commit(self, leaving: set[Partition]) -> dict[Partition, int]:
+        """Hand-off: the offsets of the newest sent publication for the partitions leaving, with the
+        commit intent recorded (the listener commits them next; the next poll's commit marks it)."""
         sent = self.publisher.sent
         if sent is None:
-            return None
-        if sent.epoch > self._marked:
-            self._mark(sent.epoch)
-        return dict(sent.offsets)
+            return {}
+        offsets = {key: offset for key, offset in sent.offsets.items() if key in leaving}
+        if offsets and sent.epoch > self._marked:
+            before = {k: self._last_commit.get(k) for k in offsets}
+            self.marker.write(self.replica, self._marked, CommitIntent(sent.epoch, offsets, before))
+        return offsets
 
     def _mark(self, epoch: int) -> None:
         self.marker.write(self.replica, epoch)
         self._marked = epoch
+
+
+def group_positions(settings: Settings, partitions: list[Partition]) -> dict[Partition, int | None] | None:
+    """The consumer group's committed position per partition (``None``: no commit), or ``None``
+    when the broker cannot be asked. A plain consumer that joins no group: OffsetFetch only."""
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.errors import KafkaError
+
+    from monitor.sources.kafka import KafkaSource
+
+    config = KafkaSource(settings.kafka).consumer_config()
+    try:
+        consumer = KafkaConsumer(**config)
+    except KafkaError as exc:
+        logger.warning("cannot reach Kafka to read the group's committed offsets (%s)", exc)
+        return None
+    try:
+        return {(t, p): consumer.committed(TopicPartition(t, p), timeout_ms=10_000) for t, p in partitions}
+    except KafkaError as exc:
+        logger.warning("cannot read the group's committed offsets (%s)", exc)
+        return None
+    finally:
+        consumer.close(autocommit=False)
 
 
 def check_replica_settings(settings: Settings) -> None:
@@ -172,9 +228,10 @@ class PublishedOffsetsSource(Source):
         self.role.commit_published(self.inner)
         return self.inner.poll(timeout)
 
-    def commit(self, offsets: Mapping[tuple[str, int], int]) -> None:
+    def commit(self, offsets: Mapping[tuple[str, int], int]) -> bool:
         # ``offsets`` are durable (on disk); what may be committed is what is published.
         self.role.commit_published(self.inner)
+        return True
 
     def close(self) -> None:
         self.role.commit_published(self.inner)
@@ -216,9 +273,7 @@ class PublishingHandoff(PartitionHandoff):
         super().on_revoked(partitions)  # applies what was polled and checkpoints (which publishes)
         if not self._role.publisher.flush():
             logger.error("hand-off: the newest state could not be published; committing the last published offsets")
-        published = self._role.mark_before_handoff_commit() or {}
-        leaving = set(partitions)
-        return {key: offset for key, offset in published.items() if key in leaving}
+        return self._role.intend_handoff_commit(set(partitions))
 
     def on_assigned(self, positions: Mapping[Partition, int]) -> None:
         super().on_assigned(positions)

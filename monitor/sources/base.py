@@ -61,8 +61,11 @@ class Source:
         """Messages available within ``timeout`` seconds (possibly none)."""
         raise NotImplementedError
 
-    def commit(self, offsets: Mapping[tuple[str, int], int]) -> None:
-        """Record that state reflects everything up to and including these offsets."""
+    def commit(self, offsets: Mapping[tuple[str, int], int]) -> bool:
+        """Record that state reflects everything up to and including these offsets.
+
+        False when the commit was refused (it is retried with the next one)."""
+        return True
 
     def close(self) -> None:
         """Release connections."""

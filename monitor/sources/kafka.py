@@ -270,27 +270,30 @@ class KafkaSource(Source):
     def paused(self) -> bool:
         return self._paused
 
-    def commit(self, offsets: Mapping[Partition, int]) -> None:
+    def commit(self, offsets: Mapping[Partition, int]) -> bool:
         """Commit "state reflects up to and including" ``offsets`` for partitions assigned to us.
 
         Partitions not assigned (any more) are skipped: committing them could move the group
         backwards under the replica that owns them now.
         """
-        if self._consumer is None or not offsets:
-            return
+        if self._consumer is None:
+            return not offsets
+        if not offsets:
+            return True
         assigned = {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
         with self._committed_lock:
             todo = {k: o for k, o in offsets.items() if k in assigned and self._committed.get(k) != o}
         if not todo:
-            return
+            return True
         payload = {TopicPartition(t, p): OffsetAndMetadata(o + 1, "", -1) for (t, p), o in todo.items()}
         try:
             self._consumer.commit(offsets=payload)
         except KafkaError as exc:
             # Not fatal: the next commit carries later offsets; a restart resumes from the checkpoint.
             logger.warning("offset commit failed (%s); will retry with the next commit", exc)
-            return
+            return False
         self._note_committed(todo)
+        return True
 
     def _note_committed(self, offsets: Mapping[Partition, int]) -> None:
         with self._committed_lock:
