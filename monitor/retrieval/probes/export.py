@@ -12,21 +12,14 @@ from dataclasses import dataclass, field
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from monitor.catalog import PROBE_ESTIMATE_LABELS, RETRIEVAL_ESTIMATES
 from monitor.retrieval.probes.base import ProbeResult
 
 OUTCOMES = ("success", "failure", "timeout")
 
-ESTIMATE_HELP = {
-    "recall": "Recall@k: relevant documents in the top k over all relevant (trec_eval recall_k).",
-    "precision": "Precision@k: relevant documents in the top k over k (trec_eval P_k).",
-    "map": "Average precision cut at k, over all relevant documents (trec_eval map_cut_k).",
-    "mrr": "Reciprocal rank of the first relevant (clicked) result within k.",
-    "ndcg": "nDCG@k (trec_eval ndcg_cut_k; gain as configured).",
-    "err": "Expected reciprocal rank at k (Chapelle; Elasticsearch rank-eval).",
-    "hit_rate": "Share of queries with a relevant result within k (trec_eval success_k).",
-    "ann_recall": "Share of the exact top k (over the documents the monitor holds) that the ANN index served.",
-}
-ESTIMATE_LABELS = ["probe", "model", "slice", "k"]
+# HELP texts and label names as declared once in the catalog
+ESTIMATE_HELP = RETRIEVAL_ESTIMATES
+ESTIMATE_LABELS = list(PROBE_ESTIMATE_LABELS)
 
 # name (without embmon_) -> (HELP, label names in order)
 SAMPLE_SCHEMA: dict[str, tuple[str, list[str]]] = {
