@@ -1,0 +1,1 @@
+"""Canary records and pins (monitor/canary)."""

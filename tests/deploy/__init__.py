@@ -1,0 +1,1 @@
+"""Deployment artifacts and the generated rules against a real Prometheus (deploy/, Dockerfile)."""

@@ -1,0 +1,1 @@
+"""Drift tests, references and the drift component (monitor/drift, monitor/baseline.py)."""

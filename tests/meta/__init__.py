@@ -1,0 +1,1 @@
+"""The repository itself (docs that name every module) and the helpers in tests/support."""

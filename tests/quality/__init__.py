@@ -1,0 +1,1 @@
+"""Intrinsic quality metrics (monitor/quality)."""

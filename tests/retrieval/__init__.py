@@ -1,0 +1,1 @@
+"""Retrieval metrics, statistics, TREC files and the evaluate command (monitor/retrieval)."""

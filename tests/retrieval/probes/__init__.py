@@ -1,0 +1,1 @@
+"""Retrieval probes: golden sets, k-NN, ANN recall, clicks, agreement (monitor/retrieval/probes)."""

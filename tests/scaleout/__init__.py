@@ -1,0 +1,1 @@
+"""Replicas, partials and the reducer (monitor/scaleout)."""

@@ -1,0 +1,1 @@
+"""Streaming state: sufficient statistics, reservoirs, sliding windows (monitor/state)."""
