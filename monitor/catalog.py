@@ -3,7 +3,7 @@
 The collectors build their families from here (:func:`gauge`, :func:`counter`, :func:`histogram`),
 the alert and dashboard generators may only name metrics listed here, and the metric index in
 docs/metrics.md is generated from it, so a name, a HELP line or a label set cannot drift between
-what is scraped, what is alerted on and what is documented. ``tests/test_catalog.py`` scrapes a
+what is scraped, what is alerted on and what is documented. ``tests/artifacts/test_catalog.py`` scrapes a
 daemon with every feature on and fails on any family that is not declared here exactly.
 
 Names are as a scrape shows them: counters end in ``_total`` (prometheus-client appends it to

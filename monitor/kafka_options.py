@@ -2,7 +2,7 @@
 
 A static copy of ``kafka.KafkaConsumer.DEFAULT_CONFIG``'s keys, so validating settings never
 imports kafka (seconds at start-up, and ``--help`` should not pay for it).
-``tests/test_config.py`` asserts it equals the installed kafka-python's, so an upgrade that adds
+``tests/service/test_config.py`` asserts it equals the installed kafka-python's, so an upgrade that adds
 or renames a setting is noticed.
 """
 

@@ -2,7 +2,7 @@
 
 Every PromQL expression in :mod:`monitor.artifacts` names metrics through :func:`m` (or the
 constants below), which refuses a name that is not listed here; a rename is one edit in this
-file, and ``tests/test_alerts.py`` checks that every ``embmon_*`` name in the generated artifacts
+file, and ``tests/artifacts/test_alerts.py`` checks that every ``embmon_*`` name in the generated artifacts
 appears in :data:`METRICS`. The daemon-side check (every listed name is really exported) needs a
 running daemon: :func:`exported_names` expands histograms into the series names a scrape shows.
 """

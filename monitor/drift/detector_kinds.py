@@ -4,7 +4,7 @@ kinds (river's), the parameters each takes and our defaults.
 Settings check detector parameters against these names when they load, so a typo fails at
 start-up, and loading settings never imports river (it pulls in scikit-learn and scipy: seconds).
 :func:`monitor.drift.detectors.build_detector` builds the detectors themselves, and river's
-constructors check the values. ``tests/test_drift_detectors.py`` asserts that
+constructors check the values. ``tests/drift/test_detectors.py`` asserts that
 :data:`DETECTOR_PARAMETERS` matches river's constructor signatures, so an upgrade that renames a
 parameter is noticed.
 """

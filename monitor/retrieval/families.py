@@ -2,7 +2,7 @@
 
 The ``evaluate`` command's help, the probe settings and the alert and dashboard catalogue need
 only the names; importing the engine (:mod:`monitor.retrieval.metrics`) would load numpy. The
-engine defines one computation per name, and ``tests/test_retrieval_metrics.py`` keeps the two in
+engine defines one computation per name, and ``tests/retrieval/test_metrics.py`` keeps the two in
 step.
 """
 

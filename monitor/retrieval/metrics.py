@@ -9,7 +9,7 @@ Every metric here is a function of two matrices, not of per-query Python objects
 
 A metric is then a running sum along the rank axis read at the cutoff, so a whole family
 (``ndcg@5``, ``ndcg@10``, ``ndcg@100``) costs one cumulative sum. Where trec_eval has the measure,
-the numbers equal trec_eval's (checked against ``pytrec_eval`` in ``tests/test_retrieval_metrics.py``);
+the numbers equal trec_eval's (checked against ``pytrec_eval`` in ``tests/retrieval/test_metrics.py``);
 ``docs/retrieval.md`` has every formula and where the seeds' variants differ.
 
 Examples

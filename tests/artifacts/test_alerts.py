@@ -18,8 +18,8 @@ from monitor.artifacts.rules import build_rules
 from monitor.artifacts.rules.model import PREFIX
 from monitor.artifacts.rules.values import format_number, format_value, humanize
 from monitor.artifacts.thresholds import Thresholds, load_thresholds
+from tests.support.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 RULES = REPO / generate.PROMETHEUS_RULES
 GRAFANA = REPO / generate.GRAFANA_ALERTS
 RUNBOOK = REPO / "docs" / "runbook.md"

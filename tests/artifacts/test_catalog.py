@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from monitor import catalog
 from tests.support import golden
+from tests.support.paths import REPO
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
+DOCS = REPO / "docs" / "metrics.md"
 # Declared, but the fixed scenario cannot show them (it has no live Kafka consumer); the tests
 # named after each scrape them.
 NOT_IN_SCENARIO = {
-    "embmon_consumer_lag_records": "a Kafka consumer's lag (tests/test_load.py)",
-    "embmon_consumer_lag_timestamp_seconds": "a Kafka consumer's lag (tests/test_load.py)",
+    "embmon_consumer_lag_records": "a Kafka consumer's lag (tests/service/test_load.py)",
+    "embmon_consumer_lag_timestamp_seconds": "a Kafka consumer's lag (tests/service/test_load.py)",
     # single-process mode exports none of these: a replica or the reducer does
-    **{name: "scale_out roles (tests/test_reducer_kafka.py)" for name, spec in catalog.CATALOG.items()
+    **{name: "scale_out roles (tests/scaleout/test_reducer_kafka.py)" for name, spec in catalog.CATALOG.items()
        if spec.area == "scale_out"},
 }
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,8 +12,8 @@ from monitor.artifacts import dashboards as dash
 from monitor.artifacts import generate
 from monitor.artifacts.catalog import METRICS, referenced_metrics
 from monitor.artifacts.rules import build_rules
+from tests.support.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 DIR = REPO / "dashboards"
 DS = {"type": "prometheus", "uid": "${datasource}"}
 # uids are part of the public interface (links, bookmarks, provisioning): never change them

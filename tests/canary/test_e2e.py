@@ -18,12 +18,12 @@ import orjson
 import pytest
 
 from monitor.config import load_settings
-from monitor.service import Monitor
-from tests.support import topics
+from tests.support import daemons, topics
 from tests.support.broker import Broker, kafka_daemon_overrides
+from tests.support.producers import Message, SteadyProducer
 from tests.support.realdata import random_rotation
-from tests.support.scrape import scrape, value, wait_until
-from tests.test_drift_e2e import Producer
+from tests.support.scrape import scrape, value
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -32,7 +32,7 @@ CANARIES = (0, 1, 2)  # sentence indices sent as canaries
 REFRESH, CANARY_PERIOD, WINDOW = 1.0, 1.0, 6.0
 
 
-class SwappingProducer(Producer):
+class SwappingProducer(SteadyProducer):
     """Sentences at 200 records/s plus the canaries every second; ``shift()`` swaps the model."""
 
     def __init__(self, broker: Broker, topic: str):
@@ -42,7 +42,7 @@ class SwappingProducer(Producer):
         self._next_canary = 0.0
         self.first_swapped_canary_at: float | None = None
 
-    def messages(self, rng: np.random.Generator, shifted: bool) -> list[tuple[bytes, list[tuple[str, bytes]]]]:
+    def messages(self, rng: np.random.Generator, shifted: bool) -> list[Message]:
         space = self.rotated if shifted else self.vectors
         picked = [int(i) for i in topics.draw(rng, self.batch)]
         ids = [f"s{i}" for i in picked]
@@ -68,10 +68,7 @@ def test_a_rotated_model_swap_is_caught_by_canaries_within_a_refresh(broker: Bro
         canaries={"ids": {MODEL: [f"canary-{i}" for i in CANARIES]}},
     ))
     producer = SwappingProducer(broker, topic)
-    monitor = Monitor(settings)
-    monitor.start()
-    producer.start()
-    try:
+    with daemons.monitor(settings) as monitor, producer:
         port = monitor.http.port
         wait_until(lambda: value(scrape(port), "embmon_canary_pins", model=MODEL) == len(CANARIES), timeout=60,
                    message="the canaries' first sightings pin them")
@@ -100,7 +97,3 @@ def test_a_rotated_model_swap_is_caught_by_canaries_within_a_refresh(broker: Bro
         for name in ("embmon_effective_rank", "embmon_stable_rank", "embmon_mean_cosine_similarity"):
             assert value(after, name, model=MODEL, stream=STREAM) == pytest.approx(
                 value(before, name, model=MODEL, stream=STREAM), rel=0.05), name
-    finally:
-        producer.stopped.set()
-        producer.join(timeout=10)
-        monitor.stop()

@@ -18,9 +18,8 @@ import yaml
 from monitor.artifacts import generate
 from monitor.artifacts.thresholds import Thresholds
 from monitor.config import load_settings
+from tests.support.paths import K8S, REPO
 
-REPO = Path(__file__).resolve().parents[1]
-K8S = REPO / "deploy" / "kubernetes"
 K8S_VERSION = kubernetes_validate.latest_version()
 CRD_KINDS = {"PrometheusRule", "PodMonitor", "ServiceMonitor"}
 JOB = Thresholds().job
@@ -48,7 +47,7 @@ def test_the_expected_manifests_exist() -> None:
     kinds = sorted(d["kind"] for _, d in documents())
     assert kinds == sorted(["ConfigMap", "Deployment", "ConfigMap", "Service", "StatefulSet", "PodDisruptionBudget",
                             "PodMonitor", "ServiceMonitor", "PrometheusRule", "ConfigMap",
-                            # scaled.yaml: replicas + reducer (tests/test_reducer_deploy.py)
+                            # scaled.yaml: replicas + reducer (tests/deploy/test_scaled.py)
                             "ConfigMap", "Service", "StatefulSet", "StatefulSet", "PodDisruptionBudget"])
 
 

@@ -14,14 +14,10 @@ shortened to 2 s) and one Alertmanager notifying a webhook in this process serve
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,17 +29,14 @@ from monitor.artifacts.catalog import exported_names, referenced_metrics
 from monitor.artifacts.rules import build_rules
 from monitor.artifacts.thresholds import Thresholds
 from monitor.retrieval.families import PROBE_METRIC_FAMILIES
-from tests.support.prometheus import (
-    AlertmanagerServer,
-    PrometheusServer,
-    WebhookReceiver,
-    free_port,
-    wait_for,
-)
+from tests.support import daemons
+from tests.support.broker import free_port
+from tests.support.daemons import DaemonProcess
+from tests.support.prometheus import AlertmanagerServer, PrometheusServer, PromQLError, WebhookReceiver
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.prometheus
 
-REPO = Path(__file__).resolve().parents[1]
 JOB = "embedding-monitor"
 MODEL, STREAM = "minilm-live", "documents"
 HEALTHY_SECONDS = 20.0  # healthy (8 s) + invalid burst (2 s) + healthy (10 s), then collapsed
@@ -147,13 +140,11 @@ class Stack:
     prom: PrometheusServer
     am: AlertmanagerServer
     hook: WebhookReceiver
-    daemon: subprocess.Popen[bytes]
-    daemon_log: Path
-    metrics_port: int
+    daemon: DaemonProcess
     collapse_after: float  # monotonic time at which the collapsed phase begins, at the earliest
 
     def daemon_tail(self) -> str:
-        return "--- daemon log ---\n" + "\n".join(self.daemon_log.read_text(errors="replace").splitlines()[-30:])
+        return "--- daemon log ---\n" + "\n".join(self.daemon.output().splitlines()[-30:])
 
 
 @pytest.fixture(scope="module")
@@ -166,33 +157,18 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     th = Thresholds.model_validate({"job": JOB, "alerts": {"EmbeddingMonitorCollapse": {"for": "2s"}}})
     rules_path = tmp / "rules.yaml"
     rules_path.write_text(yaml.safe_dump(prometheus.rule_file(build_rules(th)), sort_keys=False))
-    log = tmp / "daemon.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with (
         WebhookReceiver.start() as hook,
         AlertmanagerServer.start(tmp, hook.url) as am,
         PrometheusServer.start(tmp, scrape={JOB: [f"127.0.0.1:{port}"]}, rule_files=[rules_path],
                                alertmanager=am.address) as prom,
-        log.open("wb") as log_file,
+        daemons.process("--config", str(tmp / "daemon.yaml"), "--state-dir", str(tmp / "state"),
+                        log=tmp / "daemon.log", port=port) as daemon,
     ):
-        started = time.monotonic()
-        daemon = subprocess.Popen(
-            [sys.executable, "-m", "monitor", "run", "--config", str(tmp / "daemon.yaml"),
-             "--state-dir", str(tmp / "state")],
-            cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, env=env,
-        )
-        s = Stack(prom, am, hook, daemon, log, port, started + HEALTHY_SECONDS)
-        try:
-            prom.wait_for(lambda: prom.query(f'up{{job="{JOB}"}} == 1'), timeout=60,
-                          message="Prometheus scraping the daemon")
-            yield s
-        finally:
-            daemon.terminate()
-            try:
-                daemon.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
-                daemon.wait(timeout=5)
+        s = Stack(prom, am, hook, daemon, time.monotonic() + HEALTHY_SECONDS)
+        prom.wait_until(lambda: prom.query(f'up{{job="{JOB}"}} == 1'), timeout=60,
+                        message="Prometheus scraping the daemon")
+        yield s
 
 
 _RECORDED = re.compile(r"[a-z_]+:embmon_[a-z0-9_]+:[a-z0-9_]+")
@@ -219,11 +195,11 @@ def test_every_metric_used_by_the_artifacts_is_exported(stack: Stack) -> None:
     used = set().union(*(referenced_metrics(t) for t in texts))
     assert used <= exported_names()
     # the invalid-record burst happens 8 s in: wait for its counter like for the gauges
-    wait_for(lambda: {"embmon_records_invalid_total", "embmon_effective_rank", "embmon_retrieval_ndcg",
-                      "embmon_retrieval_ann_recall", "embmon_retrieval_catalog_coverage_ratio",
-                      "embmon_drift_detected", "embmon_drift_last_change_timestamp_seconds"} <= exported_now(stack),
-             timeout=40, message="invalid-record counter, intrinsic, retrieval and drift gauges",
-             on_timeout=lambda: stack.daemon_tail() + stack.prom.log_tail())
+    wait_until(lambda: {"embmon_records_invalid_total", "embmon_effective_rank", "embmon_retrieval_ndcg",
+                        "embmon_retrieval_ann_recall", "embmon_retrieval_catalog_coverage_ratio",
+                        "embmon_drift_detected", "embmon_drift_last_change_timestamp_seconds"} <= exported_now(stack),
+               timeout=40, message="invalid-record counter, intrinsic, retrieval and drift gauges",
+               retry=(OSError, PromQLError), on_timeout=lambda: stack.daemon_tail() + stack.prom.log_tail())
     missing = used - exported_now(stack)
     expected = (set(NOT_FROM_SYNTHETIC) | AWAITING_DAEMON) & used
     assert missing == expected, (
@@ -233,11 +209,11 @@ def test_every_metric_used_by_the_artifacts_is_exported(stack: Stack) -> None:
 
 
 def test_every_query_parses_and_returns_series(stack: Stack) -> None:
-    wait_for(lambda: "embmon_records_invalid_total" in exported_now(stack), timeout=40,
-             message="the invalid-record burst", on_timeout=stack.daemon_tail)
+    wait_until(lambda: "embmon_records_invalid_total" in exported_now(stack), timeout=40,
+               message="the invalid-record burst", retry=(OSError, PromQLError), on_timeout=stack.daemon_tail)
     # recorded series exist and a few evaluations have happened
-    stack.prom.wait_for(lambda: stack.prom.query("stream:embmon_records_invalid:ratio_rate10m"), timeout=20,
-                        message="the recording rules")
+    stack.prom.wait_until(lambda: stack.prom.query("stream:embmon_records_invalid:ratio_rate10m"), timeout=20,
+                          message="the recording rules")
     time.sleep(4)
     absent_by_design = set(NOT_FROM_SYNTHETIC) | AWAITING_DAEMON
     empty, waived = [], []
@@ -259,7 +235,7 @@ def test_a_scripted_collapse_pages_through_alertmanager(stack: Stack) -> None:
     def collapse_notified() -> list[dict[str, Any]]:
         return [a for a in stack.hook.alerts() if a["labels"].get("alertname") == "EmbeddingMonitorCollapse"]
 
-    (alert, *_) = wait_for(
+    (alert, *_) = wait_until(
         collapse_notified, timeout=90, message="EmbeddingMonitorCollapse at the webhook",
         on_timeout=lambda: f"{stack.prom.alerts()}\n{stack.daemon_tail()}\n{stack.am.log_tail()}",
     )

@@ -1,7 +1,7 @@
 """deploy/kubernetes/scaled.yaml: N replicas plus one reducer that fit together and with the monitors.
 
 Schema validation (kubernetes-validate, strict) and the pod hardening checks run on these
-manifests in tests/test_deploy.py like on every other; here: what makes the scaled deployment work.
+manifests in tests/deploy/test_deploy.py like on every other; here: what makes the scaled deployment work.
 """
 
 from __future__ import annotations
@@ -12,12 +12,14 @@ from typing import Any
 import pytest
 import yaml
 
+from monitor.artifacts.thresholds import Thresholds
 from monitor.config import load_settings
 from monitor.scaleout.reducer import reducer_settings
 from monitor.scaleout.replica import check_replica_settings
-from tests.test_deploy import JOB, K8S
+from tests.support.paths import K8S
 
 SCALED = K8S / "scaled.yaml"
+JOB = Thresholds().job
 
 
 def objects() -> dict[tuple[str, str], dict[str, Any]]:

@@ -12,7 +12,7 @@ from monitor.cli import main
 from monitor.drift.lagged import LaggedRing
 from monitor.drift.profile import ReferenceProfile
 from monitor.drift.store import ReferenceStore
-from tests.test_drift_component import Harness, axis, settings_for, unit_rows
+from tests.support.drift import Harness, axis, settings_for, unit_rows
 
 
 @pytest.fixture

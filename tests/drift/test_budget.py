@@ -22,7 +22,7 @@ from monitor.drift.export import suite_p_value
 from monitor.drift.permutation import sequential_permutation_test
 from monitor.drift.settings import DriftSettings
 from monitor.drift.suite import RUN_ORDER, run_drift_suite
-from tests.test_drift_component import Harness, axis, settings_for, unit_rows
+from tests.support.drift import Harness, axis, settings_for, unit_rows
 
 
 class FakeClock:

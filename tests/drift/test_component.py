@@ -13,108 +13,16 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry
-from prometheus_client.registry import Collector
 from river import drift as river_drift
 
 from monitor import checkpoint as ckpt
 from monitor.cli import build_parser, settings_from_args
-from monitor.component import MonitorContext
 from monitor.config import ConfigError, Settings, deep_merge, load_settings
-from monitor.drift.component import DriftComponent
 from monitor.drift.online_state import decode_detector, encode_detector
 from monitor.drift.lagged import LAGGED_DIR
 from monitor.drift.profile import ReferenceProfile
 from monitor.drift.store import ReferenceStore, StoredReference
-from monitor.records import EmbeddingBatch
-from monitor.state.registry import StateRegistry
-from monitor.state.window import WindowSnapshot
-
-DIM = 16
-BASE_DRIFT: dict[str, Any] = {
-    "interval_seconds": 10.0,
-    "false_alarm_every": "1h",
-    "window_sample_size": 200,
-    "reference_sample_size": 200,
-    "threads": 1,
-    "ks": {"components": 8},
-    "classifier": {"squared_components": 4},
-    "reference": {"records": 300},
-    "online": {"aggregate": 16},
-}
-
-
-def unit_rows(rng: np.random.Generator, n: int, direction: np.ndarray, spread: float = 0.6) -> np.ndarray:
-    """Unit vectors scattered around ``direction`` (an embedding-like cloud)."""
-    x = direction + spread * rng.standard_normal((n, len(direction)))
-    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
-
-
-def axis(i: int, dim: int = DIM) -> np.ndarray:
-    v = np.zeros(dim)
-    v[i] = 1.0
-    return v
-
-
-class Harness:
-    """A component wired to a real registry, an injected clock and the windows a refresh would publish."""
-
-    def __init__(self, settings: Settings, now: float = 1_000.0):
-        self.settings = settings
-        self.now = now
-        self.registry = StateRegistry(settings)
-        self.windows: dict[tuple[str, str], WindowSnapshot] = {}
-        self.routes: dict[str, Any] = {}
-        self.context = MonitorContext(
-            settings=settings,
-            registry=self.registry,
-            clock=lambda: self.now,
-            state_dir=settings.state_dir,
-            latest_windows=lambda: self.windows,
-            add_route=lambda path, handler, methods=("GET",), bearer_token=None: self.routes.__setitem__(path, handler),
-        )
-        self.component = DriftComponent(self.context)
-
-    def feed(self, model: str, stream: str, vectors: np.ndarray, batch: int = 50) -> None:
-        for start in range(0, len(vectors), batch):
-            b = EmbeddingBatch(model, stream, np.ascontiguousarray(vectors[start : start + batch]))
-            self.registry.apply(b, self.now)
-            self.component.on_embeddings(b, self.now)
-
-    def publish(self) -> None:
-        self.windows = self.registry.snapshot_windows(self.now)
-
-    def samples(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-        registry = CollectorRegistry()
-        component = self.component
-
-        class _C(Collector):
-            def collect(self):  # type: ignore[no-untyped-def]
-                return component.collect()
-
-        registry.register(_C())
-        out = {}
-        for family in registry.collect():
-            for s in family.samples:
-                out[(s.name, frozenset(s.labels.items()))] = s.value
-        return out
-
-    def value(self, name: str, **labels: str) -> float | None:
-        return self.samples().get((name, frozenset(labels.items())))
-
-    def close(self) -> None:
-        self.component.close()
-
-
-def settings_for(state_dir: Path, **drift: Any) -> Settings:
-    return load_settings(
-        overrides={
-            "source": "synthetic",
-            "state_dir": str(state_dir),
-            "window": {"seconds": 60.0, "subwindows": 2, "reservoir_size": 400},
-            "drift": deep_merge(BASE_DRIFT, drift),
-        }
-    )
+from tests.support.drift import BASE_DRIFT, DIM, Harness, axis, settings_for, unit_rows
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ detection delay (docs/drift.md, "In the daemon") is at most ``window.seconds + r
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -19,9 +18,12 @@ from monitor.config import deep_merge, load_settings
 from monitor.drift.component import DriftComponent
 from monitor.drift.store import ReferenceStore
 from monitor.service import Monitor
+from tests.support import daemons
 from tests.support.broker import Broker, kafka_daemon_overrides
-from tests.support.scrape import Samples, scrape, value, wait_until
-from tests.test_drift_component import BASE_DRIFT
+from tests.support.drift import BASE_DRIFT
+from tests.support.producers import Message, SteadyProducer
+from tests.support.scrape import Samples, scrape, value
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -59,39 +61,11 @@ def settings_for(broker: Broker, topic: str, group: str, state_dir: Path) -> Any
     )
 
 
-class Producer(threading.Thread):
-    """Binary batches at a steady rate; ``shift()`` switches the distribution and notes when."""
+class ShiftingBatches(SteadyProducer):
+    """Binary batches around ``BASE``; after ``shift()`` around ``SHIFTED``."""
 
-    def __init__(self, broker: Broker, topic: str, rate: float = 400.0, batch: int = 20):
-        super().__init__(daemon=True)
-        self.broker, self.topic, self.rate, self.batch = broker, topic, rate, batch
-        self.stopped = threading.Event()
-        self._shifted = threading.Event()
-        self.shifted_at: float | None = None
-
-    def shift(self) -> None:
-        self._shifted.set()
-
-    def messages(self, rng: np.random.Generator, shifted: bool) -> list[tuple[bytes, list[tuple[str, bytes]]]]:
-        """One batch's messages (value, headers); subclasses send other records."""
+    def messages(self, rng: np.random.Generator, shifted: bool) -> list[Message]:
         return [(unit_rows(rng, self.batch, SHIFTED if shifted else BASE).tobytes(), HEADERS)]
-
-    def run(self) -> None:
-        producer = self.broker.producer()
-        rng = np.random.default_rng(3)
-        next_send = time.monotonic()
-        try:
-            while not self.stopped.is_set():
-                shifted = self._shifted.is_set()
-                if shifted and self.shifted_at is None:
-                    self.shifted_at = time.time()
-                for message, headers in self.messages(rng, shifted):
-                    producer.send(self.topic, message, headers=headers)
-                producer.flush()
-                next_send += self.batch / self.rate
-                time.sleep(max(0.0, next_send - time.monotonic()))
-        finally:
-            producer.close()
 
 
 def drift_component(monitor: Monitor) -> DriftComponent:
@@ -111,12 +85,11 @@ def drift_runs(samples: Samples) -> float:
 def test_suite_verdict_turns_on_after_a_shift_within_the_documented_delay(broker: Broker, state_dir: Path) -> None:
     topic = "drift-e2e"
     broker.create_topics(topic)
-    producer = Producer(broker, topic)
-    monitor = Monitor(settings_for(broker, topic, "drift-e2e", state_dir))
-    monitor.start()
     started = time.time()
-    producer.start()
-    try:
+    with (
+        daemons.monitor(settings_for(broker, topic, "drift-e2e", state_dir)) as monitor,
+        ShiftingBatches(broker, topic) as producer,
+    ):
         port = monitor.http.port
         # 1. the first 300 records become the reference
         wait_until(lambda: value(scrape(port), "embmon_reference_records", **LABELS) == 300, timeout=30,
@@ -124,18 +97,20 @@ def test_suite_verdict_turns_on_after_a_shift_within_the_documented_delay(broker
         s = scrape(port)
         assert started <= value(s, "embmon_reference_timestamp_seconds", **LABELS) <= time.time()
         # 2. no drift while the distribution stays: at least 5 tested cycles, every scrape quiet
-        runs = drift_runs(s)
-        quiet = 0
-        deadline = time.monotonic() + 30
-        while drift_runs(s) < runs + 5:
-            assert time.monotonic() < deadline, "drift cycles did not run"
+        runs, quiet = drift_runs(s), []
+
+        def five_more_cycles_all_quiet() -> Samples | None:
+            s = scrape(port)
+            if drift_runs(s) >= runs + 5:
+                return s
             verdict = value(s, "embmon_drift_detected", test="suite", **LABELS)
             assert verdict in (None, 0.0), "false alarm before the shift"
-            quiet += verdict == 0.0
+            quiet.append(verdict == 0.0)
             assert change_points(s) == 0, "online change point before the shift"
-            time.sleep(0.2)
-            s = scrape(port)
-        assert quiet >= 3 and value(s, "embmon_drift_p_value", test="suite", **LABELS) is not None
+            return None
+
+        s = wait_until(five_more_cycles_all_quiet, timeout=30, message="5 more drift cycles")
+        assert sum(quiet) >= 3 and value(s, "embmon_drift_p_value", test="suite", **LABELS) is not None
         for name in ("embmon_drift_mmd2", "embmon_drift_centroid_cosine_distance", "embmon_drift_classifier_auc",
                      "embmon_drift_drifted_components_ratio"):
             assert value(s, name, **LABELS) is not None, name
@@ -156,10 +131,6 @@ def test_suite_verdict_turns_on_after_a_shift_within_the_documented_delay(broker
         s = scrape(port)
         last = [v for (name, labels), v in s.items() if name == "embmon_drift_last_change_timestamp_seconds"]
         assert last and all(producer.shifted_at - 1 <= t <= time.time() for t in last)  # type: ignore[operator]
-    finally:
-        producer.stopped.set()
-        producer.join(timeout=10)
-        monitor.stop()
 
 
 def produce(broker: Broker, topic: str, n: int, seed: int) -> None:
@@ -176,9 +147,7 @@ def test_reference_and_detectors_survive_a_restart(broker: Broker, state_dir: Pa
     broker.create_topics(topic)
     produce(broker, topic, 500, seed=1)
     settings = settings_for(broker, topic, group, state_dir)
-    first = Monitor(settings)
-    first.start()
-    try:
+    with daemons.monitor(settings) as first:
         port = first.http.port
         wait_until(lambda: value(scrape(port), "embmon_records_total", **LABELS) == 500, timeout=30, message="consumed")
         s = scrape(port)
@@ -186,14 +155,10 @@ def test_reference_and_detectors_survive_a_restart(broker: Broker, state_dir: Pa
         captured_at = value(s, "embmon_reference_timestamp_seconds", **LABELS)
         online = drift_component(first)._streams[(MODEL, STREAM)].online
         assert online is not None and online.records_seen == 200
-    finally:
-        first.stop()
     stored = ReferenceStore(state_dir).load_all()[(MODEL, STREAM)].profile
 
     produce(broker, topic, 500, seed=2)
-    second = Monitor(settings)
-    second.start()
-    try:
+    with daemons.monitor(settings) as second:
         port = second.http.port
         component = drift_component(second)
         # known from the state directory before any record arrives
@@ -207,8 +172,6 @@ def test_reference_and_detectors_survive_a_restart(broker: Broker, state_dir: Pa
         assert slot.builder is None and slot.reference.origin == "first_records"  # no re-capture
         # the detectors came back from the checkpoint and went on counting
         assert slot.online is not None and slot.online.records_seen == 700
-    finally:
-        second.stop()
     # the same reference on disk (a cycle may have added the regions it fitted, nothing else)
     again = ReferenceStore(state_dir).load_all()[(MODEL, STREAM)].profile
     assert np.array_equal(again.sample, stored.sample) and np.array_equal(again.centroid, stored.centroid)

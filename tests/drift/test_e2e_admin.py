@@ -21,7 +21,8 @@ from monitor.cli import main
 from monitor.config import load_settings
 from monitor.drift.store import ReferenceStore
 from monitor.service import Monitor
-from tests.support.scrape import scrape, value, wait_until
+from tests.support.scrape import scrape, value
+from tests.support.waiting import wait_until
 
 TOKEN = "s3cret-admin-token-0123456789"
 MODEL, STREAM = "m", "docs"

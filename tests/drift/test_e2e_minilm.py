@@ -5,7 +5,7 @@ for two million relabellings, and a drifted window spends them all), every later
 and the topic shift was not flagged within 90 s. Now: the knob picks held-out nulls at this alpha,
 every cycle ends within its budget, and the shift is flagged within the documented delay
 (window + refresh + 2 cycles). Wall time is only used for what a user would see; the budget
-itself is tested on a fake clock (tests/test_drift_budget.py).
+itself is tested on a fake clock (tests/drift/test_budget.py).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import orjson
 import pytest
 
 from monitor.config import load_settings
-from monitor.service import Monitor
-from tests.support import topics
+from tests.support import daemons, topics
 from tests.support.broker import Broker, kafka_daemon_overrides
-from tests.support.scrape import scrape, value, wait_until
-from tests.test_drift_e2e import Producer
+from tests.support.producers import Message, SteadyProducer
+from tests.support.scrape import scrape, value
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -32,14 +32,14 @@ INTERVAL, WINDOW, REFRESH = 5.0, 10.0, 1.0
 DOCUMENTED_DELAY = WINDOW + REFRESH + 2 * INTERVAL
 
 
-class SentenceProducer(Producer):
+class SentenceProducer(SteadyProducer):
     """Real sentence embeddings (JSON, with ids) at a steady rate; ``shift()`` switches to the new topics."""
 
     def __init__(self, broker: Broker, topic: str):
         super().__init__(broker, topic, rate=200.0, batch=20)
         self.vectors = topics.embeddings()
 
-    def messages(self, rng: np.random.Generator, shifted: bool) -> list[tuple[bytes, list[tuple[str, bytes]]]]:
+    def messages(self, rng: np.random.Generator, shifted: bool) -> list[Message]:
         picked = topics.draw(rng, self.batch, new_share=1.0 if shifted else 0.0)
         events = [{"id": f"s{i}", "model": MODEL, "stream": STREAM, "vector": self.vectors[i].tolist()} for i in picked]
         return [(orjson.dumps(event), []) for event in events]
@@ -55,10 +55,7 @@ def test_a_topic_shift_of_real_embeddings_is_flagged_at_five_second_cycles(broke
                "reference_sample_size": 600, "threads": 1, "reference": {"records": 1500}},
     ))
     producer = SentenceProducer(broker, topic)
-    monitor = Monitor(settings)
-    monitor.start()
-    producer.start()
-    try:
+    with daemons.monitor(settings) as monitor, producer:
         port = monitor.http.port
         wait_until(lambda: value(scrape(port), "embmon_reference_records", **LABELS) == 1500, timeout=60,
                    message="the reference from the first 1,500 records")
@@ -85,7 +82,3 @@ def test_a_topic_shift_of_real_embeddings_is_flagged_at_five_second_cycles(broke
         assert sum(value(s, "embmon_drift_tests_cut_total", test=t, **LABELS) or 0
                    for t in ("mmd", "ks", "centroid", "classifier")) == 0
         assert (value(s, "embmon_drift_novel_ratio", **LABELS) or 0) > 0.02
-    finally:
-        producer.stopped.set()
-        producer.join(timeout=10)
-        monitor.stop()

@@ -1,10 +1,10 @@
 """What moved: the explanation of a real topic shift, its delay, the endpoint over HTTP and the CLI.
 
 Real MiniLM embeddings of real sentences (tests/support/topics.py): the stream switches to two
-help topics its reference never had, from half-way through a cycle (tests/test_drift_intervals.py
-``TopicStream``). The explanation must name what moved (shifted regions or the novel share) and
+help topics its reference never had, from half-way through a cycle (``TopicStream`` in
+tests/support/drift.py). The explanation must name what moved (shifted regions or the novel share) and
 point at the new items by their ids, within two cycles; on unchanged data it names nothing at
-more than its rate (tests/test_drift_null_rate.py counts that).
+more than its rate (tests/drift/test_null_rate.py counts that).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from monitor.cli import main
 from monitor.config import load_settings
 from monitor.service import Monitor
 from tests.support import topics
-from tests.support.scrape import wait_until
-from tests.test_drift_intervals import MODEL, STREAM, TopicStream
-from tests.test_light_imports import loaded_after
+from tests.support.drift import MODEL, STREAM, TopicStream
+from tests.support.imports import loaded_after
+from tests.support.waiting import wait_until
 
 TOKEN = "explain-admin-token-0123456789"
 

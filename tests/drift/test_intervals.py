@@ -15,95 +15,24 @@ of issue 10:
   moves.
 
 Both must be flagged within 2 cycles at each interval; the null false-alarm rate must stay
-within its binomial bound (tests/test_drift_null_rate.py measures it where it can be counted).
+within its binomial bound (tests/drift/test_null_rate.py measures it where it can be counted).
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from monitor.config import Settings, load_settings
-from monitor.drift.export import CycleResult
 from monitor.drift.settings import DriftSettings
 from monitor.drift.suite import run_drift_suite
-from monitor.records import EmbeddingBatch
 from tests.support import topics
-from tests.support.realdata import random_rotation
-from tests.test_drift_component import Harness
+from tests.support.drift import TopicStream
 
-PER_CYCLE = 1500  # records per cycle: the 3,000-record shift spans the two cycles after it
-SAMPLE = 600  # window and reference sample rows per cycle
 INTERVALS = (5.0, 60.0, 900.0)
-MODEL, STREAM = "minilm", "docs"
-
-
-def interval_settings(state_dir: Path, interval: float, **drift: Any) -> Settings:
-    return load_settings(
-        overrides={
-            "source": "synthetic",
-            "state_dir": str(state_dir),
-            "window": {"seconds": 2 * interval, "subwindows": 4, "reservoir_size": 2 * SAMPLE},
-            "drift": {
-                "interval_seconds": interval,
-                "false_alarm_every": "30d",
-                "window_sample_size": SAMPLE,
-                "reference_sample_size": SAMPLE,
-                "threads": 1,
-                "reference": {"records": 2 * PER_CYCLE},
-                **drift,
-            },
-        }
-    )
-
-
-class TopicStream:
-    """A (model, stream) of real sentences fed to a drift component on an injected clock."""
-
-    def __init__(self, state_dir: Path, interval: float, seed: int = 0):
-        self.interval = interval
-        self.rng = np.random.default_rng(seed)
-        self.vectors = topics.embeddings()
-        self.rotation = random_rotation(self.vectors.shape[1], seed=7).astype(np.float32)
-        self.h = Harness(interval_settings(state_dir, interval))
-
-    def feed(self, change: str | None, count: int, seconds: float, batches: int = 10) -> None:
-        """``count`` records spread evenly over ``seconds``: usual ones, or after ``change``."""
-        picked = topics.draw(self.rng, count, new_share=1.0 if change == "topic_shift" else 0.0)
-        vectors = self.vectors[picked] @ self.rotation.T if change == "model_swap" else self.vectors[picked]
-        ids = topics.ids_of(picked)
-        for rows in np.array_split(np.arange(count), batches):
-            batch = EmbeddingBatch(MODEL, STREAM, np.ascontiguousarray(vectors[rows]), ids=tuple(ids[i] for i in rows))
-            self.h.registry.apply(batch, self.h.now)
-            self.h.component.on_embeddings(batch, self.h.now)
-            self.h.now += seconds / batches
-
-    def cycle(self) -> CycleResult:
-        self.h.publish()
-        return self.h.component.run_cycle()[(MODEL, STREAM)]
-
-    def until_changed(self, change: str) -> tuple[list[CycleResult], list[CycleResult]]:
-        """The reference (first 3,000 records), 3 usual cycles, then the change from half-way through
-        a cycle: the cycles before it and the 2 cycles after it starts."""
-        self.feed(None, 2 * PER_CYCLE, self.interval)
-        before = []
-        for _ in range(3):
-            self.feed(None, PER_CYCLE, self.interval)
-            before.append(self.cycle())
-        self.feed(None, PER_CYCLE // 2, self.interval / 2, batches=5)
-        self.feed(change, PER_CYCLE // 2, self.interval / 2, batches=5)
-        after = [self.cycle()]
-        self.feed(change, PER_CYCLE, self.interval)
-        after.append(self.cycle())
-        return before, after
-
-    def close(self) -> None:
-        self.h.close()
 
 
 @pytest.mark.parametrize("interval", INTERVALS)

@@ -1,7 +1,7 @@
 """The false-alarm rate on null splits of real MiniLM embeddings, where it can be counted.
 
 At the knob's own alphas (2e-6 to 3.5e-4 per cycle for 5 s to 900 s cycles and one false alarm a
-month) a few hundred null cycles can only show "no false alarm" (tests/test_drift_intervals.py).
+month) a few hundred null cycles can only show "no false alarm" (tests/drift/test_intervals.py).
 The rate itself is counted here at a per-cycle alpha of 0.05, for each null the knob can pick:
 the permutation tests and the held-out tests, plus the region test the explanation uses. Null
 splits: window and reference drawn independently from the same real sentences (records repeat,

@@ -14,7 +14,7 @@ from monitor.drift.region_shares import compare_regions
 from monitor.drift.regions import MIN_ROWS_PER_REGION, fit_regions, kmeans
 from monitor.drift.store import ReferenceStore
 from monitor.records import EmbeddingBatch
-from tests.test_drift_component import DIM, Harness, axis, settings_for, unit_rows
+from tests.support.drift import Harness, axis, settings_for, unit_rows
 
 
 def blobs(rng: np.random.Generator, centres: list[int], rows: int) -> np.ndarray:

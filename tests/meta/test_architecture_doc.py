@@ -1,9 +1,8 @@
 """docs/architecture.md finds every module in one hop: a module it does not name fails here."""
 
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.paths import REPO
 
 
 def named_modules(text: str) -> set[str]:
@@ -16,10 +15,10 @@ def named_modules(text: str) -> set[str]:
 
 
 def test_every_module_is_on_the_architecture_page():
-    named = named_modules((ROOT / "docs" / "architecture.md").read_text())
+    named = named_modules((REPO / "docs" / "architecture.md").read_text())
     modules = {
-        str(path.relative_to(ROOT / "monitor"))
-        for path in (ROOT / "monitor").rglob("*.py")
+        str(path.relative_to(REPO / "monitor"))
+        for path in (REPO / "monitor").rglob("*.py")
         if path.name not in ("__init__.py", "__main__.py", "_io.py")
     }
     assert sorted(modules - named) == []

@@ -1,34 +1,37 @@
 """A replica SIGKILLed and restarted mid-stream: the reducer's counts end exact, nothing lost or doubled.
 
 Two replica processes (``embedding-monitor run --role replica``) share the embeddings topic's
-partitions; tests/test_crash.py's producer writes its known sequence over ~40 s (binary batches,
-JSON events, some invalid records); one replica is SIGKILLed at seeded random moments while it
-consumes, checkpoints and publishes, and restarted. Its partitions move
-to the other replica meanwhile and back when it returns. At the end the reducer's merged window
+partitions; the crash tests' producer (``KnownSequence``) writes its known sequence over ~40 s
+(binary batches, JSON events, some invalid records); one replica is SIGKILLed at seeded random
+moments while it consumes, checkpoints and publishes, and restarted. Its partitions move to the
+other replica meanwhile and back when it returns. At the end the reducer's merged window
 holds every record exactly once: counts equal what was produced and the exact window metrics equal
 those of the whole matrix (the window is long enough to hold the whole stream).
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 import re
 import signal
-import subprocess
 import time
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
 
 from monitor import failpoints
-from monitor.config import load_settings
+from monitor.config import Settings, load_settings
 from monitor.quality.intrinsic import report_from_matrix
 from monitor.scaleout.marker import PublishedMarker
-from monitor.scaleout.reducer import Reducer
-from tests.support.broker import Broker, free_port, kafka_daemon_overrides
+from tests.support import daemons
+from tests.support.broker import Broker, kafka_daemon_overrides
+from tests.support.daemons import DaemonProcess
 from tests.support.logs import tracebacks
-from tests.support.scrape import scrape, value, wait_until
-from tests.test_crash import DIM_BIN, MESSAGES, Producer, start_daemon
+from tests.support.producers import KnownSequence
+from tests.support.scrape import scrape, value
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -38,74 +41,58 @@ EXACT = ("partition_isotropy", "effective_dimension", "mean_cosine_similarity", 
 WINDOW = {"seconds": 3600, "subwindows": 4, "reservoir_size": 500}
 
 
-def start_replica(monkeypatch: pytest.MonkeyPatch, broker: Broker, topic: str, name: str, state_dir: Path,
-                  log: Path, group: str = "crash-scaled") -> tuple[subprocess.Popen[bytes], int]:
-    """``embedding-monitor run`` as tests/test_crash.py starts it (fast commits and checkpoints, a
-    short session), as replica ``name`` of the scaled deployment (the environment says so)."""
-    monkeypatch.setenv("EMBMON_SCALE_OUT__REPLICA_ID", name)
-    port = free_port()
-    return start_daemon(broker, topic, group, state_dir, port, log), port
+def replica(broker: Broker, topic: str, name: str, state_dir: Path, log: Path, group: str = "crash-scaled",
+            env: dict[str, str] | None = None) -> AbstractContextManager[DaemonProcess]:
+    """``embedding-monitor run`` as the crash tests start it (``daemons.crash_tested``: fast commits and
+    checkpoints, a short session), as replica ``name`` of the scaled deployment (the environment says so)."""
+    return daemons.crash_tested(broker, topic, group, state_dir, log,
+                                env={"EMBMON_SCALE_OUT__REPLICA_ID": name, **(env or {})})
 
 
-def start_reducer(monkeypatch: pytest.MonkeyPatch, broker: Broker, topic: str, group: str, tmp_path: Path) -> Reducer:
-    """The topic and its partials topic, a reducer in this process, and the replica processes'
+def scaled_settings(monkeypatch: pytest.MonkeyPatch, broker: Broker, topic: str, group: str,
+                    tmp_path: Path) -> Settings:
+    """The topic and its partials topic, the reducer's settings, and the replica processes'
     settings in the environment: the reducer's window and partials topic, role replica."""
     partials = f"{topic}-partials"
     broker.create_topics(topic, partitions=PARTITIONS)
     broker.create_topics(partials, partitions=2)
-    reducer = Reducer(load_settings(overrides=kafka_daemon_overrides(
-        broker, topic, group, tmp_path / "reducer", window=WINDOW, drift={"enabled": False},
-        scale_out={"role": "reducer", "partials_topic": partials},
-    )))
-    reducer.start()
     for key, setting in WINDOW.items():
         monkeypatch.setenv(f"EMBMON_WINDOW__{key.upper()}", str(setting))
     monkeypatch.setenv("EMBMON_SCALE_OUT__PARTIALS_TOPIC", partials)
     monkeypatch.setenv("EMBMON_SCALE_OUT__ROLE", "replica")
-    return reducer
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    return load_settings(overrides=kafka_daemon_overrides(
+        broker, topic, group, tmp_path / "reducer", window=WINDOW, drift={"enabled": False},
+        scale_out={"role": "reducer", "partials_topic": partials},
+    ))
 
 
 def test_a_replica_killed_mid_stream_leaves_the_reducer_exact(broker: Broker, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     topic = "emb-scaled-crash"
-    reducer = start_reducer(monkeypatch, broker, topic, "crash-scaled", tmp_path)
-    steady, steady_port = start_replica(monkeypatch, broker, topic, "replica-b", tmp_path / "b", tmp_path / "b.log")
     rng = random.Random(20261122)
-    producer = Producer(broker, topic)
     logs: list[Path] = []
-    victim: subprocess.Popen[bytes] | None = None
     killed_mid_stream = 0
-    try:
-        wait_until(lambda: "assigned partitions" in (tmp_path / "b.log").read_text(), timeout=60,
-                   message="the steady replica joined")
-        producer.start()
+    with contextlib.ExitStack() as running:
+        reducer = running.enter_context(daemons.reducer(scaled_settings(monkeypatch, broker, topic, "crash-scaled",
+                                                                        tmp_path)))
+        steady = running.enter_context(replica(broker, topic, "replica-b", tmp_path / "b", tmp_path / "b.log"))
+        wait_until(lambda: "assigned partitions" in steady.output(), timeout=60, message="the steady replica joined")
+        producer = running.enter_context(KnownSequence(broker, topic))
         for kill in range(KILLS):
             log = tmp_path / f"a-{kill}.log"
             logs.append(log)
-            victim, _ = start_replica(monkeypatch, broker, topic, "replica-a", tmp_path / "a", log)
-            wait_until(lambda: "assigned partitions: [(" in log.read_text(), timeout=60,
-                       message="the victim got partitions")
-            time.sleep(rng.uniform(0.5, 3.0))  # while it consumes, checkpoints, publishes and commits
-            killed_mid_stream += producer.is_alive()
-            victim.send_signal(signal.SIGKILL)
-            victim.wait(timeout=10)
-            assert victim.returncode == -signal.SIGKILL
+            with replica(broker, topic, "replica-a", tmp_path / "a", log) as victim:
+                wait_until(lambda: "assigned partitions: [(" in victim.output(), timeout=60,
+                           message="the victim got partitions")
+                time.sleep(rng.uniform(0.5, 3.0))  # while it consumes, checkpoints, publishes and commits
+                killed_mid_stream += producer.is_alive()
+                assert victim.kill() == -signal.SIGKILL
             time.sleep(rng.uniform(0.0, 4.0))  # its partitions may move to the other replica meanwhile
         logs.append(tmp_path / "a-final.log")
-        victim, victim_port = start_replica(monkeypatch, broker, topic, "replica-a", tmp_path / "a", logs[-1])
+        victim = running.enter_context(replica(broker, topic, "replica-a", tmp_path / "a", logs[-1]))
         producer.join(timeout=90)
         assert producer.error is None
-        expected = {"bin": MESSAGES * 20, "json": MESSAGES}
+        expected = {"bin": producer.MESSAGES * 20, "json": producer.MESSAGES}
 
         seen: dict[str, float | None] = {}
 
@@ -125,14 +112,9 @@ def test_a_replica_killed_mid_stream_leaves_the_reducer_exact(broker: Broker, tm
         samples = scrape(reducer.http.port)
         # the replicas' own ingest counters (checkpointed with their state) add up exactly too
         invalid = [value(scrape(port), "embmon_records_invalid_total", stream="default", reason="bad_binary") or 0
-                   for port in (steady_port, victim_port)]
-    finally:
-        if victim is not None:
-            stop(victim)
-        stop(steady)
-        reducer.stop()
+                   for port in (steady.port, victim.port)]
 
-    assert exact_counts_in(samples, {"bin": MESSAGES * 20, "json": MESSAGES})
+    assert exact_counts_in(samples, expected)
     assert sum(invalid) == producer.invalid
     assert killed_mid_stream >= 2
     text = [log.read_text() for log in logs]
@@ -140,7 +122,7 @@ def test_a_replica_killed_mid_stream_leaves_the_reducer_exact(broker: Broker, tm
     assert sum(n > 0 for n in restored) >= 2, restored  # restarts resumed from checkpoints
     assert not [tb for t in text + [(tmp_path / "b.log").read_text()] for tb in tracebacks(t)]
     settings = load_settings().quality
-    for model, matrix in (("bin", producer.bin_rows.reshape(-1, DIM_BIN)), ("json", producer.json_rows)):
+    for model, matrix in (("bin", producer.bin_rows.reshape(-1, producer.DIM_BIN)), ("json", producer.json_rows)):
         want = report_from_matrix(matrix, settings=settings)
         for name in EXACT:
             got = value(samples, f"embmon_{name}", model=model, stream="default")
@@ -162,44 +144,32 @@ def test_a_replica_killed_between_its_commit_and_its_marker_loses_nothing(broker
     name yet. The other replica resumes from those offsets, so the restarted replica must restore
     that publication's checkpoint, not the one before (which would lose the records in between)."""
     topic = "emb-scaled-gap"
-    reducer = start_reducer(monkeypatch, broker, topic, GAP_GROUP, tmp_path)
-    producer = Producer(broker, topic)
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        producer.start()
-        monkeypatch.setenv("EMBMON_FAILPOINT", "replica-committed@5")
-        victim, _ = start_replica(monkeypatch, broker, topic, "replica-a", tmp_path / "a", tmp_path / "a-0.log",
-                                  GAP_GROUP)
-        procs.append(victim)
-        victim.wait(timeout=90)
-        assert victim.returncode == failpoints.EXIT_STATUS  # died right after a commit, before its marker
-        monkeypatch.delenv("EMBMON_FAILPOINT")
+    with contextlib.ExitStack() as running:
+        reducer = running.enter_context(daemons.reducer(scaled_settings(monkeypatch, broker, topic, GAP_GROUP,
+                                                                        tmp_path)))
+        producer = running.enter_context(KnownSequence(broker, topic))
+        victim = running.enter_context(replica(broker, topic, "replica-a", tmp_path / "a", tmp_path / "a-0.log",
+                                               GAP_GROUP, env={"EMBMON_FAILPOINT": "replica-committed@5"}))
+        assert victim.wait(timeout=90) == failpoints.EXIT_STATUS  # died right after a commit, before its marker
         marker = PublishedMarker(tmp_path / "a").read()
         assert marker is not None and marker.committing is not None and marker.committing.epoch > marker.epoch
-        steady, steady_port = start_replica(monkeypatch, broker, topic, "replica-b", tmp_path / "b",
-                                            tmp_path / "b.log", GAP_GROUP)
-        procs.append(steady)
+        steady = running.enter_context(replica(broker, topic, "replica-b", tmp_path / "b", tmp_path / "b.log",
+                                               GAP_GROUP))
         # the other replica takes every partition and resumes from the offsets the victim committed
-        wait_until(lambda: "assigned partitions: [(" in (tmp_path / "b.log").read_text(), timeout=60,
+        wait_until(lambda: "assigned partitions: [(" in steady.output(), timeout=60,
                    message="the steady replica got partitions")
         time.sleep(2.0)
-        restarted, _ = start_replica(monkeypatch, broker, topic, "replica-a", tmp_path / "a", tmp_path / "a-1.log",
-                                     GAP_GROUP)
-        procs.append(restarted)
+        running.enter_context(replica(broker, topic, "replica-a", tmp_path / "a", tmp_path / "a-1.log", GAP_GROUP))
         producer.join(timeout=90)
         assert producer.error is None
-        expected = {"bin": MESSAGES * 20, "json": MESSAGES}
+        expected = {"bin": producer.MESSAGES * 20, "json": producer.MESSAGES}
         wait_until(lambda: exact_counts_in(scrape(reducer.http.port), expected), timeout=120,
                    message="the reducer's counts reach what was produced")
         settled = reducer.table.status(time.time()).applied.get("manifest", 0)
         wait_until(lambda: reducer.table.status(time.time()).applied.get("manifest", 0) >= settled + 10,
                    timeout=60, message="further publications")
         samples = scrape(reducer.http.port)
-    finally:
-        for proc in procs:
-            stop(proc)
-        reducer.stop()
-    assert exact_counts_in(samples, {"bin": MESSAGES * 20, "json": MESSAGES})
+    assert exact_counts_in(samples, expected)
     restart_log = (tmp_path / "a-1.log").read_text()
     assert f"the commit of epoch {marker.committing.epoch} went through before the restart" in restart_log
     assert not [tb for name in ("a-1.log", "b.log") for tb in tracebacks((tmp_path / name).read_text())]

@@ -28,7 +28,8 @@ from monitor.config import load_settings
 from monitor.scaleout.reducer import Reducer
 from monitor.service import Monitor
 from tests.support.broker import Broker, kafka_daemon_overrides
-from tests.support.scrape import scrape, value, wait_until
+from tests.support.scrape import scrape, value
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -222,7 +223,7 @@ def probe_estimates(daemon: Monitor | Reducer) -> dict[tuple[str, ...], float]:
 
 
 def assert_families_are_declared(*ports: int) -> None:
-    """What the roles export is exactly what monitor/catalog.py declares (tests/test_catalog.py's rule)."""
+    """What the roles export is exactly what monitor/catalog.py declares (tests/artifacts/test_catalog.py's rule)."""
     import urllib.request
 
     for port in ports:

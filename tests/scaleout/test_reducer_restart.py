@@ -12,7 +12,8 @@ from monitor.config import load_settings
 from monitor.scaleout.reducer import Reducer
 from monitor.service import Monitor
 from tests.support.broker import Broker, kafka_daemon_overrides
-from tests.support.scrape import scrape, value, wait_until
+from tests.support.scrape import scrape, value
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 

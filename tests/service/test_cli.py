@@ -17,7 +17,9 @@ from monitor.cli import main
 from monitor.config import load_settings
 from monitor.quality.intrinsic import report_from_matrix
 from tests.support.broker import free_port
-from tests.support.scrape import scrape, value, wait_until
+from tests.support.paths import REPO
+from tests.support.scrape import scrape, value
+from tests.support.waiting import wait_until
 
 GAUGES = {
     "partition_isotropy", "effective_dimension", "effective_dimension_ratio", "top10_variance_ratio",
@@ -162,7 +164,7 @@ def test_demo_runs_in_a_fresh_temporary_state_directory_not_the_working_director
         [sys.executable, "-m", "monitor", "demo", "--metrics-port", str(free_port()), "--duration", "2",
          "--no-summary"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert proc.returncode == 0, proc.stderr
     line = next(line for line in proc.stdout.splitlines() if line.startswith("state directory: "))

@@ -19,7 +19,8 @@ from monitor.config import load_settings
 from monitor.quality.intrinsic import report_from_matrix
 from monitor.service import Monitor
 from tests.support.broker import FAST_GROUP_OPTIONS, Broker, free_port, kafka_daemon_overrides
-from tests.support.scrape import http_status, scrape, value, wait_until
+from tests.support.scrape import http_status, scrape, value
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 

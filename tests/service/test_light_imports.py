@@ -7,29 +7,14 @@ this test process already imported cannot hide an import, and reads ``sys.module
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-HEAVY = ("torch", "river", "sklearn", "scipy", "kafka")
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def loaded_after(code: str, packages: tuple[str, ...] = HEAVY) -> list[str]:
-    """Which of ``packages`` are in ``sys.modules`` after running ``code`` in a fresh interpreter."""
-    probe = textwrap.dedent(code) + textwrap.dedent(f"""
-        import json, sys
-        print(json.dumps(sorted({{name.partition(".")[0] for name in sys.modules}} & set({list(packages)!r}))))
-    """)
-    done = subprocess.run(
-        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+from tests.support.imports import HEAVY, loaded_after
+from tests.support.paths import REPO
 
 
 @pytest.mark.parametrize(
@@ -83,7 +68,7 @@ def modules_after(code: str) -> set[str]:
     """Every module in ``sys.modules`` after ``code`` runs in a fresh interpreter."""
     probe = textwrap.dedent(code) + "\nimport sys\nprint('\\n'.join(sys.modules))\n"
     done = subprocess.run(
-        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120, check=False
     )
     assert done.returncode == 0, done.stderr
     return set(done.stdout.split())

@@ -13,7 +13,8 @@ from monitor.config import load_settings
 from monitor.service import Monitor
 from tests.support.broker import FAST_GROUP_OPTIONS, Broker, free_port
 from tests.support.proxy import TcpProxy
-from tests.support.scrape import http_status, scrape, value, wait_until
+from tests.support.scrape import http_status, scrape, value
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 DIM = 8

@@ -13,7 +13,7 @@ import pytest
 from monitor.config import load_settings
 from monitor.service import Monitor
 from tests.support.broker import FAST_GROUP_OPTIONS, Broker
-from tests.support.scrape import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 DIM, PARTITIONS, MESSAGES, ROWS = 8, 4, 240, 10

@@ -21,10 +21,10 @@ from monitor.config import ConfigError, load_settings
 from monitor.security import hash_password, verify_password
 from monitor.service import Monitor
 from tests.support.broker import free_port
-from tests.support.scrape import wait_until
+from tests.support.paths import K8S, REPO
 from tests.support.tls import self_signed
+from tests.support.waiting import wait_until
 
-REPO = Path(__file__).resolve().parents[1]
 TOKEN = "admin-token-0123456789-abcdef"
 PASSWORD = "s3cret-scrape-password"
 HASHED = hash_password(PASSWORD, iterations=100_000)
@@ -236,7 +236,7 @@ def test_container_runs_as_non_root_with_a_read_only_root_filesystem() -> None:
     assert users and users[-1].split(":")[0] not in ("0", "root")
     assert "EMBMON_STATE_DIR=/var/lib/embedding-monitor" in dockerfile
     checked = 0
-    for path in sorted((REPO / "deploy" / "kubernetes").glob("*.yaml")):
+    for path in sorted(K8S.glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             if not doc or doc.get("kind") not in ("Deployment", "StatefulSet"):
                 continue

@@ -18,7 +18,8 @@ from monitor.json_workers import JsonWorkerPool
 from monitor.records import SourcePosition
 from monitor.service import Monitor
 from monitor.sources import Source, SourceMessage
-from tests.support.scrape import wait_until
+
+from tests.support.waiting import wait_until
 
 
 def _messages(n: int = 200, seed: int = 0) -> list[bytes]:

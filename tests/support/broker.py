@@ -11,9 +11,10 @@ import os
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from tests.support.waiting import wait_until
 
 FAST_GROUP_OPTIONS = {"max_poll_interval_ms": 3000, "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000}
 
@@ -35,13 +36,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for_port(port: int, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+def listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
 
 
 class Broker:
@@ -69,7 +69,7 @@ class Broker:
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
-        wait_for_port(self.port)
+        wait_until(lambda: listening(self.port), timeout=15, interval=0.05, message=f"tansu on port {self.port}")
         return self
 
     def stop(self) -> None:

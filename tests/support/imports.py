@@ -1,16 +1,22 @@
-"""The package's import graph, read from source: which monitor module imports which.
+"""What the package imports: its import graph read from source, and what a fresh interpreter loads.
 
-Every import counts, module-level or inside a function (a lazy import is still a dependency);
-only imports under ``if TYPE_CHECKING:`` are left out, since they never run.
+In the graph every import counts, module-level or inside a function (a lazy import is still a
+dependency); only imports under ``if TYPE_CHECKING:`` are left out, since they never run.
 """
 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "monitor"
+from tests.support.paths import REPO
+
+PACKAGE = REPO / "monitor"
 
 
 def module_name(path: Path) -> str:
@@ -81,3 +87,19 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if node not in index:
             visit(node)
     return sorted(found)
+
+
+HEAVY = ("torch", "river", "sklearn", "scipy", "kafka")
+
+
+def loaded_after(code: str, packages: tuple[str, ...] = HEAVY) -> list[str]:
+    """Which of ``packages`` are in ``sys.modules`` after running ``code`` in a fresh interpreter."""
+    probe = textwrap.dedent(code) + textwrap.dedent(f"""
+        import json, sys
+        print(json.dumps(sorted({{name.partition(".")[0] for name in sys.modules}} & set({list(packages)!r}))))
+    """)
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])

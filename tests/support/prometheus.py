@@ -2,7 +2,7 @@
 
     with PrometheusServer.start(tmp_path, scrape={"embedding-monitor": [f"127.0.0.1:{port}"]},
                                 rule_files=[rules], alertmanager=am.address) as prom:
-        prom.wait_for(lambda: prom.query("up"), message="first scrape")
+        prom.wait_until(lambda: prom.query("up"), message="first scrape")
         series = prom.query('embmon_records_total')
 
 Both run the Debian binaries (``prometheus``, ``prometheus-alertmanager``; ``scripts/setup test``
@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import threading
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -31,6 +29,9 @@ from typing import Any
 
 import yaml
 
+from tests.support.broker import free_port
+from tests.support.waiting import wait_until
+
 PROMETHEUS_BIN = "prometheus"
 ALERTMANAGER_BIN = "prometheus-alertmanager"
 LOOPBACK = "127.0.0.1"
@@ -38,13 +39,6 @@ LOOPBACK = "127.0.0.1"
 
 class PromQLError(AssertionError):
     """The HTTP API answered ``status: error`` (a parse or evaluation error)."""
-
-
-def free_port() -> int:
-    """A TCP port free on the loopback interface right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
 
 
 def binary(name: str) -> str:
@@ -64,25 +58,6 @@ def _http(url: str, data: Mapping[str, str] | None = None, timeout: float = 10.0
         return int(exc.code), exc.read()
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.25,
-             message: str = "", on_timeout: Callable[[], str] | None = None) -> Any:
-    """Poll until ``predicate()`` is truthy and return it; raise ``AssertionError`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        try:
-            last = predicate()
-        except (OSError, PromQLError) as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        if time.monotonic() >= deadline:
-            extra = f"\n{on_timeout()}" if on_timeout else ""
-            raise AssertionError(f"timed out after {timeout}s waiting for {message or predicate}: last={last!r}{extra}")
-        time.sleep(interval)
-
-
 @dataclass
 class _Process:
     name: str
@@ -94,7 +69,7 @@ class _Process:
     def start(self, timeout: float) -> None:
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT)
-        wait_for(self._ready, timeout=timeout, message=f"{self.name} readiness", on_timeout=self.log_tail)
+        wait_until(self._ready, timeout=timeout, message=f"{self.name} readiness", on_timeout=self.log_tail)
 
     def _ready(self) -> bool:
         assert self.process is not None
@@ -263,8 +238,11 @@ class PrometheusServer(_Server):
     def rule_groups(self) -> list[dict[str, Any]]:
         return list(self.api("rules")["groups"])
 
-    def wait_for(self, predicate: Callable[[], Any], timeout: float = 30.0, message: str = "") -> Any:
-        return wait_for(predicate, timeout=timeout, message=message, on_timeout=self.log_tail)
+    def wait_until(self, predicate: Callable[[], Any], timeout: float = 30.0, message: str = "") -> Any:
+        """:func:`~tests.support.waiting.wait_until` on this server: a PromQL error means "not yet", and
+        a failure shows the server's log."""
+        return wait_until(predicate, timeout=timeout, message=message, retry=(OSError, PromQLError),
+                          on_timeout=self.log_tail)
 
 
 @dataclass

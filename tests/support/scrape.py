@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import time
 import urllib.request
-from collections.abc import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -33,19 +31,3 @@ def http_status(port: int, path: str, host: str = "127.0.0.1") -> int:
             return int(response.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
-
-
-def wait_until(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.2, message: str = "") -> object:
-    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            last = predicate()
-        except OSError as exc:  # server not up yet, connection refused/reset
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {message or predicate}: last={last!r}")

@@ -2,7 +2,7 @@
 
 Alert descriptions show ``$value`` through a Prometheus template function (``humanize``,
 ``humanizePercentage``, ...). The generated promtool tests must state the exact text Prometheus
-renders, so the same functions are reimplemented here, pinned by ``tests/test_alerts.py`` and
+renders, so the same functions are reimplemented here, pinned by ``tests/artifacts/test_alerts.py`` and
 checked against Go's by promtool itself.
 
 Examples

@@ -16,7 +16,7 @@ ids whose vectors are not in P (u = |A_u|), A_p = A ∖ A_u. Per query::
 i.e. unknown served documents are given the benefit of the doubt and the known ones must be
 among the exact best of what is left. Queries with no known served document carry no
 information and are skipped (``embmon_retrieval_ann_known_results_ratio`` says how much of the
-served lists the monitor could check). Properties (``tests/test_probe_ann_recall.py``):
+served lists the monitor could check). Properties (``tests/retrieval/probes/test_ann_recall.py``):
 
 * **Exact** when P holds the corpus (window sample or cache as large as the index), or more
   generally every query's true top k: then recall_P is the true recall.

@@ -11,7 +11,8 @@ from monitor.config import load_settings
 from monitor.retrieval.probes.ann_recall import VectorCache, recall_against_pool
 from monitor.service import Monitor
 from tests.support.probes import ListSource, json_messages
-from tests.support.scrape import scrape, value, wait_until
+from tests.support.scrape import scrape, value
+from tests.support.waiting import wait_until
 
 K = 10
 

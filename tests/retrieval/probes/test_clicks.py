@@ -20,7 +20,8 @@ from monitor.retrieval.stats import bootstrap_ci
 from monitor.service import Monitor
 from tests.support.broker import FAST_GROUP_OPTIONS, Broker
 from tests.support.probes import collect, probe_context
-from tests.support.scrape import scrape, value, wait_until
+from tests.support.scrape import scrape, value
+from tests.support.waiting import wait_until
 
 
 # ---------------------------------------------------------------------------- formulas

@@ -18,7 +18,8 @@ from monitor.retrieval.probes.component import ProbeComponent
 from monitor.service import Monitor
 from tests.support.broker import free_port
 from tests.support.probes import ListSource, SearchServer, collect, paused_jobs, probe_context
-from tests.support.scrape import scrape, value, wait_until
+from tests.support.scrape import scrape, value
+from tests.support.waiting import wait_until
 
 
 class Scripted(Probe):

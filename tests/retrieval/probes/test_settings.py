@@ -14,8 +14,9 @@ from monitor.artifacts.catalog import METRICS
 from monitor.config import ConfigError, load_settings
 from monitor.retrieval.probes.base import Estimate, ProbeResult, sample
 from monitor.retrieval.probes.export import ESTIMATE_HELP, SAMPLE_SCHEMA, ProbeSnapshot, families
+from tests.support.paths import REPO
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = REPO / "docs"
 
 
 def documented_yaml() -> dict:  # type: ignore[type-arg]

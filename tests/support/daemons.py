@@ -1,0 +1,138 @@
+"""Daemons for tests, started with the settings a test gives and always stopped.
+
+In this process: ``running(daemon)`` starts a built :class:`~monitor.service.Monitor` or
+:class:`~monitor.scaleout.reducer.Reducer` and stops it on the way out, whatever the test did
+(``stop()`` is idempotent, so a test may stop it earlier to look at what the shutdown left);
+``monitor(settings, ...)`` and ``reducer(settings, ...)`` build one first. Several at once:
+``contextlib.ExitStack``.
+
+In a child process: ``process(*args, log=...)`` runs ``python -m monitor run ARGS`` (or another
+command) with its output in ``log`` and ``env`` on top of this process's environment. On the way
+out it is sent SIGTERM and, if it has not exited within a bound, SIGKILL. A test that checks the
+shutdown itself calls :meth:`DaemonProcess.stop` (SIGTERM, returns the exit status, fails past its
+bound) or :meth:`DaemonProcess.kill` (SIGKILL) first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from monitor.config import Settings
+from monitor.scaleout.reducer import Reducer
+from monitor.service import Daemon, Monitor
+from tests.support.broker import FAST_GROUP_OPTIONS, Broker, free_port
+from tests.support.paths import REPO
+
+D = TypeVar("D", bound=Daemon)
+
+
+@contextlib.contextmanager
+def running(daemon: D) -> Iterator[D]:
+    """``daemon`` started, and stopped when the block ends (also when ``start`` itself failed)."""
+    try:
+        daemon.start()
+        yield daemon
+    finally:
+        daemon.stop()
+
+
+@contextlib.contextmanager
+def monitor(settings: Settings, **kwargs: Any) -> Iterator[Monitor]:
+    """A running ``Monitor(settings, **kwargs)`` (``source``, ``clock``, ``component_factories``)."""
+    with running(Monitor(settings, **kwargs)) as daemon:
+        yield daemon
+
+
+@contextlib.contextmanager
+def reducer(settings: Settings, **kwargs: Any) -> Iterator[Reducer]:
+    """A running ``Reducer(settings, **kwargs)``."""
+    with running(Reducer(settings, **kwargs)) as daemon:
+        yield daemon
+
+
+class DaemonProcess:
+    """``python -m monitor COMMAND ...`` in a child process, its stdout and stderr in ``log``."""
+
+    def __init__(self, argv: list[str], log: Path, port: int, env: Mapping[str, str] | None = None):
+        self.log, self.port = log, port
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            )
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.poll()
+
+    def output(self) -> str:
+        """Everything the process wrote so far."""
+        return self.log.read_text(errors="replace")
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self, timeout: float = 20.0) -> int:
+        """SIGTERM, and its exit status; fails (after a SIGKILL) if it does not exit within ``timeout``."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise AssertionError(f"the daemon did not exit within {timeout}s of SIGTERM\n{self.output()[-3000:]}")
+        return self.proc.returncode
+
+    def kill(self) -> int:
+        """SIGKILL (a crash: no shutdown path runs), and its exit status."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        return self.proc.wait(timeout=10)
+
+    def close(self, timeout: float = 20.0) -> None:
+        """Stop it if it still runs: SIGTERM, SIGKILL past ``timeout``; never raises."""
+        with contextlib.suppress(AssertionError):
+            self.stop(timeout)
+
+
+@contextlib.contextmanager
+def process(*args: str, log: Path, port: int | None = None, env: Mapping[str, str] | None = None,
+            command: str = "run") -> Iterator[DaemonProcess]:
+    """``python -m monitor COMMAND ARGS --metrics-port PORT`` (a free port unless given), stopped at the end."""
+    port = free_port() if port is None else port
+    daemon = DaemonProcess([sys.executable, "-m", "monitor", command, *args, "--metrics-port", str(port)], log, port,
+                           env)
+    try:
+        yield daemon
+    finally:
+        daemon.close()
+
+
+# a SIGKILLed member stays in its group until its session expires: keep that short
+QUICK_SESSION = {**FAST_GROUP_OPTIONS, "session_timeout_ms": 2500, "heartbeat_interval_ms": 500}
+
+
+def crash_tested(broker: Broker, topic: str, group: str, state_dir: Path, log: Path, port: int | None = None,
+                 env: Mapping[str, str] | None = None) -> contextlib.AbstractContextManager[DaemonProcess]:
+    """``embedding-monitor run`` on ``topic`` as the crash tests kill it: it commits and checkpoints
+    every 0.3 s, polls 7 records at a time, and a killed one leaves the group within seconds."""
+    fast = {
+        "EMBMON_KAFKA__AUTO_OFFSET_RESET": "earliest",
+        "EMBMON_KAFKA__COMMIT_INTERVAL_SECONDS": "0.3",
+        "EMBMON_KAFKA__POLL_TIMEOUT_SECONDS": "0.2",
+        "EMBMON_KAFKA__MAX_POLL_RECORDS": "7",
+        "EMBMON_CHECKPOINT__INTERVAL_SECONDS": "0.3",
+    }
+    return process(
+        "--bootstrap-servers", broker.bootstrap, "--embeddings-topic", topic, "--group-id", group,
+        "--state-dir", str(state_dir), "--refresh-seconds", "0.3",
+        *[f"--kafka-option={k}={v}" for k, v in QUICK_SESSION.items()],
+        log=log, port=port, env={**fast, **(env or {})},
+    )
