@@ -21,6 +21,7 @@ from monitor.cli import main
 from monitor.config import load_settings
 from monitor.drift.store import ReferenceStore
 from monitor.service import Monitor
+from tests.support import daemons
 from tests.support.scrape import scrape, value
 from tests.support.waiting import wait_until
 
@@ -61,12 +62,8 @@ def post(port: int, query: str, token: str | None) -> tuple[int, dict[str, Any] 
 
 @pytest.fixture
 def daemon(state_dir: Path) -> Iterator[Monitor]:
-    monitor = Monitor(synthetic_settings(state_dir, admin_token=TOKEN))
-    monitor.start()
-    try:
+    with daemons.monitor(synthetic_settings(state_dir, admin_token=TOKEN)) as monitor:
         yield monitor
-    finally:
-        monitor.stop()
 
 
 def test_admin_endpoint_pins_the_current_window(daemon: Monitor, state_dir: Path) -> None:
@@ -129,10 +126,6 @@ def test_baseline_capture_cli_calls_the_daemon(
 
 
 def test_admin_endpoint_is_disabled_without_a_token(state_dir: Path) -> None:
-    monitor = Monitor(synthetic_settings(state_dir))
-    monitor.start()
-    try:
+    with daemons.monitor(synthetic_settings(state_dir)) as monitor:
         status, body = post(monitor.http.port, f"?model={MODEL}", TOKEN)
         assert status == 403 and "admin_token" in body
-    finally:
-        monitor.stop()

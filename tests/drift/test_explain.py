@@ -17,8 +17,7 @@ import pytest
 
 from monitor.cli import main
 from monitor.config import load_settings
-from monitor.service import Monitor
-from tests.support import topics
+from tests.support import daemons, topics
 from tests.support.drift import MODEL, STREAM, TopicStream
 from tests.support.imports import loaded_after
 from tests.support.waiting import wait_until
@@ -96,9 +95,7 @@ def daemon_settings(state_dir: Path) -> Any:
 def test_drift_explain_asks_a_running_daemon(
     state_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monitor = Monitor(daemon_settings(state_dir))
-    monitor.start()
-    try:
+    with daemons.monitor(daemon_settings(state_dir)) as monitor:
         url = f"http://127.0.0.1:{monitor.http.port}"
         token = tmp_path / "token"
         token.write_text(TOKEN + "\n")
@@ -123,8 +120,6 @@ def test_drift_explain_asks_a_running_daemon(
         assert main(["drift", "explain", "--url", url, "--token-file", str(token), "--model", "other"]) == 1
         assert "answered 404" in capsys.readouterr().err
         assert main(["drift", "explain", "--url", url, "--model", "m"]) == 2  # no token file
-    finally:
-        monitor.stop()
 
 
 def test_the_drift_command_registers_without_numpy() -> None:

@@ -12,6 +12,7 @@ from monitor.records import EmbeddingBatch
 from monitor.scaleout.publisher import PartialsPublisher
 from monitor.scaleout.reducer import Reducer
 from monitor.state.registry import StateRegistry
+from tests.support import daemons
 from tests.support.scaleout import MemoryProducer, feed
 
 T0 = 3_000_000.0
@@ -46,8 +47,7 @@ def publish(table, rows: dict[str, np.ndarray], now: list[float]) -> None:  # ty
 
 def test_the_first_merged_window_with_enough_records_becomes_the_reference(tmp_path: Path) -> None:
     now = [T0 + 120]
-    daemon = reducer(tmp_path, now, reference={"records": 500}, online={"enabled": True})
-    try:
+    with daemons.stopped_after(reducer(tmp_path, now, reference={"records": 500}, online={"enabled": True})) as daemon:
         drift = next(c for c in daemon.components if c.name == "drift")
         rng = np.random.default_rng(0)
         publish(daemon.table, {"r0": rng.standard_normal((200, DIM))}, now)
@@ -61,14 +61,11 @@ def test_the_first_merged_window_with_enough_records_becomes_the_reference(tmp_p
         assert not any(f.samples for f in drift.collect() if f.name.startswith("embmon_drift_change_points"))
         results = drift.run_cycle()  # type: ignore[attr-defined]
         assert ("m", "s") in results and not results[("m", "s")].report.detected
-    finally:
-        daemon.stop()
 
 
 def test_the_admin_capture_pins_the_merged_window(tmp_path: Path) -> None:
     now = [T0 + 120]
-    daemon = reducer(tmp_path, now, reference={"records": 10_000_000})
-    try:
+    with daemons.stopped_after(reducer(tmp_path, now, reference={"records": 10_000_000})) as daemon:
         drift = next(c for c in daemon.components if c.name == "drift")
         rng = np.random.default_rng(1)
         publish(daemon.table, {"r0": rng.standard_normal((300, DIM)), "r1": rng.standard_normal((300, DIM)) + 2}, now)
@@ -77,5 +74,3 @@ def test_the_admin_capture_pins_the_merged_window(tmp_path: Path) -> None:
         (described,) = json.loads(body)["references"]
         assert drift.reference("m", "s").count == 600  # type: ignore[attr-defined]  # both replicas' records
         assert described["model"] == "m"
-    finally:
-        daemon.stop()

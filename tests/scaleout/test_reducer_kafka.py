@@ -14,6 +14,7 @@ tests' samples) see other rows, so drift is compared by verdict on a stable and 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from monitor import catalog
 from monitor.config import load_settings
 from monitor.scaleout.reducer import Reducer
 from monitor.service import Monitor
+from tests.support import daemons
 from tests.support.broker import Broker, kafka_daemon_overrides
 from tests.support.scrape import scrape, value
 from tests.support.waiting import wait_until
@@ -125,23 +127,18 @@ def deployment(broker: Broker, tmp_path: Path) -> Iterator[dict[str, object]]:
     reference = reference_file(tmp_path)
     drift = {**DRIFT, "reference": {**DRIFT["reference"], "path": str(reference)}}  # type: ignore[dict-item]
     scale = {"partials_topic": partials, "max_record_bytes": 65_536}
-    replicas = [
-        Monitor(load_settings(overrides=overrides(
-            broker, topic, "scaled", tmp_path / f"replica-{i}",
-            scale_out={**scale, "role": "replica", "replica_id": f"replica-{i}"})))
-        for i in range(3)
-    ]
-    reducer = Reducer(load_settings(overrides=overrides(
-        broker, topic, "scaled", tmp_path / "reducer", drift=drift, scale_out={**scale, "role": "reducer"})))
-    single = Monitor(load_settings(overrides=overrides(broker, topic, "single", tmp_path / "single", drift=drift)))
-    daemons = [*replicas, reducer, single]
-    try:
-        for daemon in daemons:
-            daemon.start()
+    with contextlib.ExitStack() as running:
+        replicas = [
+            running.enter_context(daemons.monitor(load_settings(overrides=overrides(
+                broker, topic, "scaled", tmp_path / f"replica-{i}",
+                scale_out={**scale, "role": "replica", "replica_id": f"replica-{i}"}))))
+            for i in range(3)
+        ]
+        reducer = running.enter_context(daemons.reducer(load_settings(overrides=overrides(
+            broker, topic, "scaled", tmp_path / "reducer", drift=drift, scale_out={**scale, "role": "reducer"}))))
+        single = running.enter_context(daemons.monitor(load_settings(overrides=overrides(
+            broker, topic, "single", tmp_path / "single", drift=drift))))
         yield {"topic": topic, "partials": partials, "replicas": replicas, "reducer": reducer, "single": single}
-    finally:
-        for daemon in daemons:
-            daemon.stop()
 
 
 def drift_verdicts(daemon: Monitor | Reducer) -> dict[str, bool]:

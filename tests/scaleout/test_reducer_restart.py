@@ -3,6 +3,7 @@ it catches up from the replicas' full publications (``2 x scale_out.full_publish
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 
 from monitor.config import load_settings
 from monitor.scaleout.reducer import Reducer
-from monitor.service import Monitor
+from tests.support import daemons
 from tests.support.broker import Broker, kafka_daemon_overrides
 from tests.support.scrape import scrape, value
 from tests.support.waiting import wait_until
@@ -47,13 +48,11 @@ def test_a_restarted_and_a_fresh_reducer_both_end_exact(broker: Broker, tmp_path
             scale_out={"partials_topic": partials, "full_publish_seconds": 4, **scale},
         ))
 
-    replicas = [Monitor(settings(f"replica-{i}", role="replica", replica_id=f"replica-{i}")) for i in range(2)]
-    first = Reducer(settings("reducer", role="reducer"))
-    daemons: list[Monitor | Reducer] = [*replicas, first]
     rng = np.random.default_rng(3)
-    try:
-        for daemon in daemons:
-            daemon.start()
+    with contextlib.ExitStack() as running:
+        for i in range(2):
+            running.enter_context(daemons.monitor(settings(f"replica-{i}", role="replica", replica_id=f"replica-{i}")))
+        first = running.enter_context(daemons.reducer(settings("reducer", role="reducer")))
 
         def merged(reducer: Reducer, n: int) -> bool:
             return value(scrape(reducer.http.port), "embmon_window_records", model="m", stream="default") == n
@@ -64,11 +63,8 @@ def test_a_restarted_and_a_fresh_reducer_both_end_exact(broker: Broker, tmp_path
         tail = produce(broker, topic, rng, 40)
         everything = np.concatenate([head, tail])
 
-        again = Reducer(settings("reducer", role="reducer"))
-        fresh = Reducer(settings("fresh-reducer", role="reducer"))
-        daemons += [again, fresh]
-        again.start()
-        fresh.start()
+        again = running.enter_context(daemons.reducer(settings("reducer", role="reducer")))
+        fresh = running.enter_context(daemons.reducer(settings("fresh-reducer", role="reducer")))
         assert again.checkpointer.restored_from is not None and fresh.checkpointer.restored_from is None
         for reducer in (again, fresh):
             wait_until(lambda r=reducer: merged(r, len(everything)), timeout=90, message="exact after restart")
@@ -78,6 +74,3 @@ def test_a_restarted_and_a_fresh_reducer_both_end_exact(broker: Broker, tmp_path
         # the restarted one resumed after its checkpoint: it read little again
         applied = again.table.status(again.clock()).applied
         assert applied.get("manifest", 0) > 0
-    finally:
-        for daemon in daemons:
-            daemon.stop()

@@ -16,6 +16,7 @@ import pytest
 from monitor.cli import main
 from monitor.config import load_settings
 from monitor.quality.intrinsic import report_from_matrix
+from tests.support import daemons
 from tests.support.broker import free_port
 from tests.support.paths import REPO
 from tests.support.scrape import scrape, value
@@ -137,13 +138,9 @@ def test_demo_shows_healthy_then_collapsed(tmp_path: Path) -> None:
         "window:\n  seconds: 3\n  subwindows: 3\n  reservoir_size: 500\n"
         "refresh_seconds: 0.5\n"
     )
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "monitor", "demo", "--config", str(config), "--metrics-port", str(port),
-         "--duration", "30", "--state-dir", str(tmp_path / "state")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    try:
+    with daemons.process("--config", str(config), "--duration", "30", "--state-dir", str(tmp_path / "state"),
+                         command="demo", log=tmp_path / "demo.log") as demo:
+        port = demo.port
         labels = {"model": "demo", "stream": "documents"}
         wait_until(lambda: value(scrape(port), "embmon_collapse_detected", **labels) == 0, timeout=30, message="healthy")
         healthy = scrape(port)
@@ -152,10 +149,8 @@ def test_demo_shows_healthy_then_collapsed(tmp_path: Path) -> None:
         assert value(collapsed, "embmon_effective_rank", **labels) < value(healthy, "embmon_effective_rank", **labels) / 3
         assert value(collapsed, "embmon_mean_cosine_similarity", **labels) > value(healthy, "embmon_mean_cosine_similarity", **labels)
         time.sleep(5)  # one more summary line (printed every 4 s) shows the collapse
-    finally:
-        proc.terminate()
-        out, _ = proc.communicate(timeout=15)
-    assert proc.returncode == 0
+        assert demo.stop(timeout=15) == 0
+    out = demo.output()
     assert "phase: collapsed" in out and "YES" in out
 
 

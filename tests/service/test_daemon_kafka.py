@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,8 +13,8 @@ from kafka import KafkaConsumer, TopicPartition
 
 from monitor.config import load_settings
 from monitor.quality.intrinsic import report_from_matrix
-from monitor.service import Monitor
-from tests.support.broker import FAST_GROUP_OPTIONS, Broker, free_port, kafka_daemon_overrides
+from tests.support import daemons
+from tests.support.broker import FAST_GROUP_OPTIONS, Broker, kafka_daemon_overrides
 from tests.support.scrape import http_status, scrape, value
 from tests.support.waiting import wait_until
 
@@ -66,9 +62,7 @@ def test_daemon_consumes_json_and_binary_and_exports_exact_metrics(broker: Broke
     broker.create_topics(topic)
     rows = produce_mixed_stream(broker, topic, np.random.default_rng(7))
     settings = kafka_settings(broker, topic, group, state_dir)
-    monitor = Monitor(settings)
-    monitor.start()
-    try:
+    with daemons.monitor(settings) as monitor:
         port = monitor.http.port
 
         def all_consumed() -> bool:
@@ -102,8 +96,6 @@ def test_daemon_consumes_json_and_binary_and_exports_exact_metrics(broker: Broke
         # consumption continued past the malformed messages and offsets were committed
         total_messages = 300 + 4 + 4 + 1
         wait_until(lambda: committed_offset(broker, topic, group) == total_messages, timeout=20, message="commit")
-    finally:
-        monitor.stop()
 
 
 def test_sigterm_commits_and_exits_zero_within_ten_seconds(broker: Broker, tmp_path: Path) -> None:
@@ -117,34 +109,27 @@ def test_sigterm_commits_and_exits_zero_within_ten_seconds(broker: Broker, tmp_p
     producer.flush()
     producer.close()
     options = [f"--kafka-option={k}={v}" for k, v in FAST_GROUP_OPTIONS.items()]
-    env = dict(os.environ, EMBMON_KAFKA__AUTO_OFFSET_RESET="earliest", EMBMON_KAFKA__COMMIT_INTERVAL_SECONDS="3600")
+    env = {"EMBMON_KAFKA__AUTO_OFFSET_RESET": "earliest", "EMBMON_KAFKA__COMMIT_INTERVAL_SECONDS": "3600"}
 
     def run_until_sigterm(state_dir: Path, records: int | None) -> str:
         """Run a daemon until it was assigned the partition (it measured its lag) and holds ``records``
         records, SIGTERM it, and return its output."""
-        port = free_port()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "monitor", "run", "--bootstrap-servers", broker.bootstrap, "--embeddings-topic",
-             topic, "--group-id", group, "--metrics-port", str(port), "--state-dir", str(state_dir),
-             "--refresh-seconds", "0.5", *options],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        )
-        try:
+        with daemons.process(
+            "--bootstrap-servers", broker.bootstrap, "--embeddings-topic", topic, "--group-id", group,
+            "--state-dir", str(state_dir), "--refresh-seconds", "0.5", *options,
+            env=env, log=state_dir.with_suffix(".log"),
+        ) as daemon:
             def done() -> bool:
-                samples = scrape(port)
+                samples = scrape(daemon.port)
                 return (value(samples, "embmon_consumer_lag_records", topic=topic) == 0
                         and value(samples, "embmon_records_total", model="m", stream="default") == records)
 
             wait_until(done, timeout=60, message="partition assigned and records consumed")
             # the commit interval is an hour: only the shutdown path can have committed
             started = time.monotonic()
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=10) == 0
+            assert daemon.stop(timeout=10) == 0
             assert time.monotonic() - started < 10
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            output = proc.communicate(timeout=10)[0].decode()
+        output = daemon.output()
         assert "shutting down" in output
         return output
 

@@ -19,6 +19,7 @@ from monitor.config import load_settings
 from monitor.lifecycle import StopRequest, capture_signals
 from monitor.service import Monitor
 from monitor.sources import Source, SourceMessage
+from tests.support import daemons
 from tests.support.scrape import scrape, value
 
 
@@ -132,12 +133,8 @@ def test_sigterm_stops_cleanly_and_a_second_one_cuts_a_hung_shutdown_short(tmp_p
 
 
 def test_metrics_include_the_standard_process_and_python_collectors(tmp_path: Path) -> None:
-    monitor = Monitor(settings(tmp_path), source=Recording())
-    monitor.start()
-    try:
+    with daemons.monitor(settings(tmp_path), source=Recording()) as monitor:
         samples = scrape(monitor.http.port)
-    finally:
-        monitor.stop()
     rss = value(samples, "process_resident_memory_bytes")
     assert rss is not None and rss > 10 * 2**20
     assert (value(samples, "process_cpu_seconds_total") or 0) > 0

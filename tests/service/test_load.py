@@ -15,8 +15,10 @@ from monitor.config import load_settings
 from monitor.records import EmbeddingBatch
 from monitor.ingest import APPLY_QUEUE_POLLS
 from monitor.service import Monitor
+from tests.support import daemons
 from tests.support.broker import FAST_GROUP_OPTIONS, Broker
 from tests.support.scrape import scrape, value
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 DIM, MESSAGES, ROWS = 16, 400, 10
@@ -54,25 +56,22 @@ def test_burst_backpressures_without_eviction_loss_or_slow_scrapes(broker: Broke
     listener = monitor.source.listener
     on_assigned = listener.on_assigned
     listener.on_assigned = lambda positions: (assignments.append(positions), on_assigned(positions))  # type: ignore[method-assign]
-    monitor.start()
     latencies, depths, paused, lags = [], [], [], []
-    try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            started = time.perf_counter()
-            samples = scrape(monitor.http.port)
-            latencies.append(time.perf_counter() - started)
-            depths.append(monitor.status.queue_depth())
-            paused.append(value(samples, "embmon_ingest_paused"))
-            lags.append(value(samples, "embmon_consumer_lag_records", topic=topic))
-            if value(samples, "embmon_records_total", model="m", stream="default") == MESSAGES * ROWS:
-                break
-            time.sleep(0.1)
+
+    def sample_until_all_counted() -> bool:
+        started = time.perf_counter()
+        samples = scrape(monitor.http.port)
+        latencies.append(time.perf_counter() - started)
+        depths.append(monitor.status.queue_depth())
+        paused.append(value(samples, "embmon_ingest_paused"))
+        lags.append(value(samples, "embmon_consumer_lag_records", topic=topic))
+        return value(samples, "embmon_records_total", model="m", stream="default") == MESSAGES * ROWS
+
+    with daemons.running(monitor):
+        wait_until(sample_until_all_counted, timeout=90, interval=0.1, message="every record of the burst counted")
         time.sleep(1.0)
         samples = scrape(monitor.http.port)
         backpressure = value(samples, "embmon_ingest_backpressure_seconds_total")
-    finally:
-        monitor.stop()
     assert value(samples, "embmon_records_total", model="m", stream="default") == MESSAGES * ROWS
     assert len(assignments) == 1  # never evicted and re-joined, although paused far longer than 3 s
     assert backpressure is not None and backpressure > FAST_GROUP_OPTIONS["max_poll_interval_ms"] / 1000

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from monitor.config import load_settings
-from monitor.service import Monitor
+from tests.support import daemons
 from tests.support.broker import FAST_GROUP_OPTIONS, Broker, free_port
 from tests.support.proxy import TcpProxy
 from tests.support.scrape import http_status, scrape, value
@@ -34,7 +34,6 @@ def test_broker_outage_flips_readiness_and_loses_or_duplicates_nothing(tmp_path:
     broker = Broker(advertised_port=proxy_port).start()
     proxy = TcpProxy(broker.port, port=proxy_port).start()
     topic, group = "emb-outage", "outage-group"
-    monitor = None
     try:
         broker.create_topics(topic, partitions=2)
         rng = np.random.default_rng(3)
@@ -58,43 +57,40 @@ def test_broker_outage_flips_readiness_and_loses_or_duplicates_nothing(tmp_path:
                 "state_dir": str(tmp_path / "state"),
             }
         )
-        monitor = Monitor(settings)
-        monitor.start()
-        port = monitor.http.port
+        with daemons.monitor(settings) as monitor:
+            port = monitor.http.port
 
-        def counted() -> float | None:
-            return value(scrape(port), "embmon_records_total", model="m", stream="default")
+            def counted() -> float | None:
+                return value(scrape(port), "embmon_records_total", model="m", stream="default")
 
-        wait_until(lambda: counted() == 400, timeout=60, message="first batch counted")
-        wait_until(lambda: http_status(port, "/readyz") == 200, timeout=10, message="ready before the outage")
+            wait_until(lambda: counted() == 400, timeout=60, message="first batch counted")
+            wait_until(lambda: http_status(port, "/readyz") == 200, timeout=10, message="ready before the outage")
 
-        proxy.cut()
-        # long enough for the group session (6 s) to expire: the member is evicted and must rejoin
-        wait_until(lambda: http_status(port, "/readyz") == 503, timeout=30, message="readiness drops")
-        samples = scrape(port)  # /metrics keeps being served
-        assert value(samples, "embmon_source_up") == 0
-        assert value(samples, "embmon_records_total", model="m", stream="default") == 400
-        assert value(samples, "embmon_last_record_timestamp_seconds", model="m", stream="default") < time.time()
-        time.sleep(7)
-        assert monitor.health()[0]
-        assert http_status(port, "/healthz") == 200
+            proxy.cut()
+            # long enough for the group session (6 s) to expire: the member is evicted and must rejoin
+            wait_until(lambda: http_status(port, "/readyz") == 503, timeout=30, message="readiness drops")
+            samples = scrape(port)  # /metrics keeps being served
+            assert value(samples, "embmon_source_up") == 0
+            assert value(samples, "embmon_records_total", model="m", stream="default") == 400
+            assert value(samples, "embmon_last_record_timestamp_seconds", model="m", stream="default") < time.time()
+            time.sleep(7)
+            assert monitor.health()[0]
+            assert http_status(port, "/healthz") == 200
 
-        proxy.restore()
-        wait_until(lambda: http_status(port, "/readyz") == 200, timeout=60, message="readiness recovers")
-        produce(broker, topic, second)
-        wait_until(lambda: counted() == 1000, timeout=60, message="second batch counted")
-        time.sleep(2)  # any duplicate would show up by now
-        samples = scrape(port)
-        assert value(samples, "embmon_records_total", model="m", stream="default") == 1000
-        assert value(samples, "embmon_source_up") == 1
-        stats = monitor.registry.get("m", "default").window.snapshot(time.time()).stats
-        expected = np.concatenate([first, second]).astype(np.float64)
-        np.testing.assert_allclose(stats.vector_sum, expected.sum(axis=0), rtol=1e-9, atol=1e-9)
-        assert monitor.status.internal_error_counts() == {}
+            proxy.restore()
+            wait_until(lambda: http_status(port, "/readyz") == 200, timeout=60, message="readiness recovers")
+            produce(broker, topic, second)
+            wait_until(lambda: counted() == 1000, timeout=60, message="second batch counted")
+            time.sleep(2)  # any duplicate would show up by now
+            samples = scrape(port)
+            assert value(samples, "embmon_records_total", model="m", stream="default") == 1000
+            assert value(samples, "embmon_source_up") == 1
+            stats = monitor.registry.get("m", "default").window.snapshot(time.time()).stats
+            expected = np.concatenate([first, second]).astype(np.float64)
+            np.testing.assert_allclose(stats.vector_sum, expected.sum(axis=0), rtol=1e-9, atol=1e-9)
+            assert monitor.status.internal_error_counts() == {}
+        del monitor  # a socket it leaked would warn in the collection below
     finally:
-        if monitor is not None:
-            monitor.stop()
-            del monitor
         proxy.stop()
         broker.stop()
         gc.collect()  # a socket leaked by a failed reconnect would warn (= fail) here, not in a later test

@@ -12,7 +12,8 @@ import pytest
 
 from monitor.config import load_settings
 from monitor.service import Monitor
-from tests.support.broker import FAST_GROUP_OPTIONS, Broker
+from tests.support import daemons
+from tests.support.broker import Broker, kafka_daemon_overrides
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
@@ -20,25 +21,9 @@ DIM, PARTITIONS, MESSAGES, ROWS = 8, 4, 240, 10
 
 
 def replica(broker: Broker, topic: str, group: str, state_dir: Path) -> Monitor:
-    settings = load_settings(
-        overrides={
-            "source": "kafka",
-            "kafka": {
-                "bootstrap_servers": broker.bootstrap,
-                "embeddings_topic": topic,
-                "group_id": group,
-                "auto_offset_reset": "earliest",
-                "commit_interval_seconds": 0.3,
-                "poll_timeout_seconds": 0.2,
-                "max_poll_records": 5,
-                "options": dict(FAST_GROUP_OPTIONS),
-            },
-            "http": {"host": "127.0.0.1", "port": 0},
-            "refresh_seconds": 0.5,
-            "state_dir": str(state_dir),
-        }
-    )
-    return Monitor(settings)
+    """A replica that commits every 0.3 s and polls 5 records at a time, so a hand-off falls mid-stream."""
+    return Monitor(load_settings(overrides=kafka_daemon_overrides(
+        broker, topic, group, state_dir, kafka={"commit_interval_seconds": 0.3, "max_poll_records": 5})))
 
 
 def totals(monitor: Monitor) -> tuple[int, np.ndarray]:
@@ -67,24 +52,19 @@ def test_two_replicas_hand_partitions_over_without_double_counting(broker: Broke
         producer.close()
 
     writer = threading.Thread(target=produce, daemon=True)
-    a = replica(broker, topic, group, tmp_path / "a")
-    b = replica(broker, topic, group, tmp_path / "b")
-    a.start()
-    writer.start()
-    try:
+    with daemons.running(replica(broker, topic, group, tmp_path / "a")) as a:
+        writer.start()
         wait_until(lambda: totals(a)[0] > 200, timeout=40, message="replica A consuming")
-        b.start()  # joins: A's partitions are revoked (hand-off), half go to B
-        wait_until(lambda: totals(b)[0] > 0, timeout=40, message="replica B got partitions")
-        a.stop()  # leaves: B gets everything
-        count_a, sum_a = totals(a)
-        writer.join(timeout=60)
-        expected = MESSAGES * ROWS
-        wait_until(lambda: count_a + totals(b)[0] >= expected, timeout=60, message="all records counted")
-        time.sleep(2)  # a double-counted poll would land by now
-        count_b, sum_b = totals(b)
-    finally:
-        a.stop()
-        b.stop()
+        # B joins: A's partitions are revoked (hand-off), half go to B
+        with daemons.running(replica(broker, topic, group, tmp_path / "b")) as b:
+            wait_until(lambda: totals(b)[0] > 0, timeout=40, message="replica B got partitions")
+            a.stop()  # leaves: B gets everything
+            count_a, sum_a = totals(a)
+            writer.join(timeout=60)
+            expected = MESSAGES * ROWS
+            wait_until(lambda: count_a + totals(b)[0] >= expected, timeout=60, message="all records counted")
+            time.sleep(2)  # a double-counted poll would land by now
+            count_b, sum_b = totals(b)
     assert 0 < count_a < expected and 0 < count_b < expected
     assert count_a + count_b == expected
     np.testing.assert_allclose(sum_a + sum_b, rows.reshape(-1, DIM).astype(np.float64).sum(axis=0), rtol=1e-9, atol=1e-9)

@@ -4,12 +4,8 @@ kept out of logs and /metrics, Kafka SSL/SASL validation, and the container's no
 from __future__ import annotations
 
 import base64
-import os
 import re
-import signal
 import ssl
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -20,7 +16,7 @@ import yaml
 from monitor.config import ConfigError, load_settings
 from monitor.security import hash_password, verify_password
 from monitor.service import Monitor
-from tests.support.broker import free_port
+from tests.support import daemons
 from tests.support.paths import K8S, REPO
 from tests.support.tls import self_signed
 from tests.support.waiting import wait_until
@@ -66,9 +62,7 @@ def test_password_hashes_verify_and_reject() -> None:
 
 
 def test_basic_auth_protects_metrics_but_not_probes(tmp_path: Path) -> None:
-    monitor = synthetic_monitor(tmp_path, basic_auth_users={"prometheus": HASHED})
-    monitor.start()
-    try:
+    with daemons.running(synthetic_monitor(tmp_path, basic_auth_users={"prometheus": HASHED})) as monitor:
         base = f"http://127.0.0.1:{monitor.http.port}"
         assert request(base + "/metrics") == 401
         assert request(base + "/metrics", basic("prometheus", "wrong")) == 401
@@ -79,14 +73,10 @@ def test_basic_auth_protects_metrics_but_not_probes(tmp_path: Path) -> None:
         with urllib.request.urlopen(urllib.request.Request(base + "/metrics", headers=basic("prometheus", PASSWORD))) as r:
             text = r.read().decode()
         assert 'embmon_http_auth_failures_total{endpoint="metrics"} 4.0' in text
-    finally:
-        monitor.stop()
 
 
 def test_admin_routes_need_the_bearer_token(tmp_path: Path) -> None:
-    monitor = synthetic_monitor(tmp_path, admin_token=TOKEN)
-    monitor.start()
-    try:
+    with daemons.running(synthetic_monitor(tmp_path, admin_token=TOKEN)) as monitor:
         url = f"http://127.0.0.1:{monitor.http.port}/admin/ping"
         assert request(url) == 401  # no token
         assert request(url, {"Authorization": "Bearer wrong-token"}) == 401
@@ -94,40 +84,28 @@ def test_admin_routes_need_the_bearer_token(tmp_path: Path) -> None:
         assert request(url, {"Authorization": f"Basic {TOKEN}"}) == 401
         assert request(url, {"Authorization": f"Bearer {TOKEN}"}) == 200
         assert monitor.http.auth_failure_counts() == {"admin": 4}
-    finally:
-        monitor.stop()
 
 
 def test_admin_routes_are_closed_without_a_configured_token(tmp_path: Path) -> None:
-    monitor = synthetic_monitor(tmp_path)
-    monitor.start()
-    try:
+    with daemons.running(synthetic_monitor(tmp_path)) as monitor:
         url = f"http://127.0.0.1:{monitor.http.port}/admin/ping"
         assert request(url, {"Authorization": f"Bearer {TOKEN}"}) == 403
         assert request(f"http://127.0.0.1:{monitor.http.port}/metrics") == 200
-    finally:
-        monitor.stop()
 
 
 def test_admin_token_from_a_file(tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
-    monitor = synthetic_monitor(tmp_path, admin_token_file=str(token_file))
-    monitor.start()
-    try:
+    with daemons.running(synthetic_monitor(tmp_path, admin_token_file=str(token_file))) as monitor:
         url = f"http://127.0.0.1:{monitor.http.port}/admin/ping"
         assert request(url, {"Authorization": f"Bearer {TOKEN}"}) == 200
         assert request(url, {"Authorization": "Bearer nope"}) == 401
-    finally:
-        monitor.stop()
 
 
 def test_tls_with_a_self_signed_certificate(tmp_path: Path) -> None:
     cert, key = self_signed(tmp_path)
-    monitor = synthetic_monitor(tmp_path, tls_certfile=str(cert), tls_keyfile=str(key),
-                                basic_auth_users={"prometheus": HASHED})
-    monitor.start()
-    try:
+    with daemons.running(synthetic_monitor(tmp_path, tls_certfile=str(cert), tls_keyfile=str(key),
+                                basic_auth_users={"prometheus": HASHED})) as monitor:
         port = monitor.http.port
         trusted = ssl.create_default_context(cafile=str(cert))
         assert request(f"https://127.0.0.1:{port}/metrics", basic("prometheus", PASSWORD), trusted) == 200
@@ -137,17 +115,13 @@ def test_tls_with_a_self_signed_certificate(tmp_path: Path) -> None:
         with pytest.raises((urllib.error.URLError, ConnectionError)):
             request(f"http://127.0.0.1:{port}/healthz")  # plaintext to a TLS port
         assert request(f"https://127.0.0.1:{port}/healthz", context=trusted) == 200  # still serving
-    finally:
-        monitor.stop()
 
 
 def test_tls_client_certificates_when_a_client_ca_is_set(tmp_path: Path) -> None:
     cert, key = self_signed(tmp_path, "server")
     client_cert, client_key = self_signed(tmp_path, "client")
-    monitor = synthetic_monitor(tmp_path, tls_certfile=str(cert), tls_keyfile=str(key),
-                                tls_client_cafile=str(client_cert))
-    monitor.start()
-    try:
+    with daemons.running(synthetic_monitor(tmp_path, tls_certfile=str(cert), tls_keyfile=str(key),
+                                tls_client_cafile=str(client_cert))) as monitor:
         url = f"https://127.0.0.1:{monitor.http.port}/healthz"
         anonymous = ssl.create_default_context(cafile=str(cert))
         with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
@@ -155,33 +129,28 @@ def test_tls_client_certificates_when_a_client_ca_is_set(tmp_path: Path) -> None
         identified = ssl.create_default_context(cafile=str(cert))
         identified.load_cert_chain(str(client_cert), str(client_key))
         assert request(url, context=identified) == 200
-    finally:
-        monitor.stop()
 
 
 def test_secrets_never_reach_logs_or_metrics(tmp_path: Path) -> None:
-    kafka_password, port = "kafka-ssl-password-4242", free_port()
+    kafka_password = "kafka-ssl-password-4242"
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"http": {"basic_auth_users": {"prometheus": HASHED}}}))
-    env = dict(os.environ, EMBMON_HTTP__ADMIN_TOKEN=TOKEN, EMBMON_SOURCE="synthetic",
-               EMBMON_SYNTHETIC__MODELS='[{"name": "m", "dim": 8}]')
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "monitor", "run", "--config", str(config), "--metrics-port", str(port),
-         "--state-dir", str(tmp_path / "state"), "--refresh-seconds", "0.3", "--log-level", "DEBUG",
-         f"--kafka-option=ssl_password={kafka_password}", "--kafka-option=sasl_plain_password=sasl-pw-777"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
-    try:
+    env = {"EMBMON_HTTP__ADMIN_TOKEN": TOKEN, "EMBMON_SOURCE": "synthetic",
+           "EMBMON_SYNTHETIC__MODELS": '[{"name": "m", "dim": 8}]'}
+    with daemons.process(
+        "--config", str(config), "--state-dir", str(tmp_path / "state"), "--refresh-seconds", "0.3",
+        "--log-level", "DEBUG", f"--kafka-option=ssl_password={kafka_password}",
+        "--kafka-option=sasl_plain_password=sasl-pw-777", env=env, log=tmp_path / "daemon.log",
+    ) as daemon:
+        url = f"http://127.0.0.1:{daemon.port}"
         auth = basic("prometheus", PASSWORD)
-        wait_until(lambda: request(f"http://127.0.0.1:{port}/metrics", auth) == 200, timeout=30, message="serving")
-        wait_until(lambda: request(f"http://127.0.0.1:{port}/readyz") == 200, timeout=30, message="ready")
-        request(f"http://127.0.0.1:{port}/admin/anything", {"Authorization": "Bearer " + TOKEN[:-1]})
-        request(f"http://127.0.0.1:{port}/metrics", basic("prometheus", "wrong-" + PASSWORD))
-        with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=auth)) as r:
+        wait_until(lambda: request(f"{url}/metrics", auth) == 200, timeout=30, message="serving")
+        wait_until(lambda: request(f"{url}/readyz") == 200, timeout=30, message="ready")
+        request(f"{url}/admin/anything", {"Authorization": "Bearer " + TOKEN[:-1]})
+        request(f"{url}/metrics", basic("prometheus", "wrong-" + PASSWORD))
+        with urllib.request.urlopen(urllib.request.Request(f"{url}/metrics", headers=auth)) as r:
             scraped = r.read().decode()
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        output = proc.communicate(timeout=20)[0].decode()
+    output = daemon.output()
     assert "settings:" in output and "embmon_records_total" in scraped  # we did capture both
     secret_hash = HASHED.split("$")[-1]
     for secret in (TOKEN, TOKEN[:-1], PASSWORD, kafka_password, "sasl-pw-777", secret_hash):

@@ -22,6 +22,8 @@ from monitor.decoding import REASONS, Decoder, DecodeResult
 from monitor.service import Monitor
 from monitor.sources import SourceMessage
 
+from tests.support import daemons
+
 LIMITS = LimitSettings(max_message_bytes=64 * 1024, max_dimension=512, max_rows_per_message=1000)
 SEEN = Counter()
 
@@ -168,7 +170,6 @@ def test_label_cardinality_attack_keeps_series_bounded(tmp_path: Path) -> None:
             "state_dir": str(tmp_path / "state"),
         }
     )
-    monitor = Monitor(settings)  # not started: records go straight through decode -> apply
     vec = [0.1, 0.2, 0.3, 0.4]
     messages = []
     for i in range(3000):
@@ -176,13 +177,12 @@ def test_label_cardinality_attack_keeps_series_bounded(tmp_path: Path) -> None:
                                                     "vector": vec}), (), "embeddings"))
         messages.append(SourceMessage(orjson.dumps({"model": f"m{i}", "stream": f"bad{i}"}), (), "embeddings"))
         messages.append(SourceMessage(orjson.dumps({"model": f"q{i}", "results": ["a"]}), (), "interactions"))
-    try:
+    # not started: records go straight through decode -> apply
+    with daemons.stopped_after(Monitor(settings)) as monitor:
         for start in range(0, len(messages), 500):
             monitor.pipeline.apply_messages(messages[start : start + 500])
         monitor.refresh()
         text = generate_latest(monitor.metrics_registry).decode()
-    finally:
-        monitor.stop()
     series = [s for family in text_string_to_metric_families(text) for s in family.samples]
     models = {s.labels["model"] for s in series if "model" in s.labels}
     streams = {s.labels["stream"] for s in series if "stream" in s.labels}

@@ -16,9 +16,9 @@ from monitor.config import LimitSettings, load_settings
 from monitor.decoding import Decoder
 from monitor.json_workers import JsonWorkerPool
 from monitor.records import SourcePosition
-from monitor.service import Monitor
 from monitor.sources import Source, SourceMessage
 
+from tests.support import daemons
 from tests.support.waiting import wait_until
 
 
@@ -125,9 +125,7 @@ def test_the_daemon_survives_a_worker_crash_and_counts_it(tmp_path: Path) -> Non
         "checkpoint": {"enabled": False}, "decoding": {"json_workers": 1}, "kafka": {"default_stream": "s"},
     })  # fmt: skip
     source = _JsonTopic(values)
-    monitor = Monitor(settings, source=source)
-    monitor.start()
-    try:
+    with daemons.monitor(settings, source=source) as monitor:
         pool = monitor.pipeline._json_workers
         assert pool is not None
         wait_until(lambda: pool.pids() and source.offset >= 500, timeout=30)
@@ -135,5 +133,3 @@ def test_the_daemon_survives_a_worker_crash_and_counts_it(tmp_path: Path) -> Non
         wait_until(lambda: (s := monitor.registry.get("m", "s")) is not None and s.records_total == 3000, timeout=30)
         assert monitor.errors.counts.snapshot().get("json_worker", 0) >= 1
         assert monitor.offsets.applied() == {("t", 0): 2999}
-    finally:
-        monitor.stop()

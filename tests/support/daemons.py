@@ -3,7 +3,8 @@
 In this process: ``running(daemon)`` starts a built :class:`~monitor.service.Monitor` or
 :class:`~monitor.scaleout.reducer.Reducer` and stops it on the way out, whatever the test did
 (``stop()`` is idempotent, so a test may stop it earlier to look at what the shutdown left);
-``monitor(settings, ...)`` and ``reducer(settings, ...)`` build one first. Several at once:
+``monitor(settings, ...)`` and ``reducer(settings, ...)`` build one first; ``stopped_after(daemon)``
+only stops, for a test that drives a daemon by hand without starting it. Several at once:
 ``contextlib.ExitStack``.
 
 In a child process: ``process(*args, log=...)`` runs ``python -m monitor run ARGS`` (or another
@@ -38,6 +39,16 @@ def running(daemon: D) -> Iterator[D]:
     """``daemon`` started, and stopped when the block ends (also when ``start`` itself failed)."""
     try:
         daemon.start()
+        yield daemon
+    finally:
+        daemon.stop()
+
+
+@contextlib.contextmanager
+def stopped_after(daemon: D) -> Iterator[D]:
+    """``daemon`` as built, for a test that drives it by hand without starting it (applying messages,
+    refreshing, checkpointing), stopped when the block ends: ``stop`` closes what the constructor opened."""
+    try:
         yield daemon
     finally:
         daemon.stop()

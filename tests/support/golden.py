@@ -161,6 +161,7 @@ def run_scenario(tmp: Path) -> str:
     from monitor.config import load_settings
     from monitor.service import Monitor
     from monitor.sources import Source
+    from tests.support import daemons
 
     class _Idle(Source):
         name = "kafka"
@@ -170,8 +171,7 @@ def run_scenario(tmp: Path) -> str:
 
     overrides, polls = scenario(tmp)
     clock = Clock()
-    monitor = Monitor(load_settings(overrides=overrides), source=_Idle(), clock=clock)
-    try:
+    with daemons.stopped_after(Monitor(load_settings(overrides=overrides), source=_Idle(), clock=clock)) as monitor:
         for poll in polls:
             clock.now += 10.0 if poll else 400.0
             if poll:
@@ -183,8 +183,6 @@ def run_scenario(tmp: Path) -> str:
                 job.func()
         monitor.refresh()
         return generate_latest(monitor.metrics_registry).decode()
-    finally:
-        monitor.stop()
 
 
 def stable_values(text: str) -> dict[str, float | str]:

@@ -9,7 +9,7 @@ import pytest
 
 from monitor.config import load_settings
 from monitor.retrieval.probes.ann_recall import VectorCache, recall_against_pool
-from monitor.service import Monitor
+from tests.support import daemons
 from tests.support.probes import ListSource, json_messages
 from tests.support.scrape import scrape, value
 from tests.support.waiting import wait_until
@@ -152,16 +152,12 @@ def test_probe_end_to_end_with_a_degraded_index(corpus: tuple[np.ndarray, np.nda
                    "ann_recall": [{"name": "ann", "model": "ann-model", "stream": "documents", "k": [5, K],
                                    "interval_seconds": 0.5, "timeout_seconds": 30}]},
     })
-    monitor = Monitor(settings, source=source)
-    monitor.start()
-    try:
+    with daemons.monitor(settings, source=source) as monitor:
         port = monitor.http.port
         labels = {"probe": "ann", "model": "ann-model", "slice": "all", "k": str(K)}
         wait_until(lambda: value(scrape(port), "embmon_retrieval_queries", probe="ann", model="ann-model",
                                  slice="all") == len(queries), timeout=60, message="ANN recall over every query")
         s = scrape(port)
-    finally:
-        monitor.stop()
     expected = 1 - wrong.mean() / K  # every wrong result is a miss; the pool is the whole corpus
     assert value(s, "embmon_retrieval_ann_recall", **labels) == pytest.approx(expected, abs=1e-12)
     assert value(s, "embmon_retrieval_ann_recall", **{**labels, "k": "5"}) == pytest.approx(

@@ -17,7 +17,7 @@ from monitor.retrieval.metrics import RankedResults, evaluate
 from monitor.retrieval.probes.clicks import catalog_coverage, gini, merge_events, popularity_bias
 from monitor.retrieval.probes.component import ProbeComponent
 from monitor.retrieval.stats import bootstrap_ci
-from monitor.service import Monitor
+from tests.support import daemons
 from tests.support.broker import FAST_GROUP_OPTIONS, Broker
 from tests.support.probes import collect, probe_context
 from tests.support.scrape import scrape, value
@@ -213,9 +213,7 @@ def test_click_feedback_through_the_broker(broker: Broker, tmp_path: Path) -> No
                    "clicks": [{"name": "clicks", "model": "rec", "k": [10], "window_seconds": 600,
                                "interval_seconds": 0.5, "timeout_seconds": 20}]},
     })
-    monitor = Monitor(settings)
-    monitor.start()
-    try:
+    with daemons.monitor(settings) as monitor:
         port = monitor.http.port
         n_events = len(impressions) + len(late_clicks)
         wait_until(lambda: value(scrape(port), "embmon_interactions_total", model="rec") == n_events
@@ -225,8 +223,6 @@ def test_click_feedback_through_the_broker(broker: Broker, tmp_path: Path) -> No
         wait_until(lambda: value(scrape(port), "embmon_probe_runs_total", probe="clicks", outcome="success") >= runs + 2,
                    timeout=30, message="two probe runs over the complete window")
         s = scrape(port)
-    finally:
-        monitor.stop()
     labels = {"probe": "clicks", "model": "rec", "slice": "all"}
     assert value(s, "embmon_retrieval_queries", **labels) == expected["judged"]
     assert value(s, "embmon_retrieval_mrr", **labels, k="10") == pytest.approx(expected["mrr"], abs=1e-12)

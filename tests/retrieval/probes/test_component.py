@@ -15,7 +15,7 @@ from monitor.records import InteractionEvent
 from monitor.retrieval.probes.base import Probe, ProbeResult, sample
 from monitor.retrieval.probes.deadline import Deadline, ProbeError, ProbeTimeout
 from monitor.retrieval.probes.component import ProbeComponent
-from monitor.service import Monitor
+from tests.support import daemons
 from tests.support.broker import free_port
 from tests.support.probes import ListSource, SearchServer, collect, paused_jobs, probe_context
 from tests.support.scrape import scrape, value
@@ -114,15 +114,11 @@ def test_deadline_raises_probe_timeout_only_once_spent() -> None:
 
 def test_the_daemon_schedules_component_jobs_unpaused(tmp_path: Path) -> None:
     settings = load_settings(overrides={"http": {"host": "127.0.0.1", "port": 0}, "state_dir": str(tmp_path)})
-    monitor = Monitor(settings, source=ListSource(), component_factories=[
-        lambda ctx: ProbeComponent(ctx, probes=[Scripted("p", "succeeds")])])
-    monitor.start()
-    try:
+    factories = [lambda ctx: ProbeComponent(ctx, probes=[Scripted("p", "succeeds")])]
+    with daemons.monitor(settings, source=ListSource(), component_factories=factories) as monitor:
         # APScheduler 3 adds a job with next_run_time=None paused: a probe job must not be added so
         assert paused_jobs(monitor) == []
         assert any(job.id == "probe:p" for job in monitor.jobs.scheduler.get_jobs())
-    finally:
-        monitor.stop()
 
 
 def test_failing_and_timing_out_endpoints_fail_alone_through_the_daemon(tmp_path: Path) -> None:
@@ -152,9 +148,7 @@ def test_failing_and_timing_out_endpoints_fail_alone_through_the_daemon(tmp_path
                 probe("good", good.url), probe("slow", slow.url, timeout=0.7), probe("garbage", garbage.url),
                 probe("down", f"http://127.0.0.1:{free_port()}/search")]},
         })
-        monitor = Monitor(settings, source=ListSource())
-        monitor.start()
-        try:
+        with daemons.monitor(settings, source=ListSource()) as monitor:
             port = monitor.http.port
 
             def all_ran() -> bool:
@@ -168,8 +162,6 @@ def test_failing_and_timing_out_endpoints_fail_alone_through_the_daemon(tmp_path
 
             wait_until(all_ran, timeout=45, message="every probe ran")
             s = scrape(port)
-        finally:
-            monitor.stop()
     started = value(s, "embmon_probe_last_success_timestamp_seconds", probe="garbage")
     assert value(s, "embmon_probe_last_success_timestamp_seconds", probe="good") > started
     for name in ("slow", "garbage", "down"):
