@@ -1,7 +1,8 @@
 """Sustained ingest from a real broker: the daemon vs a bare kafka-python consume loop, same topic, one run.
 
 Also measures a metric refresh over a 10,000 x 768 window and resident memory with 3 models at
-d = 768 (every sub-window filled), in a fresh process, with torch's share of it. Prints a table
+d = 768 (every sub-window filled), in a fresh process (``--rss-only``: that number alone, and
+whether torch was imported), with what importing torch costs. Prints a table
 and the ratios the goals are stated in:
 
     .venv/bin/python bench/ingest.py                    # full run (several minutes on 2 cores)
@@ -29,7 +30,6 @@ from pathlib import Path
 
 import numpy as np
 import orjson
-import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -78,7 +78,10 @@ class Rate:
 
 def cpu_seconds() -> float:
     """CPU seconds used so far by this process (all threads) and its JSON worker processes (not
-    the broker): unlike rates, this cost does not move when other jobs share the cores."""
+    the broker): unlike rates, this cost does not move when other jobs share the cores.
+    (psutil, a bench extra, loads here: ``--rss-only`` runs without it.)"""
+    import psutil
+
     workers = [c for c in psutil.Process().children() if "monitor.json_workers" in " ".join(c.cmdline())]
     return time.process_time() + sum(sum(w.cpu_times()[:2]) for w in workers)
 
@@ -225,7 +228,9 @@ def main() -> None:
     parser.add_argument("--rss-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rss_only:
-        print(f"{rss_with_models():.1f}")
+        rss = rss_with_models()
+        print(f"torch imported: {'torch' in sys.modules}")
+        print(f"{rss:.1f}")
         return
     print(f"load average at start: {_load_average()}", flush=True)
     scale = 0.2 if args.quick else 1.0
@@ -274,8 +279,9 @@ def main() -> None:
           f"over 200,000 records in the same window: {longer * 1000:.0f} ms")
     out = subprocess.run([sys.executable, __file__, "--rss-only"], capture_output=True, text=True, check=True)
     rss, torch_mb = float(out.stdout.split()[-1]), torch_import_mb()
+    share = "accounts for" if "torch imported: True" in out.stdout else "would add (not imported on the CPU)"
     print(f"resident memory, 3 models at d=768, all sub-windows and reservoirs full: {rss:.0f} MB "
-          f"(goal <= {RSS_GOAL_MB} MB); importing torch accounts for {torch_mb:.0f} MB of it")
+          f"(goal <= {RSS_GOAL_MB} MB); importing torch {share} {torch_mb:.0f} MB")
     print(f"load average at the end: {_load_average()}")
 
 

@@ -164,7 +164,7 @@ def _optional_subcommands() -> list[Any]:
     from monitor.retrieval.evaluate import add_evaluate_parser
 
     registrars.append(add_evaluate_parser)
-    from monitor.artifacts import add_artifacts_parser
+    from monitor.artifacts.command import add_artifacts_parser
 
     registrars.append(add_artifacts_parser)
     from monitor.baseline import add_baseline_parser

@@ -2,10 +2,7 @@
 
 ``python -m monitor.artifacts --out .`` (or ``embedding-monitor artifacts``) regenerates every
 committed artifact; ``--check`` diffs instead of writing; ``--thresholds FILE`` overrides alert
-thresholds (see ``alerts/thresholds.defaults.yaml``). Importing this package is light: the
-generator loads when the command runs (:mod:`monitor.artifacts.command`).
+thresholds (see ``alerts/thresholds.defaults.yaml``). The sub-command is registered from
+:mod:`monitor.artifacts.command` (standard library only; the generator loads when it runs). The
+package itself imports nothing, so its modules can import each other through it without a circle.
 """
-
-from monitor.artifacts.command import add_artifacts_parser
-
-__all__ = ["add_artifacts_parser"]

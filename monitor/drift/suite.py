@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-import torch
 from threadpoolctl import threadpool_limits
 
 from monitor.drift.budget import Deadline
@@ -86,22 +86,27 @@ class DriftReport:
 
 @contextlib.contextmanager
 def thread_limit(threads: int | None) -> Iterator[None]:
-    """Cap numpy/scipy BLAS, OpenMP and torch intra-op threads for the duration, then restore.
+    """Cap numpy/scipy BLAS, OpenMP and (when loaded) torch intra-op threads for the duration, then restore.
 
     torch's and OpenBLAS's thread pools spin-wait between calls; interleaved on a small machine
     (or one shared with the ingest thread) they slow each other down several-fold, worst on small
-    samples. The limits are process-wide while they hold.
+    samples. The limits are process-wide while they hold. torch is capped only if something
+    already imported it (a CUDA path): the CPU tests run in numpy, and importing torch here would
+    cost every daemon its memory.
     """
     if threads is None:
         yield
         return
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
+    torch = sys.modules.get("torch")
+    previous = torch.get_num_threads() if torch is not None else None
+    if torch is not None:
+        torch.set_num_threads(threads)
     try:
         with threadpool_limits(limits=threads):
             yield
     finally:
-        torch.set_num_threads(previous)
+        if torch is not None and previous is not None:
+            torch.set_num_threads(previous)
 
 
 def apply_multiplicity(

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from monitor.config import Settings
+from monitor.devices import use_cuda
 from monitor.records import EmbeddingBatch
-from monitor.state.stats import resolve_device
 from monitor.state.window import SlidingWindow, WindowSnapshot
 
 StreamKey = tuple[str, str]  # (model, stream)
@@ -40,7 +40,8 @@ class StateRegistry:
         self._streams_per_model: dict[str, set[str]] = {}
         self._lock = threading.Lock()
         self._window_factory = window_factory or self._default_window
-        self._device = resolve_device(settings.device)  # CUDA for large batches' products, if configured
+        # CUDA for large batches' products when configured and present (monitor/devices.py)
+        self._device = "cuda" if use_cuda(settings.device) else None
 
     def _default_window(self, model: str, stream: str, dim: int) -> SlidingWindow:
         w = self.settings.window

@@ -27,7 +27,7 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GRAM_PRECISIONS", "GramPrecision", "SufficientStats", "check_precision", "resolve_device"]
+__all__ = ["GRAM_PRECISIONS", "GramPrecision", "SufficientStats", "check_precision"]
 
 GramPrecision = Literal["float64", "float32"]
 GRAM_PRECISIONS: tuple[GramPrecision, ...] = ("float64", "float32")
@@ -354,18 +354,6 @@ def _device_upper_indices(dim: int, device: str) -> Any:
     import torch
 
     return torch.from_numpy(_upper_flat_indices(dim)).to(device)
-
-
-def resolve_device(device: str) -> str | None:
-    """The torch device the products may use for a ``device`` setting: ``"cuda"`` when it is
-    "cuda" or "auto" and CUDA is available, else None (the CPU)."""
-    if device not in ("auto", "cuda"):
-        return None
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a dependency
-        return None
-    return "cuda" if torch.cuda.is_available() else None
 
 
 def _packed_size(dim: int) -> int:

@@ -222,7 +222,8 @@ class SlidingWindow:
         Arithmetic of each sub-window's second-moment product (``SufficientStats``); a setting
         of the running daemon, not of the data, so a checkpoint restores under either.
     device : str, optional
-        A CUDA device for the products of large batches (``stats.resolve_device``); None: CPU.
+        A CUDA device for the products of large batches (``"cuda"`` where :func:`monitor.devices.use_cuda`
+        says so); None: CPU.
 
     Examples
     --------

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from monitor.artifacts import add_artifacts_parser, generate
+from monitor.artifacts import generate
+from monitor.artifacts.command import add_artifacts_parser
 from monitor.artifacts.catalog import METRICS, m, referenced_metrics
 from monitor.artifacts.grafana_alerts import VALUE_REF, rule_uid
 from monitor.artifacts.rules import build_rules

@@ -104,7 +104,65 @@ def test_registering_the_evaluate_command_loads_no_engine() -> None:
 
 
 def test_registering_the_artifacts_command_loads_no_generator() -> None:
-    code = "from monitor.artifacts import add_artifacts_parser"
+    code = "from monitor.artifacts.command import add_artifacts_parser"
     modules = modules_after(code)
     assert loaded_after(code, (*HEAVY, "numpy", "yaml", "pydantic")) == []
     assert ours(modules) == {"monitor.artifacts", "monitor.artifacts.command"}
+
+
+def test_a_default_daemon_with_every_feature_at_work_never_imports_torch(tmp_path: Path) -> None:
+    """The demo's daemon (synthetic source, default device ``auto``, drift and probes on) after
+    ingest, refreshes, a drift cycle and a run of every probe: on a machine without an NVIDIA
+    driver (here, ``auto``'s driver check is pointed at a missing file) torch is never loaded."""
+    loaded = loaded_after(f"""
+        from prometheus_client import generate_latest
+        from monitor import devices
+        from monitor.config import load_settings
+        from monitor.demo import DEMO_SETTINGS
+        from monitor.service import Monitor
+        from monitor.sources.synthetic import SyntheticSource
+
+        devices._NVIDIA_DRIVER = devices.Path({str(tmp_path / "no-driver")!r})
+        now = [1_000_000.0]
+        clock = lambda: now[0]
+        drift = {{**DEMO_SETTINGS["drift"], "window_sample_size": 300, "reference_sample_size": 300}}
+        settings = load_settings(overrides={{
+            **DEMO_SETTINGS, "drift": drift, "http": {{"host": "127.0.0.1", "port": 0}},
+            "state_dir": {str(tmp_path / "state")!r},
+        }})
+        assert settings.device == settings.drift.device == "auto" and settings.probes.enabled
+        source = SyntheticSource(settings.synthetic, clock=clock)
+        monitor = Monitor(settings, source=source, clock=clock)
+        try:
+            for _ in range(8):
+                now[0] += 1.0
+                monitor.pipeline.apply_messages(source.poll(0.0))
+            monitor.refresh()
+            for component in monitor.components:
+                for job in component.jobs():
+                    job.func()
+            monitor.refresh()
+            text = generate_latest(monitor.metrics_registry).decode()
+        finally:
+            monitor.stop()
+        assert 'embmon_drift_mmd2{{model="mpnet-demo",stream="documents"}}' in text, "no drift cycle"
+        for probe in ("ann", "clicks"):
+            assert f'embmon_probe_runs_total{{{{outcome="success",probe="{{probe}}"}}}} 1.0' in text, probe
+    """, ("torch",))
+    assert loaded == []
+
+
+def test_the_golden_scenario_exports_every_number_without_torch(tmp_path: Path) -> None:
+    """Every probe kind (a golden set searched by k-NN, ANN recall, clicks, model agreement),
+    drift, canaries and the intrinsic metrics of tests/support/golden.py, with ``auto`` seeing
+    no NVIDIA driver: torch is never loaded."""
+    code = f"""
+        from monitor import devices
+        from tests.support.golden import current
+        devices._NVIDIA_DRIVER = devices.Path({str(tmp_path / "no-driver")!r})
+        values = current()
+        assert any(key.startswith("embmon_drift_mmd2") for key in values)
+        for probe in ("gold", "ann", "clicks", "agree"):
+            assert values[f"embmon_probe_runs_total{{{{outcome=success,probe={{probe}}}}}}"] == 1.0, probe
+    """
+    assert loaded_after(code, ("torch",)) == []

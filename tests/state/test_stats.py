@@ -317,12 +317,3 @@ def test_the_device_product_equals_the_cpu_product(precision: str) -> None:
         scale = float(np.abs(here.covariance()).max())
         np.testing.assert_allclose(on_device.covariance(), here.covariance(), rtol=1e-5, atol=1e-6 * scale)
     assert on_device.copy().device == "cpu"
-
-
-def test_resolve_device_never_picks_cuda_without_it() -> None:
-    import torch
-
-    from monitor.state.stats import resolve_device
-
-    assert resolve_device("cpu") is None
-    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else None)

@@ -139,9 +139,9 @@ class Encoder:
             if self._model is None:
                 from sentence_transformers import SentenceTransformer
 
-                from monitor.retrieval.probes.knn import resolve_device
+                from monitor.devices import device_type
 
-                self._model = SentenceTransformer(str(self.settings.path), device=resolve_device(self.device).type)
+                self._model = SentenceTransformer(str(self.settings.path), device=device_type(self.device))
             vectors = self._model.encode(
                 list(texts),
                 batch_size=self.settings.batch_size,

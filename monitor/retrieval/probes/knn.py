@@ -1,13 +1,17 @@
-"""Exact k nearest neighbours in torch: one matmul and one top-k per block of documents.
+"""Exact k nearest neighbours: one matmul and one top-k per block of documents.
 
 The score matrix of a block is (queries in block) × (documents in block), so memory is bounded
 by ``query_block_size × (block_size + k)`` floats whatever the sample size. The running top-k of
 each query is merged with every block's top-k.
 
-**Order.** Score descending, ties by document index ascending, exactly: ``torch.topk`` picks an
-arbitrary member of a tie that straddles the k-th place, so a row where that happens is re-ranked
-with a stable sort (rare in real data, common in tests), and each selection is put in
-(score descending, index ascending) order before merging.
+**Order.** Score descending, ties by document index ascending, exactly: of the documents tied at
+the k-th place, the lowest indices are kept, and each selection is put in (score descending,
+index ascending) order before merging. A NaN score (a non-finite input vector) ranks as −inf.
+
+**Devices.** numpy on the CPU; torch on a CUDA device (:mod:`monitor.retrieval.probes.knn_torch`,
+imported only when the configured device resolves to CUDA, :mod:`monitor.devices`). Both give the
+same neighbours in the same order (tested on the CPU; float32 scores can differ in the last bits
+where the matrix products sum in a different order).
 
 **Similarities.** ``cosine`` (rows L2-normalised, then the dot product), ``dot`` (inner product)
 or ``l2`` (the score is −‖q − d‖², so the nearest document has the highest score).
@@ -25,17 +29,33 @@ Examples
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
-import torch
+
+from monitor.devices import use_cuda
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Neighbours", "exact_topk", "prepare", "resolve_device"]
+__all__ = ["Neighbours", "exact_topk", "prepare"]
 
-_warned_cuda = False
+_GROUP = 64  # columns per group for the top-k threshold (:func:`_block_topk`)
+
+Ranked = tuple[Any, Any]
+"""``(scores, indices)`` of each row, best first, (score desc, index asc): arrays of one library."""
+
+
+class BlockOps(Protocol):
+    """The array operations of :func:`search_blocks` that differ between numpy and torch."""
+
+    def put(self, rows: np.ndarray) -> Any: ...  # a host array where the search runs
+    def get(self, array: Any) -> np.ndarray: ...  # back to the host
+    def row_sq(self, rows: Any) -> Any: ...  # squared norm of each row
+    def top(self, scores: Any, kk: int) -> Ranked: ...  # each row's top kk
+    def merge(self, best: Ranked, block: Ranked, k: int) -> Ranked: ...  # the top k of both
 
 
 @dataclass(frozen=True)
@@ -45,19 +65,6 @@ class Neighbours:
 
     indices: np.ndarray
     scores: np.ndarray
-
-
-def resolve_device(device: str | None) -> torch.device:
-    """``cuda`` when asked for (``cuda`` or ``auto``) and available, else the CPU."""
-    global _warned_cuda
-    if device not in (None, "auto", "cpu", "cuda"):
-        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
-    if device in ("auto", "cuda") and torch.cuda.is_available():
-        return torch.device("cuda")
-    if device == "cuda" and not _warned_cuda:
-        _warned_cuda = True
-        logger.warning("device 'cuda' requested for the probes but CUDA is not available; using the CPU")
-    return torch.device("cpu")
 
 
 def prepare(vectors: np.ndarray, similarity: str) -> np.ndarray:
@@ -81,7 +88,7 @@ def exact_topk(
     similarity: str = "cosine",
     block_size: int = 8192,
     query_block_size: int = 1024,
-    device: str | torch.device | None = "cpu",
+    device: str | None = "cpu",
     exclude: np.ndarray | None = None,
     check: Callable[[], None] | None = None,
 ) -> Neighbours:
@@ -89,7 +96,8 @@ def exact_topk(
 
     ``exclude`` (Q,) holds one document index per query to leave out (the query itself, when
     queries are documents), or −1 for none. ``check`` is called between blocks; it may raise to
-    abandon the search (a probe's deadline).
+    abandon the search (a probe's deadline). ``device``: numpy on the CPU, torch on a CUDA device
+    (:mod:`monitor.devices`; :mod:`monitor.retrieval.probes.knn_torch`, imported only then).
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
@@ -108,61 +116,118 @@ def exact_topk(
     scores = np.full((n_queries, k), -np.inf, dtype=np.float32)
     if n_queries == 0 or n_docs == 0:
         return Neighbours(indices, scores)
-    dev = device if isinstance(device, torch.device) else resolve_device(device)
-    with torch.inference_mode():
-        docs = torch.from_numpy(d).to(dev)
-        doc_sq = (docs * docs).sum(dim=1) if similarity == "l2" else None
-        for q_start in range(0, n_queries, query_block_size):
-            q_stop = min(q_start + query_block_size, n_queries)
-            qb = torch.from_numpy(q[q_start:q_stop]).to(dev)
-            q_sq = (qb * qb).sum(dim=1, keepdim=True) if similarity == "l2" else None
-            ex = None if exclude is None else torch.from_numpy(exclude[q_start:q_stop]).to(dev)
-            best_v: torch.Tensor | None = None
-            best_i: torch.Tensor | None = None
-            for d_start in range(0, n_docs, block_size):
-                if check is not None:
-                    check()
-                d_stop = min(d_start + block_size, n_docs)
-                s = qb @ docs[d_start:d_stop].T
-                if doc_sq is not None and q_sq is not None:
-                    s = 2.0 * s - doc_sq[d_start:d_stop][None, :] - q_sq
-                if ex is not None:
-                    local = ex - d_start
-                    rows = torch.nonzero((local >= 0) & (local < d_stop - d_start)).flatten()
-                    if rows.numel():
-                        s[rows, local[rows]] = -torch.inf
-                v, i = _block_topk(s, min(k, d_stop - d_start))
-                i = i + d_start
-                if best_v is None or best_i is None:
-                    best_v, best_i = v, i
-                else:
-                    v, i = _ordered(torch.cat([best_v, v], dim=1), torch.cat([best_i, i], dim=1))
-                    best_v, best_i = v[:, :k], i[:, :k]
-            assert best_v is not None and best_i is not None
-            width = best_v.shape[1]
-            scores[q_start:q_stop, :width] = best_v.cpu().numpy()
-            indices[q_start:q_stop, :width] = best_i.cpu().numpy()
+    for q_start, q_stop, best_v, best_i in search_blocks(
+        q, d, k, block_ops(device), similarity=similarity, block_size=block_size,
+        query_block_size=query_block_size, exclude=exclude, check=check,
+    ):
+        width = best_v.shape[1]
+        scores[q_start:q_stop, :width] = best_v
+        indices[q_start:q_stop, :width] = best_i
     indices[~np.isfinite(scores)] = -1  # excluded documents (the only non-finite scores)
     scores[indices < 0] = -np.inf
     return Neighbours(indices, scores)
 
 
-def _block_topk(s: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top ``kk`` of each row of ``s``, ordered by (score desc, column asc), ties resolved exactly."""
-    values, index = torch.topk(s, kk, dim=1, largest=True, sorted=True)
-    kth = values[:, -1:]
-    straddling = (s == kth).sum(dim=1) > (values == kth).sum(dim=1)
-    if bool(straddling.any()):
-        rows = torch.nonzero(straddling).flatten()
-        v, i = torch.sort(s[rows], dim=1, descending=True, stable=True)
-        values[rows] = v[:, :kk]
-        index[rows] = i[:, :kk]
-    return _ordered(values, index)
+def block_ops(device: str | None) -> BlockOps:
+    """numpy on the CPU; torch on a CUDA device (imported only then, :mod:`monitor.devices`)."""
+    if use_cuda(device):
+        from monitor.retrieval.probes.knn_torch import TorchBlocks
+
+        return TorchBlocks("cuda")
+    return NumpyBlocks()
 
 
-def _ordered(values: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sort each row by score descending, then index ascending (two stable sorts)."""
-    index_sorted, perm = torch.sort(index, dim=1, stable=True)
-    values = torch.gather(values, 1, perm)
-    values_sorted, perm = torch.sort(values, dim=1, descending=True, stable=True)
-    return values_sorted, torch.gather(index_sorted, 1, perm)
+def search_blocks(
+    q: np.ndarray,
+    d: np.ndarray,
+    k: int,
+    ops: BlockOps,
+    *,
+    similarity: str,
+    block_size: int,
+    query_block_size: int,
+    exclude: np.ndarray | None,
+    check: Callable[[], None] | None,
+) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+    """Each query block's ``(q_start, q_stop, scores, indices)``: its top ``k`` over every document
+    block (prepared float32 rows), with ``ops``' arrays (the arithmetic below reads the same in
+    numpy and torch)."""
+    n_queries, n_docs = q.shape[0], d.shape[0]
+    docs = ops.put(d)
+    doc_sq = ops.row_sq(docs) if similarity == "l2" else None
+    for q_start in range(0, n_queries, query_block_size):
+        q_stop = min(q_start + query_block_size, n_queries)
+        qb = ops.put(q[q_start:q_stop])
+        q_sq = ops.row_sq(qb)[:, None] if similarity == "l2" else None
+        ex = None if exclude is None else ops.put(exclude[q_start:q_stop])
+        best: Ranked | None = None
+        for d_start in range(0, n_docs, block_size):
+            if check is not None:
+                check()
+            d_stop = min(d_start + block_size, n_docs)
+            s = qb @ docs[d_start:d_stop].T
+            if doc_sq is not None and q_sq is not None:
+                s = 2.0 * s - doc_sq[None, d_start:d_stop] - q_sq
+            if ex is not None:
+                local = ex - d_start
+                hit = (local >= 0) & (local < d_stop - d_start)
+                s[hit, local[hit]] = -math.inf
+            nan = s != s
+            if nan.any():
+                s[nan] = -math.inf
+            v, i = ops.top(s, min(k, d_stop - d_start))
+            block = (v, i + d_start)
+            best = block if best is None else ops.merge(best, block, k)
+        assert best is not None
+        yield q_start, q_stop, ops.get(best[0]), ops.get(best[1])
+
+
+class NumpyBlocks:
+    """:class:`BlockOps` on the CPU (numpy); the CUDA twin is
+    :class:`~monitor.retrieval.probes.knn_torch.TorchBlocks`."""
+
+    def put(self, rows: np.ndarray) -> np.ndarray:
+        return rows
+
+    def get(self, array: np.ndarray) -> np.ndarray:
+        return array
+
+    def row_sq(self, rows: np.ndarray) -> np.ndarray:
+        return np.einsum("ij,ij->i", rows, rows)  # no (rows, dim) temporary
+
+    def top(self, scores: np.ndarray, kk: int) -> Ranked:
+        return _block_topk(scores, kk)
+
+    def merge(self, best: Ranked, block: Ranked, k: int) -> Ranked:
+        v, i = _ordered(np.concatenate([best[0], block[0]], axis=1), np.concatenate([best[1], block[1]], axis=1))
+        return v[:, :k], i[:, :k]
+
+
+def _block_topk(s: np.ndarray, kk: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top ``kk`` of each row of ``s``, ordered by (score desc, column asc), ties resolved exactly.
+
+    A cheap threshold first: the kk-th largest of the row's group maxima (groups of
+    ``_GROUP`` columns). kk groups reach it, so the row's kk-th largest score does too, and every
+    score that can be in the top kk (ties at the k-th place included) is at or above it. Only
+    those candidates, a few dozen per row in real data, are sorted.
+    """
+    n_rows, width = s.shape
+    group_max = np.maximum.reduceat(s, np.arange(0, width, _GROUP), axis=1)
+    groups = group_max.shape[1]
+    if groups > kk:
+        threshold = np.partition(group_max, groups - kk, axis=1)[:, groups - kk, None]
+    else:
+        threshold = np.full((n_rows, 1), -np.inf, dtype=s.dtype)
+    rows, cols = np.nonzero(s >= threshold)
+    values = s[rows, cols]
+    order = np.lexsort((cols, -values, rows))  # by row, then score desc, then column asc
+    counts = np.bincount(rows, minlength=n_rows)  # at least kk each
+    first = np.cumsum(counts) - counts
+    take = order[(first[:, None] + np.arange(kk)).ravel()]
+    return values[take].reshape(n_rows, kk), cols[take].reshape(n_rows, kk)
+
+
+def _ordered(values: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sort each row by score descending, then index ascending."""
+    order = np.lexsort((index, -values), axis=1)
+    return np.take_along_axis(values, order, axis=1), np.take_along_axis(index, order, axis=1)

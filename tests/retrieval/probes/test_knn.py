@@ -9,17 +9,21 @@ from monitor.retrieval.probes.deadline import Deadline, ProbeTimeout
 from monitor.retrieval.probes.knn import exact_topk, prepare
 
 
-def brute_force(queries: np.ndarray, docs: np.ndarray, k: int, similarity: str, exclude=None):  # type: ignore[no-untyped-def]
-    """Score every pair in float64, order by (score desc, index asc) with a full sort."""
+def exact_scores(queries: np.ndarray, docs: np.ndarray, similarity: str) -> np.ndarray:
+    """Every (query, document) score in float64."""
     q = queries.astype(np.float64)
     d = docs.astype(np.float64)
     if similarity == "cosine":
         q = q / np.linalg.norm(q, axis=1, keepdims=True)
         d = d / np.linalg.norm(d, axis=1, keepdims=True)
     if similarity == "l2":
-        scores = -((q[:, None, :] - d[None, :, :]) ** 2).sum(-1)
-    else:
-        scores = q @ d.T
+        return -((q[:, None, :] - d[None, :, :]) ** 2).sum(-1)
+    return q @ d.T
+
+
+def brute_force(queries: np.ndarray, docs: np.ndarray, k: int, similarity: str, exclude=None):  # type: ignore[no-untyped-def]
+    """Score every pair in float64, order by (score desc, index asc) with a full sort."""
+    scores = exact_scores(queries, docs, similarity)
     indices, values = [], []
     for i, row in enumerate(scores):
         order = [j for j in np.lexsort((np.arange(len(row)), -row)) if exclude is None or j != exclude[i]]
@@ -110,3 +114,49 @@ def test_the_deadline_is_checked_between_blocks() -> None:
         exact_topk(docs[:2], docs, 3, block_size=10, check=check)
     assert len(calls) == 4  # it stopped at the fourth of ten blocks
     exact_topk(docs[:2], docs, 3, block_size=10, check=Deadline(60).check)  # ample time: no raise
+
+
+# The CUDA path (monitor/retrieval/probes/knn_torch.py) run on torch's CPU backend against the
+# numpy path, through exact_topk: the same neighbours in the same order, ties included; scores
+# equal where the products are exact (small integers) and to float32 rounding otherwise
+# (the two BLAS libraries may sum a dot product in another order: rtol 1e-6).
+def on_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from monitor.retrieval.probes import knn, knn_torch
+
+    monkeypatch.setattr(knn, "block_ops", lambda device: knn_torch.TorchBlocks("cpu"))
+
+
+@pytest.mark.parametrize("similarity", ["cosine", "dot", "l2"])
+def test_torch_and_numpy_find_the_same_neighbours_in_random_data(
+    monkeypatch: pytest.MonkeyPatch, similarity: str
+) -> None:
+    rng = np.random.default_rng(8)
+    docs = rng.standard_normal((3000, 32)).astype(np.float32)
+    queries = rng.standard_normal((70, 32)).astype(np.float32)
+    exclude = rng.integers(-1, 3000, size=70)
+    kwargs = {"similarity": similarity, "block_size": 700, "query_block_size": 32, "exclude": exclude}
+    numpy_result = exact_topk(queries, docs, 15, **kwargs)
+    on_torch(monkeypatch)
+    torch_result = exact_topk(queries, docs, 15, **kwargs)
+    np.testing.assert_allclose(torch_result.scores, numpy_result.scores, rtol=1e-6, atol=1e-5)
+    # the same neighbours, except where two documents' scores differ by less than float32 rounding
+    # (−‖q − d‖² ≈ −64 here: ~1e-5) and the two products round them into the other order
+    differ = np.argwhere(torch_result.indices != numpy_result.indices)
+    assert len(differ) <= 0.01 * torch_result.indices.size
+    scores = exact_scores(queries, docs, similarity)
+    for row, col in differ:
+        gap = scores[row, torch_result.indices[row, col]] - scores[row, numpy_result.indices[row, col]]
+        assert abs(gap) < 1e-5 * max(1.0, abs(scores[row]).max()), (row, col, gap)
+
+
+@pytest.mark.parametrize("block_size", [3, 17, 10_000])
+def test_torch_and_numpy_break_ties_alike(monkeypatch: pytest.MonkeyPatch, block_size: int) -> None:
+    rng = np.random.default_rng(9)
+    queries, docs = tied_data(rng, 300, 40, 4)
+    exclude = np.arange(40) * 7
+    kwargs = {"similarity": "dot", "block_size": block_size, "query_block_size": 16, "exclude": exclude}
+    numpy_result = exact_topk(queries, docs, 23, **kwargs)
+    on_torch(monkeypatch)
+    torch_result = exact_topk(queries, docs, 23, **kwargs)
+    np.testing.assert_array_equal(torch_result.indices, numpy_result.indices)
+    np.testing.assert_array_equal(torch_result.scores, numpy_result.scores)
