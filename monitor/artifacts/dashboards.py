@@ -1,7 +1,8 @@
 """The five Grafana dashboards: what each shows, panel by panel.
 
-Overview (start here), intrinsic health against each model's own baseline, drift, retrieval
-quality with confidence bands, and the monitor's own health. The JSON they are built into, with
+Overview (start here), intrinsic health against each model's own baseline (and the canaries: did
+the model change?), drift (and what moved: regions of the reference), retrieval quality with
+confidence bands, and the monitor's own health (and, scaled out, the replicas and the reducer). The JSON they are built into, with
 the variables and annotations every board shares, is :mod:`monitor.artifacts.panels`.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from monitor.artifacts.catalog import RETRIEVAL_TITLES, m
-from monitor.artifacts.panels import MS, Panel, Target, dashboard
+from monitor.artifacts.panels import MS, Panel, Row, Target, dashboard
 from monitor.artifacts.rules.model import RuleSet
 from monitor.artifacts.rules.recording import INVALID_RECORDS_RATIO, recorded
 from monitor.retrieval.families import PROBE_METRIC_FAMILIES
@@ -49,6 +50,16 @@ def _records_rate(by: str = "") -> str:
     return f"{total}(rate({_ms('embmon_records_total')}[$__rate_interval]))"
 
 
+def _model(metric: str) -> str:
+    """``metric`` of the selected models (canary series carry a model label only)."""
+    return f'{m(metric)}{{model=~"$model"}}'
+
+
+def _canary_mismatched() -> str:
+    """1 per canary series with a counted mismatch in the last 10 minutes, else 0."""
+    return f"increase({_model('embmon_canary_mismatches_total')}[10m]) > bool 0"
+
+
 def overview(rules: RuleSet) -> dict[str, Any]:
     w = rules.thresholds.baseline_window
     job = rules.thresholds.job
@@ -66,10 +77,12 @@ def overview(rules: RuleSet) -> dict[str, Any]:
               [Target(f'max({INVALID_RECORDS_RATIO}{{stream=~"$stream"}})', "worst stream")],
               "Worst share of rejected records over 10 minutes.", kind="stat", width=6, height=5,
               thresholds=[(None, "green"), (0.05, "red")]),
-        Panel("Collapse / drift verdict per model", "none",
+        Panel("Collapse / drift / model-change verdict per model", "none",
               [Target(f"max by (model, stream) ({_ms('embmon_collapse_detected')})", "collapse {{model}} / {{stream}}"),
-               Target(f"max by (model, stream) ({_ms('embmon_drift_detected', SUITE)})", "drift {{model}} / {{stream}}")],
-              "1 means the daemon's collapse check or the combined drift verdict flags the model.",
+               Target(f"max by (model, stream) ({_ms('embmon_drift_detected', SUITE)})", "drift {{model}} / {{stream}}"),
+               Target(f"max by (model) ({_canary_mismatched()})", "model changed {{model}}")],
+              "1 means the daemon's collapse check or the combined drift verdict flags the model, or one of its "
+              "canaries mismatched its pinned vector in the last 10 minutes (the model changed).",
               kind="stat", width=24, height=5, mappings=_OK_BAD, thresholds=_RED_ABOVE_0),
         Panel(f"Effective-dimension ratio vs {w} baseline", "percentunit",
               [Target(_baseline("embmon_effective_dimension_ratio", f"ratio_median{w}"), PER_STREAM)],
@@ -125,10 +138,87 @@ def intrinsic(rules: RuleSet) -> dict[str, Any]:
         plain("Sample size", "embmon_sample_records", "short", "Reservoir sample used for the pairwise metrics."),
         plain("Effective dimension", "embmon_effective_dimension", "short", "Participation ratio, in dimensions."),
         plain("Dimension", "embmon_dimension", "short", "Nominal embedding dimension."),
+        *_canary_panels(),
     ]
     return dashboard("embmon-intrinsic", "Embedding monitor / Intrinsic health",
                      "Isotropy, dimension use and collapse per model and stream, against each model's own baseline.",
                      panels, tags=("intrinsic",))
+
+
+def _canary_panels() -> list[Panel | Row]:
+    """Did the model change? Fixed items re-sent through the embedding service, against their pins."""
+    return [
+        Row("Canaries: did the model change?"),
+        Panel("Lowest canary cosine", "none",
+              [Target(f"min by (model) ({_model('embmon_canary_cosine_min')})", "{{model}}")],
+              "Lowest cosine between a canary's embedding and its pinned vector over the window: 1 while the "
+              "model is unchanged; below 1 - canaries.tolerance is a mismatch (alert: EmbeddingMonitorModelChanged). "
+              "No line after a re-pin until the next canary arrives.", width=6, max=1),
+        Panel("Canary mismatches / s", "cps",
+              [Target(f"sum by (model) (rate({_model('embmon_canary_mismatches_total')}[$__rate_interval]))",
+                      "{{model}} mismatched"),
+               Target(f"sum by (model) (rate({_model('embmon_canary_records_total')}[$__rate_interval]))",
+                      "{{model}} compared")],
+              "Canary records whose cosine to their pin fell below 1 - canaries.tolerance, against all canary "
+              "records compared. Healthy: 0 mismatched.", width=6, overrides=_DASHED_B),
+        Panel("Time since the last canary", "s",
+              [Target(f"time() - max by (model) ({_model('embmon_canary_last_seen_timestamp_seconds')})", "{{model}}")],
+              "A model whose canaries stopped arriving is not checked: the producer's canary job is down.", width=6),
+        Panel("Pinned canaries", "short",
+              [Target(f"max by (model) ({_model('embmon_canary_pins')})", "{{model}}")],
+              "Canary ids of the model with a pinned vector (a re-pin unpins those not seen since start).", width=6),
+    ]
+
+
+def _regions(metric: str) -> str:
+    return f"max by (model, stream, region) ({_ms(metric)})"
+
+
+def _what_moved_panels() -> list[Panel | Row]:
+    """Per region of the reference: its share of the reference and of the window; what is new."""
+    window, reference = _regions("embmon_drift_region_window_ratio"), _regions("embmon_drift_region_reference_ratio")
+    region = "{{model}} / {{stream}} region {{region}}"
+    return [
+        Row("What moved: regions of the reference (embedding-monitor drift explain)"),
+        Panel("Region shares: window vs reference", "percentunit",
+              [Target(window, f"{region} window"), Target(reference, f"{region} reference")],
+              "Share of the window sample (solid) and of the held-out reference (dashed) in each k-means region "
+              "of the reference, at each drift cycle. `embedding-monitor drift explain` names the exemplar ids.",
+              min=0, overrides=_DASHED_B),
+        Panel("Region share change (window - reference)", "percentunit",
+              [Target(f"{window} - {reference}", region)],
+              "Positive: the region gained share (what arrived); negative: it lost share."),
+        Panel("Novel share", "percentunit", [_per_stream_max("embmon_drift_novel_ratio")],
+              "Share of the window farther from every region than 99% of the reference: about 0.01 when nothing "
+              "new arrived; a new topic the reference never had raises it.", width=8, min=0),
+        Panel("Regions shifted", "short", [_per_stream_max("embmon_drift_regions_shifted")],
+              "Regions whose share change is significant at the cycle's alpha after Benjamini-Hochberg.",
+              width=8, min=0),
+        Panel("Region p-values (BH-adjusted)", "none",
+              [Target(f"min by (model, stream, region) ({_ms('embmon_drift_region_p_value')})", region),
+               Target(f"max by (model, stream) ({_ms('embmon_drift_threshold', SUITE)})",
+                      "{{model}} / {{stream}} cycle alpha")],
+              "Fisher's exact test of each region's share change, adjusted across regions; below the cycle's "
+              "alpha (dashed) the region has shifted.", width=8, min=0, max=1, overrides=_DASHED_B),
+        Row("Cycle budget: could the tests decide?"),
+        Panel("Tests cut short by the time budget (per hour)", "short",
+              [Target(f"sum by (model, stream, test) (increase({_ms('embmon_drift_tests_cut_total')}[1h]))",
+                      "{{model}} / {{stream}} {{test}}")],
+              "Drift tests the cycle's time budget skipped or truncated: healthy is 0. A cut test has a higher "
+              "p-value floor or no p-value (it counts as p = 1).", min=0),
+        Panel("p-value floor vs threshold", "none",
+              [Target(f"max by (model, stream, test) ({_ms('embmon_drift_p_value_floor')})",
+                      "{{model}} / {{stream}} {{test}} floor"),
+               Target(f"max by (model, stream, test) ({_ms('embmon_drift_threshold')})",
+                      "{{model}} / {{stream}} {{test}} threshold")],
+              "Smallest p-value each test could give at the last cycle (1/(1 + permutations) for a permutation "
+              "test, 0 for the others). A floor above the threshold (dashed) means the test could not have "
+              "detected drift.", min=0, max=1, overrides=_DASHED_B),
+    ]
+
+
+def _per_stream_max(metric: str) -> Target:
+    return Target(f"max by (model, stream) ({_ms(metric)})", PER_STREAM)
 
 
 def drift(rules: RuleSet) -> dict[str, Any]:
@@ -164,9 +254,10 @@ def drift(rules: RuleSet) -> dict[str, Any]:
         Panel("Reference age", "s",
               [Target(f"time() - max by (model, stream) ({_ms('embmon_reference_timestamp_seconds')})", PER_STREAM)],
               "How long ago the reference was pinned (re-pin: see the runbook)."),
+        *_what_moved_panels(),
     ]
     return dashboard("embmon-drift", "Embedding monitor / Drift",
-                     "Distribution drift of each model's embeddings against its pinned reference.", panels,
+                     "Distribution drift of each model's embeddings against its reference, and what moved.", panels,
                      tags=("drift",))
 
 
@@ -265,10 +356,59 @@ def monitor_health(rules: RuleSet) -> dict[str, Any]:
               "Age of the last successful run of each probe."),
         Panel("Build", "none", [Target(f"{m('embmon_build_info')}", "{{instance}} {{version}}", instant=True)],
               "Running versions.", kind="table"),
+        *_scale_out_panels(),
     ]
     return dashboard("embmon-self", "Embedding monitor / Monitor health",
-                     "The monitor's own health: throughput, invalid records, lag, refresh and probe durations.",
+                     "The monitor's own health: throughput, invalid records, lag, refresh and probe durations; "
+                     "scaled out, the replicas' publications and the reducer's merge.",
                      panels, tags=("self",))
+
+
+def _scale_out_panels() -> list[Panel | Row]:
+    """Replicas publishing their partial state, the reducer merging it (empty for a single daemon)."""
+    def rate(metric: str, by: str) -> str:
+        return f"sum by ({by}) (rate({m(metric)}[$__rate_interval]))"
+
+    return [
+        Row("Scale-out: replicas and the reducer"),
+        Panel("Replica publication age", "s",
+              [Target(f"time() - max by (instance) ({m('embmon_partials_last_publish_timestamp_seconds')})",
+                      "{{instance}}")],
+              "Seconds since each replica's newest publication reached the broker: within two checkpoint "
+              "intervals when healthy.", width=8),
+        Panel("Partial age at the reducer", "s",
+              [Target(f"max by (replica) ({m('embmon_reducer_partial_age_seconds')})", "{{replica}}")],
+              "Seconds since the replica captured the newest publication the reducer applied; the reducer marks "
+              "it stale past scale_out.stale_after_seconds (alert: EmbeddingMonitorReplicaStale).", width=8),
+        Panel("Replicas merged by state", "short",
+              [Target(f"sum by (state) ({m('embmon_reducer_replicas')})", "{{state}}")],
+              "Replicas whose publications the reducer merges: live should equal the replicas you run.",
+              width=8, min=0),
+        Panel("Partials published: bytes / s", "Bps",
+              [Target(rate("embmon_partials_published_bytes_total", "instance"), "{{instance}}")],
+              "Bytes each replica writes to the partials topic.", width=8),
+        Panel("Partials published: records / s", "cps",
+              [Target(rate("embmon_partials_published_total", "instance, kind"), "{{instance}} {{kind}}"),
+               Target(rate("embmon_partials_publish_failures_total", "instance"), "{{instance}} failed")],
+              "Publications per replica by kind (subwindow chunks, tombstones, manifests), and failed ones "
+              "(alert: EmbeddingMonitorPartialsPublishFailing).", width=8),
+        Panel("Reducer: partials applied and ignored / s", "cps",
+              [Target(rate("embmon_reducer_partials_applied_total", "kind"), "applied {{kind}}"),
+               Target(rate("embmon_reducer_partials_ignored_total", "reason"), "ignored {{reason}}")],
+              "What the reducer merged, and what it did not by reason: duplicate and superseded are harmless; "
+              "window_mismatch, dim_mismatch, replica_limit and corrupt are refusals "
+              "(alert: EmbeddingMonitorPartialsRefused).", width=8),
+        Panel("Records per replica in the merged windows", "short",
+              [Target(f"max by (replica) ({m('embmon_reducer_replica_window_records')})", "{{replica}}")],
+              "How the partitions and the traffic spread over the replicas; per stream their sum is "
+              "embmon_window_records.", min=0),
+        Panel("Stale replicas", "none",
+              [Target(f"max by (replica) ({m('embmon_reducer_replica_stale')})", "{{replica}}")],
+              "1 while the reducer has applied no publication of the replica for scale_out.stale_after_seconds; "
+              "its older state stays merged until it leaves the window.",
+              min=0, max=1, mappings=[{"type": "value", "options": {
+                  "0": {"text": "LIVE", "color": "green"}, "1": {"text": "STALE", "color": "red"}}}]),
+    ]
 
 
 BUILDERS = {

@@ -1,6 +1,7 @@
 """Grafana dashboard JSON: panels and their targets, the grid layout, variables, annotations.
 
-What every board shares: a stable ``uid``, the ``embedding-monitor`` tag, a datasource variable
+Panels are laid out left to right in rows of 24 units; a :class:`Row` starts a titled group on a
+new line. What every board shares: a stable ``uid``, the ``embedding-monitor`` tag, a datasource variable
 (every panel and target uses ``${datasource}``), ``model`` and ``stream`` variables (label_values
 queries; retrieval boards add ``probe``, ``slice`` and ``k``), a unit on every panel, and drift
 change points as annotations (increases of ``embmon_drift_change_points_total``). What each
@@ -42,6 +43,13 @@ class Panel:
     thresholds: list[tuple[float | None, str]] | None = None
     min: float | None = None
     max: float | None = None
+
+
+@dataclass
+class Row:
+    """A full-width row header that groups the panels after it (Grafana's ``row`` panel)."""
+
+    title: str
 
 
 def _variable_query(name: str, label: str, query: str, *, multi: bool = True) -> dict[str, Any]:
@@ -171,11 +179,21 @@ def _panel_json(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
     }
 
 
-def dashboard(uid: str, title: str, description: str, panels: list[Panel], *, retrieval: bool = False,
+def _row_json(row: Row, pid: int, y: int) -> dict[str, Any]:
+    return {"id": pid, "type": "row", "title": row.title, "collapsed": False, "panels": [],
+            "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}}
+
+
+def dashboard(uid: str, title: str, description: str, panels: list[Panel | Row], *, retrieval: bool = False,
               tags: tuple[str, ...] = ()) -> dict[str, Any]:
     laid: list[dict[str, Any]] = []
     x = y = row_h = 0
     for pid, panel in enumerate(panels, start=1):
+        if isinstance(panel, Row):  # starts a new line, one unit high
+            y += row_h
+            laid.append(_row_json(panel, pid, y))
+            x, y, row_h = 0, y + 1, 0
+            continue
         if x + panel.width > 24:
             x, y, row_h = 0, y + row_h, 0
         laid.append(_panel_json(panel, pid, x, y))
@@ -208,5 +226,5 @@ def dashboard(uid: str, title: str, description: str, panels: list[Panel], *, re
 
 
 def panel_queries(dash: dict[str, Any]) -> list[tuple[str, str]]:
-    """(panel title, expr) for every target of every panel."""
-    return [(p["title"], t["expr"]) for p in dash["panels"] for t in p["targets"]]
+    """(panel title, expr) for every target of every panel (rows have none)."""
+    return [(p["title"], t["expr"]) for p in dash["panels"] for t in p.get("targets", ())]

@@ -1,8 +1,9 @@
 """promtool unit tests generated from each alert's scenario, and recording-rule tests.
 
 Per alert: one evaluation interval before the ``for:`` boundary nothing fires (the alert is
-pending), at the boundary it fires with exact labels and annotations, and a similar history that
-must stay quiet does not fire at the boundary.
+pending), at the boundary it fires with exact labels and annotations, where the scenario says so
+it resolves once its history clears the condition, and a similar history that must stay quiet
+does not fire at the boundary.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def alert_test_file(rules: RuleSet, alert: Alert) -> dict[str, Any]:
     if alert.for_seconds % sc.step or sc.onset % sc.step:
         raise ValueError(f"{alert.name}: `for` and onset must be multiples of the test step {sc.step}s")
     fire = sc.onset + alert.for_seconds
+    if sc.resolves_at is not None and (sc.resolves_at <= fire or sc.resolves_at % sc.step):
+        raise ValueError(f"{alert.name}: resolves_at must be a step multiple after the firing boundary {fire}s")
     labels = {**sc.labels, "severity": alert.severity}
     annotations = {
         "summary": alert.summary,
@@ -54,6 +57,7 @@ def alert_test_file(rules: RuleSet, alert: Alert) -> dict[str, Any]:
                         "alertname": alert.name,
                         "exp_alerts": [{"exp_labels": labels, "exp_annotations": annotations}],
                     },
+                    *_resolved(alert, sc.resolves_at),
                 ],
             },
             {
@@ -66,6 +70,11 @@ def alert_test_file(rules: RuleSet, alert: Alert) -> dict[str, Any]:
             },
         ],
     }
+
+
+def _resolved(alert: Alert, at: int | None) -> list[dict[str, Any]]:
+    """The checkpoint where the firing history has cleared the condition (none when it never does)."""
+    return [] if at is None else [{"eval_time": _duration(at), "alertname": alert.name, "exp_alerts": []}]
 
 
 def _sample(name: str, labels: dict[str, str], value: float) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from monitor.artifacts.catalog import METRICS, m, referenced_metrics
 from monitor.artifacts.grafana_alerts import VALUE_REF, rule_uid
 from monitor.artifacts.rules import build_rules
 from monitor.artifacts.rules.model import PREFIX
+from monitor.artifacts.rules.scaleout import REFUSED_REASONS
 from monitor.artifacts.rules.values import format_number, format_value, humanize
 from monitor.artifacts.thresholds import Thresholds, load_thresholds
 from tests.support.paths import REPO
@@ -71,9 +72,12 @@ def test_every_alert_has_its_unit_test_with_the_three_checkpoints() -> None:
         suite = load(TESTS_DIR / f"{name}.yaml")
         step = suite["evaluation_interval"]
         fires, quiet = suite["tests"]
-        before, boundary = fires["alert_rule_test"]
+        before, boundary, *resolved = fires["alert_rule_test"]
         assert before["exp_alerts"] == [] and boundary["exp_alerts"], name
         assert _minutes(boundary["eval_time"]) - _minutes(before["eval_time"]) == _minutes(step), name
+        # where the history clears the condition, the alert resolves
+        for after in resolved:
+            assert after["exp_alerts"] == [] and _minutes(after["eval_time"]) > _minutes(boundary["eval_time"])
         assert boundary["exp_alerts"][0]["exp_labels"]["severity"] == rule["labels"]["severity"]
         assert set(boundary["exp_alerts"][0]["exp_annotations"]) == {"summary", "description", "runbook_url"}
         assert quiet["alert_rule_test"] == [{"eval_time": boundary["eval_time"], "alertname": name, "exp_alerts": []}]
@@ -279,6 +283,48 @@ def test_intrinsic_alerts_compare_with_the_model_baseline_and_absolute_ones_are_
     assert "offset 1w" in prom["EmbeddingMonitorRetrievalNdcgDroppedWeekOverWeek"]["expr"]
 
 
+def test_a_changed_model_pages_per_model_and_resolves_after_a_repin() -> None:
+    rule = prometheus_alerts()["EmbeddingMonitorModelChanged"]
+    assert rule["labels"]["severity"] == "critical"
+    # the daemon's mismatch counter decides; the lowest canary cosine is the value shown
+    assert rule["expr"] == ("min by (model) (embmon_canary_cosine_min) < 1 and "
+                            "sum by (model) (increase(embmon_canary_mismatches_total[10m])) > 0")
+    fires, quiet = load(TESTS_DIR / "EmbeddingMonitorModelChanged.yaml")["tests"]
+    before, boundary, resolved = fires["alert_rule_test"]
+    assert boundary["exp_alerts"][0]["exp_labels"] == {"model": "minilm", "severity": "critical"}
+    assert "lowest canary cosine over the window is 0.250" in boundary["exp_alerts"][0]["exp_annotations"]["description"]
+    # the re-pin drops the window's cosines while the counter's increase is still positive
+    cosine = next(s["values"] for s in fires["input_series"] if s["series"].startswith("embmon_canary_cosine_min"))
+    assert "stale" in cosine and resolved["exp_alerts"] == []
+    # float noise below 1 that the daemon did not count as a mismatch stays quiet
+    assert all("1+" not in s["values"] for s in quiet["input_series"])
+
+
+def test_scale_out_alerts_read_only_what_replicas_and_the_reducer_export() -> None:
+    from monitor.scaleout.table import IGNORED_REASONS
+
+    prom = prometheus_alerts()
+    scale_out = {"EmbeddingMonitorReplicaStale", "EmbeddingMonitorPartialsPublishFailing",
+                 "EmbeddingMonitorReducerNotMerging", "EmbeddingMonitorPartialsRefused"}
+    assert scale_out <= set(prom)
+    for name in scale_out:
+        used = referenced_metrics(prom[name]["expr"])
+        # a single daemon exports none of these, so these alerts are silent there
+        assert used and all(METRICS[n].area == "scale_out" for n in used), name
+    assert prom["EmbeddingMonitorReducerNotMerging"]["labels"]["severity"] == "critical"
+    # refusals are reducer reasons that do not repair themselves
+    assert set(REFUSED_REASONS) <= set(IGNORED_REASONS)
+    assert not {"duplicate", "superseded", "missing"} & set(REFUSED_REASONS)
+
+
+def test_stream_ages_take_the_newest_record_over_instances() -> None:
+    rule = prometheus_alerts()["EmbeddingMonitorNoRecentRecords"]
+    assert rule["expr"] == "time() - max by (model, stream) (embmon_last_record_timestamp_seconds) > 3600"
+    # the quiet history: one instance frozen (it lost the partitions), another still receiving
+    quiet = load(TESTS_DIR / "EmbeddingMonitorNoRecentRecords.yaml")["tests"][1]["input_series"]
+    assert {re.search(r'instance="([^"]+)"', s["series"]).group(1) for s in quiet} == {"monitor-0:9464", "monitor-1:9464"}
+
+
 # ------------------------------------------------------------------------- overrides
 
 
@@ -296,6 +342,8 @@ alerts:
   EmbeddingMonitorEffectiveDimensionBelowAbsolute: {enabled: true, threshold: 0.25}
   EmbeddingMonitorTopVarianceAboveAbsolute: {enabled: true}
   EmbeddingMonitorDriftDetected: {enabled: false}
+  EmbeddingMonitorModelChanged: {threshold: 0.99}
+  EmbeddingMonitorReplicaStale: {for: 30m, severity: critical}
 """
 
 
@@ -313,6 +361,7 @@ def test_thresholds_file_overrides_and_its_generated_tests_pass(tmp_path: Path) 
     assert "EmbeddingMonitorDriftDetected" not in alerts
     assert alerts["EmbeddingMonitorEffectiveDimensionBelowAbsolute"]["expr"].endswith(":avg < 0.25")
     assert alerts["EmbeddingMonitorRetrievalMrrBelowObjective"]["expr"] == 'embmon_retrieval_mrr_ci_upper{k="5"} < 0.4'
+    assert alerts["EmbeddingMonitorModelChanged"]["expr"].startswith("min by (model) (embmon_canary_cosine_min) < 0.99 and")
     assert grafana_rules(out / generate.GRAFANA_ALERTS).keys() == alerts.keys()
     result = promtool("check", "rules", rules_file)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -321,7 +370,7 @@ def test_thresholds_file_overrides_and_its_generated_tests_pass(tmp_path: Path) 
                "EmbeddingMonitorConsumerLagGrowing", "EmbeddingMonitorProbeStale", "EmbeddingMonitorDown",
                "EmbeddingMonitorMeanCosineAboveAbsolute", "EmbeddingMonitorEffectiveDimensionBelowAbsolute",
                "EmbeddingMonitorTopVarianceAboveAbsolute", "EmbeddingMonitorRetrievalMrrBelowObjective",
-               "recording-rules"]
+               "EmbeddingMonitorModelChanged", "EmbeddingMonitorReplicaStale", "recording-rules"]
     tests = out / "alerts" / "tests"
     assert not (tests / "EmbeddingMonitorDriftDetected.yaml").exists()
     result = promtool("test", "rules", *(tests / f"{n}.yaml" for n in changed), cwd=tests)

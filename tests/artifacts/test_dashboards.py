@@ -53,6 +53,12 @@ def test_panels_have_units_and_use_the_datasource_variable(stem: str) -> None:
     assert len(ids) == len(set(ids))
     cells: set[tuple[int, int]] = set()
     for panel in board["panels"]:
+        if panel["type"] == "row":  # a full-width header one unit high, above the panels it groups
+            assert panel["title"] and panel["gridPos"] == {"h": 1, "w": 24, "x": 0, "y": panel["gridPos"]["y"]}
+            own = {(x, panel["gridPos"]["y"]) for x in range(24)}
+            assert not own & cells, f"row {panel['title']} overlaps a panel"
+            cells |= own
+            continue
         assert panel["fieldConfig"]["defaults"].get("unit"), (stem, panel["title"])
         assert panel["datasource"] == DS, panel["title"]
         assert panel["description"], panel["title"]
@@ -114,7 +120,8 @@ def test_overview_answers_is_anything_wrong_per_model() -> None:
 
 def test_intrinsic_panels_state_the_definitions_the_daemon_computes() -> None:
     # monitor/quality/intrinsic.py: d * lam_min / sum(lam), sum(lam) / lam_max, exp(entropy(sigma / sum(sigma)))
-    described = {p["title"]: p["description"] for p in committed()["embedding-monitor-intrinsic"]["panels"]}
+    described = {p["title"]: p["description"] for p in committed()["embedding-monitor-intrinsic"]["panels"]
+                 if p["type"] != "row"}
     assert described["Partition isotropy"].startswith("d·λmin/Σλ of the covariance eigenvalues")
     assert described["Stable rank"].startswith("Σσ²/σmax² = Σλ/λmax")
     assert "Roy & Vetterli, 2007" in described["Effective rank"]
@@ -126,3 +133,53 @@ def test_dashboards_configmap_carries_the_committed_json() -> None:
     assert {k: json.loads(v) for k, v in cm["data"].items()} == {f"{s}.json": b for s, b in committed().items()}
     # kubectl apply keeps the object in an annotation limited to 256 KiB
     assert len(json.dumps(cm)) < 250_000
+
+
+def rows(board: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Row title -> the panels under it, in order (panels before the first row are left out)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    current: list[dict[str, Any]] | None = None
+    for panel in board["panels"]:
+        if panel["type"] == "row":
+            current = out.setdefault(panel["title"], [])
+        elif current is not None:
+            current.append(panel)
+    return out
+
+
+def exprs(panels: list[dict[str, Any]]) -> str:
+    return " ".join(t["expr"] for p in panels for t in p["targets"])
+
+
+def test_monitor_health_has_a_scale_out_row_on_the_replica_and_reducer_metrics() -> None:
+    (scale_out,) = [panels for title, panels in rows(committed()["embedding-monitor-monitor-health"]).items()
+                    if title.startswith("Scale-out")]
+    used = set().union(*(referenced_metrics(t["expr"]) for p in scale_out for t in p["targets"]))
+    # publication age and bytes/records rates of the replicas, the reducer's merged replicas
+    assert {"embmon_partials_last_publish_timestamp_seconds", "embmon_partials_published_bytes_total",
+            "embmon_partials_published_total", "embmon_reducer_replicas", "embmon_reducer_partial_age_seconds",
+            "embmon_reducer_replica_stale"} <= used
+    assert all(METRICS[name].area == "scale_out" for name in used)
+
+
+def test_canary_panels_show_the_lowest_cosine_and_the_mismatch_rate_per_model() -> None:
+    (canaries,) = [panels for title, panels in rows(committed()["embedding-monitor-intrinsic"]).items()
+                   if title.startswith("Canaries")]
+    text = exprs(canaries)
+    assert 'min by (model) (embmon_canary_cosine_min{model=~"$model"})' in text
+    assert 'rate(embmon_canary_mismatches_total{model=~"$model"}[$__rate_interval])' in text
+    overview = exprs(committed()["embedding-monitor-overview"]["panels"])
+    assert "embmon_canary_mismatches_total" in overview  # the model-changed verdict next to collapse and drift
+
+
+def test_drift_board_shows_what_moved_and_whether_the_tests_could_decide() -> None:
+    board = rows(committed()["embedding-monitor-drift"])
+    (moved,) = [panels for title, panels in board.items() if title.startswith("What moved")]
+    (shares,) = [p for p in moved if p["title"] == "Region shares: window vs reference"]
+    assert [referenced_metrics(t["expr"]) for t in shares["targets"]] == [
+        {"embmon_drift_region_window_ratio"}, {"embmon_drift_region_reference_ratio"}]
+    assert all("by (model, stream, region)" in t["expr"] for t in shares["targets"])
+    assert {"embmon_drift_novel_ratio", "embmon_drift_regions_shifted", "embmon_drift_region_p_value"} <= \
+        referenced_metrics(exprs(moved))
+    (budget,) = [panels for title, panels in board.items() if title.startswith("Cycle budget")]
+    assert {"embmon_drift_tests_cut_total", "embmon_drift_p_value_floor"} <= referenced_metrics(exprs(budget))

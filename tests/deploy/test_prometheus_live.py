@@ -14,6 +14,7 @@ shortened to 2 s) and one Alertmanager notifying a webhook in this process serve
 
 from __future__ import annotations
 
+import calendar
 import re
 import time
 from collections.abc import Iterator
@@ -24,12 +25,13 @@ import pytest
 import yaml
 
 from monitor.artifacts import dashboards as dash
-from monitor.artifacts import grafana_alerts, panels, prometheus
-from monitor.artifacts.catalog import exported_names, referenced_metrics
+from monitor.artifacts import grafana_alerts, prometheus
+from monitor.artifacts.catalog import METRICS, exported_names, referenced_metrics
 from monitor.artifacts.rules import build_rules
 from monitor.artifacts.thresholds import Thresholds
 from monitor.retrieval.families import PROBE_METRIC_FAMILIES
 from tests.support import daemons
+from tests.support.artifact_queries import all_queries, shorten_history, sources, substitute
 from tests.support.broker import free_port
 from tests.support.daemons import DaemonProcess
 from tests.support.prometheus import AlertmanagerServer, PrometheusServer, PromQLError, WebhookReceiver
@@ -40,11 +42,16 @@ pytestmark = pytest.mark.prometheus
 JOB = "embedding-monitor"
 MODEL, STREAM = "minilm-live", "documents"
 HEALTHY_SECONDS = 20.0  # healthy (8 s) + invalid burst (2 s) + healthy (10 s), then collapsed
+SCALE_OUT_METRICS = {name for name, spec in METRICS.items() if spec.area == "scale_out"}
+CANARIES = [f"canary-{i}" for i in range(3)]
 
 # Metrics the artifacts use that this synthetic set-up cannot produce, by design.
 NOT_FROM_SYNTHETIC = {
     "embmon_consumer_lag_records": "Kafka source only",
     "embmon_alignment": "needs records sharing a pair_id",
+    # a single daemon exports none of these; tests/test_prometheus_live_scaleout.py runs their
+    # queries against replicas and a reducer
+    **{name: "scale-out roles only" for name in SCALE_OUT_METRICS},
 }
 # Metrics of features the daemon does not export yet (none left). When one of them starts being
 # exported this test fails: remove it here, and its queries are then held to "returns at least
@@ -66,9 +73,13 @@ DAEMON_CONFIG = {
             {"kind": "collapsed", "seconds": 600.0},
         ],
         "loop": False,
+        # the producer's canary job: fixed items re-embedded every second (the collapse changes them)
+        "canaries": len(CANARIES),
+        "canary_period_seconds": 1.0,
         # a small search system: catalog documents with ids, served results, clicks
         "interactions": {"rate": 20.0, "catalog_size": 200, "catalog_period_seconds": 1.0},
     },
+    "canaries": {"ids": {MODEL: CANARIES}},
     "window": {"seconds": 4.0, "subwindows": 2, "reservoir_size": 500},
     "refresh_seconds": 1.0,
     "probes": {
@@ -83,58 +94,6 @@ DAEMON_CONFIG = {
 }
 
 
-def substitute(expr: str) -> str:
-    """A dashboard/alert query as Grafana or Prometheus would send it, for a few minutes of data."""
-    for var in ("model", "stream", "probe", "slice", "k"):
-        expr = expr.replace(f"${var}", ".+")
-    expr = expr.replace("$__rate_interval", "5s").replace("$__interval", "5s")
-    return expr
-
-
-def shorten_history(expr: str) -> str:
-    """Week-over-week comparisons need a week of data: compare with a few seconds ago instead."""
-    return expr.replace("offset 1w", "offset 3s")
-
-
-@dataclass(frozen=True)
-class Query:
-    origin: str
-    expr: str
-    must_return: bool  # False: parse only (a threshold comparison may legitimately be empty)
-
-
-def all_queries() -> list[Query]:
-    rules = build_rules()
-    out: list[Query] = []
-    for stem, board in dash.all_dashboards(rules).items():
-        for title, expr in panels.panel_queries(board):
-            out.append(Query(f"dashboard {stem} / {title}", expr, True))
-        for ann in board["annotations"]["list"]:
-            if "expr" in ann:
-                out.append(Query(f"dashboard {stem} annotation {ann['name']}", ann["expr"], False))
-                out.append(Query(f"dashboard {stem} annotation {ann['name']} (signal)",
-                                 ann["expr"].removesuffix(" > 0"), True))
-        for var in board["templating"]["list"]:
-            if var["type"] == "query":  # label_values(<selector>, label): the selector must match
-                selector = re.fullmatch(r"label_values\((.+), \w+\)", var["query"]["query"])
-                assert selector, var["query"]["query"]
-                out.append(Query(f"dashboard {stem} variable {var['name']}", selector.group(1), True))
-    for group in prometheus.rule_file(rules)["groups"]:
-        for rule in group["rules"]:
-            name = rule.get("record") or rule["alert"]
-            out.append(Query(f"rule {name}", rule["expr"], "record" in rule))
-    for alert in rules.alerts:
-        for signal in alert.signals():
-            out.append(Query(f"rule {alert.name} (signal)", signal, True))
-    for group in grafana_alerts.provisioning_file(rules)["groups"]:
-        for rule in group["rules"]:
-            for data in rule["data"]:
-                if data["datasourceUid"] != "__expr__":
-                    must = not rule["title"].endswith("Absent")  # absent() is empty while all is well
-                    out.append(Query(f"grafana {rule['title']} {data['refId']}", data["model"]["expr"], must))
-    return out
-
-
 @dataclass
 class Stack:
     prom: PrometheusServer
@@ -142,6 +101,7 @@ class Stack:
     hook: WebhookReceiver
     daemon: DaemonProcess
     collapse_after: float  # monotonic time at which the collapsed phase begins, at the earliest
+    collapse_after_wall: float  # the same on the wall clock (Alertmanager's startsAt)
 
     def daemon_tail(self) -> str:
         return "--- daemon log ---\n" + "\n".join(self.daemon.output().splitlines()[-30:])
@@ -154,7 +114,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     config = {**DAEMON_CONFIG, "http": {"host": "127.0.0.1", "port": port}}
     (tmp / "daemon.yaml").write_text(yaml.safe_dump(config))
     # the shipped rules, with the collapse alert's `for` shortened so that a test can wait for it
-    th = Thresholds.model_validate({"job": JOB, "alerts": {"EmbeddingMonitorCollapse": {"for": "2s"}}})
+    th = Thresholds.model_validate({"job": JOB, "alerts": {"EmbeddingMonitorCollapse": {"for": "2s"},
+                                                          "EmbeddingMonitorModelChanged": {"for": "2s"}}})
     rules_path = tmp / "rules.yaml"
     rules_path.write_text(yaml.safe_dump(prometheus.rule_file(build_rules(th)), sort_keys=False))
     with (
@@ -165,22 +126,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         daemons.process("--config", str(tmp / "daemon.yaml"), "--state-dir", str(tmp / "state"),
                         log=tmp / "daemon.log", port=port) as daemon,
     ):
-        s = Stack(prom, am, hook, daemon, time.monotonic() + HEALTHY_SECONDS)
+        s = Stack(prom, am, hook, daemon, time.monotonic() + HEALTHY_SECONDS, time.time() + HEALTHY_SECONDS)
         prom.wait_until(lambda: prom.query(f'up{{job="{JOB}"}} == 1'), timeout=60,
                         message="Prometheus scraping the daemon")
         yield s
-
-
-_RECORDED = re.compile(r"[a-z_]+:embmon_[a-z0-9_]+:[a-z0-9_]+")
-
-
-def sources(expr: str) -> set[str]:
-    """Metric names an expression reads, through the recording rules it uses."""
-    records = {r.record: r.expr for r in build_rules().recording}
-    names = referenced_metrics(expr)
-    for recorded in _RECORDED.findall(expr):
-        names |= sources(records[recorded]) if recorded in records else set()
-    return names
 
 
 def exported_now(stack: Stack) -> set[str]:
@@ -251,9 +200,44 @@ def test_a_scripted_collapse_pages_through_alertmanager(stack: Stack) -> None:
         r"is at ([0-9.]+)% of its 7d median baseline\.", ann["description"])
     assert match and float(match.group(1)) < 50, ann["description"]
     assert ann["runbook_url"].endswith("docs/runbook.md#embeddingmonitorcollapse")
-    # nothing else pages on this stream: the critical alerts that arrived are the collapse only
+    # nothing else pages: the critical alerts that arrived are the collapse and, since the collapsed
+    # model also embeds its canaries elsewhere, the changed model
     critical = {a["labels"]["alertname"] for a in stack.hook.alerts() if a["labels"].get("severity") == "critical"}
-    assert critical == {"EmbeddingMonitorCollapse"}
+    assert critical <= {"EmbeddingMonitorCollapse", "EmbeddingMonitorModelChanged"}
+    assert fired_at(alert) >= stack.collapse_after_wall
     # and Alertmanager holds it as an active alert
     active = [a for a in stack.am.alerts() if a["labels"]["alertname"] == "EmbeddingMonitorCollapse"]
     assert active and active[0]["status"]["state"] == "active"
+
+
+def fired_at(alert: dict[str, Any]) -> float:
+    """Alertmanager's ``startsAt`` (when Prometheus began firing it) as unix seconds."""
+    stamp = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?Z", alert["startsAt"])
+    assert stamp, alert["startsAt"]
+    whole = calendar.timegm(time.strptime(stamp.group(1), "%Y-%m-%dT%H:%M:%S"))
+    return whole + float(f"0.{stamp.group(2) or 0}")
+
+
+def test_a_collapsed_model_pages_as_a_changed_model_through_its_canaries(stack: Stack) -> None:
+    def model_changed() -> list[dict[str, Any]]:
+        return [a for a in stack.hook.alerts() if a["labels"].get("alertname") == "EmbeddingMonitorModelChanged"]
+
+    (alert, *_) = wait_until(
+        model_changed, timeout=90, message="EmbeddingMonitorModelChanged at the webhook",
+        on_timeout=lambda: f"{stack.prom.alerts()}\n{stack.daemon_tail()}\n{stack.am.log_tail()}",
+    )
+    # the canaries matched their pins through the healthy phases (and the invalid burst)
+    assert fired_at(alert) >= stack.collapse_after_wall, "a model change paged during the healthy phases"
+    assert alert["status"] == "firing"
+    assert alert["labels"] == {"alertname": "EmbeddingMonitorModelChanged", "model": MODEL, "severity": "critical"}
+    ann = alert["annotations"]
+    match = re.fullmatch(
+        rf"Canary records of model {MODEL} no longer match their pinned vectors: the lowest canary cosine over "
+        r"the window is (-?[0-9.]+) \(1 = unchanged\), with mismatches in the last 10m\.", ann["description"])
+    assert match and float(match.group(1)) < 0.999, ann["description"]
+    assert ann["runbook_url"].endswith("docs/runbook.md#embeddingmonitormodelchanged")
+    # what the daemon counted: every canary compared after its first sighting, mismatches since the collapse
+    compared = stack.prom.query(f'sum(embmon_canary_records_total{{model="{MODEL}"}})')
+    mismatched = stack.prom.query(f'sum(embmon_canary_mismatches_total{{model="{MODEL}"}})')
+    assert float(mismatched[0]["value"][1]) > 0
+    assert float(compared[0]["value"][1]) > float(mismatched[0]["value"][1])

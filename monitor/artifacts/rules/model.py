@@ -68,7 +68,9 @@ class Scenario:
 
     ``onset`` is the first evaluation (seconds) at which the expression is true; the alert is
     pending from then and fires at ``onset + for``. ``labels`` are the alert's series labels at
-    that time (rule labels are added by the generator); ``value`` is ``$value`` then.
+    that time (rule labels are added by the generator); ``value`` is ``$value`` then. When the
+    firing history goes on to clear the condition, ``resolves_at`` is an evaluation (seconds)
+    from which the alert must be quiet again.
     """
 
     step: int
@@ -77,6 +79,7 @@ class Scenario:
     onset: int
     labels: dict[str, str]
     value: float
+    resolves_at: int | None = None
 
 
 ScenarioBuilder = Callable[["Alert"], Scenario]

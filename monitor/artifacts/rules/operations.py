@@ -1,7 +1,8 @@
 """Operations alerts: the monitor itself (scraped, present, fresh, reading its source) and its ingest.
 
 ``EmbeddingMonitorAbsent`` is the ``absent()`` alert for the case where Prometheus knows no
-monitor target at all, which ``EmbeddingMonitorDown`` (``up < 1``) cannot see.
+monitor target at all, which ``EmbeddingMonitorDown`` (``up < 1``) cannot see. Per-stream ages
+take the newest time over instances: scaled out, several replicas export the same stream.
 """
 
 from __future__ import annotations
@@ -76,8 +77,10 @@ def _monitor(th: Thresholds) -> list[Alert]:
             summary="No embeddings have arrived for a model and stream for too long.",
             description=f"The last record of {MODEL_STREAM} arrived $VALUE ago.",
             value_format="duration",
-            condition=Condition(f"time() - {last_record}", ">", 3600),
-            scenario_builder=age_scenario(last_record, TEST_MODEL, job),
+            # the newest record any instance saw: replicas that no longer own a stream's partitions
+            # keep exporting the time of its last record they applied
+            condition=Condition(f"time() - max by (model, stream) ({last_record})", ">", 3600),
+            scenario_builder=_no_recent_records_scenario(job),
         ),
         Alert(
             name=f"{PREFIX}SourceDown",
@@ -129,6 +132,28 @@ def _ingest(th: Thresholds) -> list[Alert]:
             scenario_builder=_lag_scenario(job),
         ),
     ]
+
+
+def _no_recent_records_scenario(job: str) -> ScenarioBuilder:
+    """Two replicas that once read the stream; the quiet history has one still receiving it."""
+
+    def build(alert: Alert) -> Scenario:
+        metric = m("embmon_last_record_timestamp_seconds")
+        sc = age_scenario(metric, TEST_MODEL, job)(alert)
+        (frozen,) = sc.firing
+        (fresh,) = sc.quiet
+        other = {**frozen.labels, "instance": "monitor-1:9464"}
+        return Scenario(
+            sc.step,
+            (frozen, Series(metric, other, frozen.values)),
+            # the stream's partitions moved to the other replica, which keeps receiving records
+            (frozen, Series(metric, other, fresh.values)),
+            sc.onset,
+            dict(TEST_MODEL),
+            sc.value,
+        )
+
+    return build
 
 
 def _absent_scenario(job: str) -> ScenarioBuilder:

@@ -1,7 +1,7 @@
 """Metric families of the probes, built from the published snapshot at scrape time (no arithmetic).
 
-Every name here is documented in docs/metrics.md ("Retrieval quality") and listed in the alert
-and dashboard catalogue (monitor/artifacts/catalog.py).
+Every name here is declared in monitor/catalog.py and documented in docs/metrics.md
+("Retrieval quality").
 """
 
 from __future__ import annotations
