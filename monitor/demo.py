@@ -11,18 +11,21 @@ daemon's published snapshots (never from its log); when stdout is not a terminal
 view's plain lines once per refresh instead. The log goes to a file whose path is printed, or to
 stderr with ``--verbose``. The state directory is a fresh temporary one (``cmd_demo``).
 
-Sizing (measured on 2 shared cores, docs/drift.md "In the daemon"): 500 records/s per model, a
-30 s window, a refresh every 2 s and a drift cycle every 10 s over 4 streams leave every
-scheduled job well inside its interval, so none is skipped or overruns.
+Sizing (``bench/demo_sizing.py`` on 2 shared cores; docs/drift.md, "In the daemon"): at 500
+records/s per model, a 30 s window, a refresh every 2 s and a drift cycle every 10 s over 4
+streams, a cycle takes at most a quarter of its interval and a refresh about half of its own, so
+no scheduled job is skipped or overruns; the demo uses about half a core.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -48,6 +51,7 @@ PHASES = (
     ("invalid", 15.0),
 )
 EXEMPLARS_SHOWN = 2
+logger = logging.getLogger(__name__)
 
 DEMO_SETTINGS: dict[str, Any] = {
     "source": "synthetic",
@@ -104,7 +108,9 @@ def run_demo(
     from monitor.service import Monitor
 
     out = out or sys.stdout
-    if not verbose and log_file is None:
+    if verbose:
+        log_file = None
+    elif log_file is None:
         handle, name = tempfile.mkstemp(prefix="embmon-demo-", suffix=".log")
         os.close(handle)
         log_file = Path(name)
@@ -146,17 +152,33 @@ def run_demo(
 
 def _show(monitor: Monitor, out: TextIO, stop: threading.Event, notes: tuple[str, ...]) -> None:
     """Redraw the live view in place on a terminal; elsewhere print plain lines once per refresh."""
-    status: Callable[[], DemoStatus] = lambda: demo_status(monitor, notes)  # noqa: E731
+    def status() -> DemoStatus | None:
+        try:
+            return demo_status(monitor, notes)
+        except Exception:  # noqa: BLE001 - the view must outlive one bad read; the log says why
+            logger.exception("demo: could not read the daemon's status for the view")
+            return None
+
     if out.isatty():
-        from rich.console import Console
-        from rich.live import Live
+        try:
+            from rich.console import Console
+            from rich.live import Live
+        except ImportError:
+            print("the live view needs rich (scripts/setup demo, or pip install 'embedding-monitor[demo]'); "
+                  "printing plain lines instead", file=out, flush=True)
+        else:
+            from monitor.demo_view import render
 
-        from monitor.demo_view import render
-
-        with Live(render(status()), console=Console(file=out), refresh_per_second=2, redirect_stderr=False) as live:
-            while not stop.wait(1.0):
-                live.update(render(status()))
-        return
+            # with --verbose, log lines go through rich's stderr proxy: printed above the view, not into it
+            with (
+                Live(console=Console(file=out), refresh_per_second=2) as live,
+                _stderr_logs_to(sys.stderr),
+            ):
+                while True:
+                    if (now := status()) is not None:
+                        live.update(render(now))
+                    if stop.wait(1.0):
+                        return
     from monitor.demo_view import plain_lines
 
     shown_refresh: float | None = None
@@ -165,7 +187,22 @@ def _show(monitor: Monitor, out: TextIO, stop: threading.Event, notes: tuple[str
         if computed_at is None or computed_at == shown_refresh:
             continue
         shown_refresh = computed_at
-        print("\n".join(plain_lines(status())), file=out, flush=True)
+        if (now := status()) is not None:
+            print("\n".join(plain_lines(now)), file=out, flush=True)
+
+
+@contextlib.contextmanager
+def _stderr_logs_to(stream: TextIO) -> Iterator[None]:
+    """Point the log handlers that write to stderr at ``stream`` for a while (file handlers stay)."""
+    handlers = [
+        h for h in logging.getLogger().handlers if type(h) is logging.StreamHandler and h.stream is sys.__stderr__
+    ]
+    previous = [h.setStream(stream) for h in handlers]
+    try:
+        yield
+    finally:
+        for handler, old in zip(handlers, previous, strict=True):
+            handler.setStream(old)
 
 
 # ---------------------------------------------------------------------------------- the snapshot
@@ -176,11 +213,10 @@ def demo_status(monitor: Monitor, notes: tuple[str, ...] = ()) -> DemoStatus:
     from monitor.retrieval.probes.component import ProbeComponent
 
     status = monitor.status
-    now = monitor.clock()
     drift = _component(monitor, DriftComponent)
     snapshot = drift.snapshot() if drift is not None else None
     streams = tuple(
-        _stream_view(model, stream, entry.report, snapshot, now)
+        _stream_view(model, stream, entry.report, snapshot)
         for (model, stream), entry in sorted(status.published.reports.items())
     )
     canary = _component(monitor, CanaryComponent)
@@ -211,7 +247,7 @@ def _component(monitor: Monitor, kind: type[Any]) -> Any:
     return next((c for c in monitor.components if isinstance(c, kind)), None)
 
 
-def _stream_view(model: str, stream: str, report: Any, snapshot: DriftSnapshot | None, now: float) -> StreamView:
+def _stream_view(model: str, stream: str, report: Any, snapshot: DriftSnapshot | None) -> StreamView:
     key = (model, stream)
     cycle = None if snapshot is None else snapshot.results.get(key)
     note = ""
@@ -222,11 +258,11 @@ def _stream_view(model: str, stream: str, report: Any, snapshot: DriftSnapshot |
     return StreamView(
         model=model, stream=stream, records=report.window_records, isotropy=report.partition_isotropy,
         effective_rank=report.effective_rank, collapse=bool(report.collapse_detected),
-        drift=None if cycle is None else drift_view(model, stream, cycle, now), reference_note=note,
+        drift=None if cycle is None else drift_view(model, stream, cycle), reference_note=note,
     )
 
 
-def drift_view(model: str, stream: str, cycle: CycleResult, now: float) -> DriftView:
+def drift_view(model: str, stream: str, cycle: CycleResult) -> DriftView:
     """The verdict of the last cycle and its top moved region, as ``drift explain`` says them."""
     from monitor.drift.explain import explanation
     from monitor.drift.export import suite_p_value
@@ -247,8 +283,7 @@ def drift_view(model: str, stream: str, cycle: CycleResult, now: float) -> Drift
             )
     return DriftView(
         detected=bool(said["detected"]), p_value=suite_p_value(cycle.report), threshold=float(said["cycle_alpha"]),
-        tests=tuple(said["detected_tests"]), age=max(0.0, now - cycle.computed_at), top_region=top,
-        novel_share=novel,
+        tests=tuple(said["detected_tests"]), top_region=top, novel_share=novel,
     )
 
 

@@ -11,14 +11,14 @@ Examples
 >>> status = DemoStatus(
 ...     elapsed=75.0, phase="swapped", phase_left=30.0,
 ...     streams=(StreamView("m", "docs", 9000, 0.81, 74.2, False,
-...                         DriftView(True, 1.2e-9, 3.9e-6, ("classifier",), 10.0, None, None)),),
+...                         DriftView(True, 1.2e-9, 3.9e-6, ("classifier",), None, None)),),
 ...     models=(ModelView("m", 0.031, True, 12, None, None),),
 ...     invalid={}, jobs=JobCounts(runs=120, skipped=0, overran=0),
 ... )
 >>> for line in plain_lines(status):
 ...     print(line)
 [t=75s] phase swapped (30s left) | invalid records 0 | jobs 120 run, 0 skipped, 0 overran
-  m/docs: 9000 records, isotropy 0.810, eff. rank 74.2, collapse no | drift YES p=1.2e-09 < 3.9e-06 (classifier)
+  m/docs: 9000 records, isotropy 0.81, eff. rank 74.2, collapse no | drift YES p=1.2e-09 < 3.9e-06 (classifier)
   m: canary min cos 0.0310 CHANGED (12 mismatches since start) | ANN recall - | nDCG -
 """
 
@@ -53,7 +53,6 @@ class DriftView:
     p_value: float | None  # the suite's: min(1, k * min p)
     threshold: float  # the per-cycle alpha
     tests: tuple[str, ...]  # tests that rejected
-    age: float  # seconds since the cycle
     top_region: RegionView | None
     novel_share: float | None
 

@@ -7,6 +7,8 @@ the demo's own sizing is measured in docs/drift.md ("In the daemon").
 
 from __future__ import annotations
 
+import os
+import pty
 import re
 import subprocess
 import sys
@@ -170,3 +172,32 @@ def named_topic(views: list[list[str]]) -> list[str]:
         line for view in views if "phase topic_shift" in view[0] for line in view
         if "documents" in line and "drift YES" in line and re.search(r"region \d+ \d+%->\d+%( \(p=[^)]*\))? e\.g\. topic-\d+", line)
     ]
+
+
+def test_on_a_terminal_the_view_is_redrawn_in_place_not_printed_line_by_line(tmp_path: Path) -> None:
+    main, child = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "monitor", "demo", "--metrics-port", str(free_port()), "--duration", "6",
+         "--log-file", str(tmp_path / "demo.log")],
+        stdout=child, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env={**os.environ, "COLUMNS": "140", "LINES": "40", "TERM": "xterm-256color"},
+    )
+    os.close(child)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(main)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    screen = b"".join(chunks).decode(errors="replace")
+    assert screen.count("health and drift per model and stream") >= 2  # drawn, then redrawn
+    assert "\x1b[2K" in screen or "\x1b[1A" in screen  # cursor moves back over the last frame: in place
+    assert "minilm-demo/documents" in screen and "canaries and retrieval per model" in screen
+    assert "[t=" not in screen  # no plain lines on a terminal
+    assert "INFO" not in screen  # the log went to its file
+    assert "embedding-monitor serving" in (tmp_path / "demo.log").read_text()

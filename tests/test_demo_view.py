@@ -20,12 +20,12 @@ from monitor.demo_view import (
 )
 
 TOPIC = DriftView(
-    detected=True, p_value=2.4e-11, threshold=3.9e-6, tests=("ks", "classifier"), age=1.0,
+    detected=True, p_value=2.4e-11, threshold=3.9e-6, tests=("ks", "classifier"),
     top_region=RegionView(region=5, reference_share=0.06, window_share=0.34, p_adjusted=1e-40, shifted=True,
                           exemplars=("topic-8812", "topic-9104")),
     novel_share=0.29,
 )
-QUIET = DriftView(detected=False, p_value=0.61, threshold=3.9e-6, tests=(), age=4.0, top_region=None, novel_share=0.0)
+QUIET = DriftView(detected=False, p_value=0.61, threshold=3.9e-6, tests=(), top_region=None, novel_share=0.0)
 
 
 def status(**changes: object) -> DemoStatus:

@@ -115,3 +115,15 @@ def test_phase_left_counts_down_and_wraps_with_the_loop() -> None:
     for now, kind, left in ((0.0, "healthy", 10.0), (7.5, "healthy", 2.5), (12.0, "swapped", 3.0), (16.0, "healthy", 9.0)):
         clock.now = now
         assert (src.current_phase.kind, src.phase_left(), src.elapsed) == (kind, pytest.approx(left), now)
+
+
+def test_records_wait_for_their_batch_to_fill_at_most_a_tenth_of_a_second() -> None:
+    clock = Clock()
+    settings = SyntheticSourceSettings(models=[{"name": "m", "dim": DIM}], rate=1000.0, batch_size=500)
+    src = SyntheticSource(settings, clock=clock)
+    src.start()
+    clock.now = 0.05  # 50 records due: not a batch's worth yet (100, a tenth of a second's traffic)
+    assert src.poll(0.0) == []
+    clock.now = 0.1
+    (message,) = src.poll(0.0)
+    assert len(message.value) == 100 * DIM * 4  # one message of 100 rows, not 100 messages

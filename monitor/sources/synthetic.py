@@ -38,6 +38,9 @@ from monitor.config import SyntheticInteractions, SyntheticPhase, SyntheticSourc
 from monitor.sources.base import Source, SourceMessage
 
 
+BATCH_WAIT_SECONDS = 0.1  # the longest a record waits for its batch to fill
+
+
 @dataclass
 class _ModelGenerator:
     name: str
@@ -203,8 +206,11 @@ class SyntheticSource(Source):
         assert self._started_at is not None
         elapsed = self._clock() - self._started_at
         due = int(elapsed * self.settings.rate) - self._emitted
-        if due <= 0:
-            time.sleep(min(timeout, max(0.001, (self._emitted + 1) / self.settings.rate - elapsed)))
+        # wait for a batch's worth (at most BATCH_WAIT_SECONDS of traffic): a producer batches, and
+        # one message per record would spend the demo's CPU on per-message overhead
+        ready = min(self.settings.batch_size, max(1, int(self.settings.rate * BATCH_WAIT_SECONDS)))
+        if due < ready:
+            time.sleep(min(timeout, max(0.001, (self._emitted + ready) / self.settings.rate - elapsed)))
             return []
         due = min(due, self.settings.batch_size * 20)
         phase = self.phase_at(elapsed)
