@@ -10,6 +10,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from monitor import __version__
@@ -119,7 +120,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     # --state-dir, EMBMON_STATE_DIR or the config file choose a lasting one instead.
     with tempfile.TemporaryDirectory(prefix="embmon-demo-") as fresh:
         settings = settings_from_args(args, defaults={**DEMO_SETTINGS, "state_dir": fresh})
-        return run_demo(settings, duration=args.duration, summary=not args.no_summary)
+        log_file = None if args.log_file is None else Path(args.log_file)
+        return run_demo(settings, duration=args.duration, view=not args.no_summary, verbose=args.verbose,
+                        log_file=log_file)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -143,7 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the daemon on a synthetic stream with scripted incidents")
     add_settings_flags(demo)
     demo.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
-    demo.add_argument("--no-summary", action="store_true", help="do not print the live summary")
+    demo.add_argument("--no-summary", action="store_true", help="do not show the live view")
+    demo.add_argument("--verbose", action="store_true", help="log to stderr instead of a file")
+    demo.add_argument("--log-file", metavar="FILE", help="where the log goes (default: a new temporary file)")
     demo.set_defaults(func=cmd_demo)
 
     inspect = sub.add_parser("inspect", help="intrinsic metrics of an .npy (n, d) matrix or a JSONL file of events")

@@ -151,6 +151,10 @@ class SyntheticSourceSettings(_Section):
     interactions: SyntheticInteractions | None = None  # off: embeddings only
     canaries: int = Field(0, ge=0, le=1000, description="fixed canary items per model (ids canary-0...), 0 = none")
     canary_period_seconds: float = Field(5.0, gt=0, description="every canary is re-sent this often")
+    ids: bool = Field(
+        False, description="send the traffic as JSON events with ids (doc-N, topic-N for topic_shift's new topic), "
+        "so drift explanations name exemplars; binary batches without ids otherwise",
+    )
 
 
 class WindowSettings(_Section):

@@ -2,7 +2,9 @@
 
 A job that raises or overruns its timeout is counted (``embmon_job_runs_total{outcome}``) and
 logged; it never stops ingest or another job. APScheduler runs at most one instance of a job at
-a time and coalesces missed runs.
+a time and coalesces missed runs: a run that falls due while the previous one is still going is
+skipped (APScheduler logs "maximum number of running instances reached"), and counted here as
+outcome ``skipped``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobSubmissionEvent
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.util import undefined
@@ -37,6 +40,7 @@ class JobRunner:
             executors={"default": ThreadPoolExecutor(JOB_WORKERS)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
         )
+        self.scheduler.add_listener(self._skipped, EVENT_JOB_MAX_INSTANCES)
 
     def schedule(self, job: ScheduledJob, *, run_soon: bool = False) -> None:
         """Add ``job``; its first run comes after one interval, or within a second with ``run_soon``."""
@@ -73,6 +77,11 @@ class JobRunner:
             logger.warning("job %s took %.1fs, over its %.1fs timeout", job.name, elapsed, job.timeout_seconds)
         self.duration.labels(job.name).observe(elapsed)
         self.runs.add((job.name, outcome))
+
+
+    def _skipped(self, event: JobSubmissionEvent) -> None:
+        """A run fell due while the job's previous run was still going: the scheduler dropped it."""
+        self.runs.add((event.job_id, "skipped"))
 
 
 def _soon() -> Any:

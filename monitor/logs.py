@@ -6,15 +6,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-def configure_logging(level: str = "INFO") -> None:
-    """One logging configuration for the process (idempotent)."""
+def configure_logging(level: str = "INFO", path: Path | None = None) -> None:
+    """One logging configuration for the process (idempotent): to stderr, or appended to ``path``."""
     root = logging.getLogger()
     if not any(getattr(h, "_embmon", False) for h in root.handlers):
-        handler = logging.StreamHandler()
+        handler: logging.Handler = logging.StreamHandler() if path is None else logging.FileHandler(path)
         handler.setFormatter(logging.Formatter(_FORMAT))
         handler._embmon = True  # type: ignore[attr-defined]
         root.addHandler(handler)

@@ -134,6 +134,11 @@ class CanaryComponent(Component):
             )
         return self._snapshot
 
+    @property
+    def snapshot(self) -> CanarySnapshot:
+        """What the last publishing job computed (what a scrape shows)."""
+        return self._snapshot
+
     def collect(self) -> Iterable[Metric]:
         snap = self._snapshot
         families = [

@@ -10,6 +10,10 @@ rotated copy of the old one (swapped: every intrinsic metric unchanged, only can
 can tell), a share of traffic comes from a topic the reference never had (topic_shift), or the
 producer sends garbage (invalid).
 
+With ``ids`` set, the traffic goes as JSON events with ids (``doc-N``; ``topic-N`` for the
+records of topic_shift's new topic) instead of binary batches, so the drift explanation's exemplar
+ids say which records moved.
+
 With ``canaries`` set, each model also has that many fixed items (ids ``canary-0`` ...), each a
 fixed latent draw, re-sent as JSON events every ``canary_period_seconds`` through the phase's
 "model": unchanged while healthy, rotated when swapped.
@@ -32,6 +36,9 @@ import orjson
 
 from monitor.config import SyntheticInteractions, SyntheticPhase, SyntheticSourceSettings
 from monitor.sources.base import Source, SourceMessage
+
+
+BATCH_WAIT_SECONDS = 0.1  # the longest a record waits for its batch to fill
 
 
 @dataclass
@@ -62,11 +69,20 @@ class _ModelGenerator:
         return cls(name, dim, basis, scales, mean, shift, rotation, topic)
 
     def draw(self, kind: str, n: int, rng: np.random.Generator) -> np.ndarray:
-        return self.embed(kind, rng.standard_normal((n, self.dim)), rng)
+        return self.draw_marked(kind, n, rng)[0]
+
+    def draw_marked(self, kind: str, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` rows of the phase, and which of them come from the topic_shift's new topic."""
+        return self.embed_marked(kind, rng.standard_normal((n, self.dim)), rng)
 
     def embed(self, kind: str, z: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """The phase's "model" applied to latent draws ``z`` (n, d): unit float32 rows."""
+        return self.embed_marked(kind, z, rng)[0]
+
+    def embed_marked(self, kind: str, z: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`embed`, and the mask of rows drawn from the new topic (all False outside topic_shift)."""
         n = z.shape[0]
+        new = np.zeros(n, dtype=bool)
         scales, mean = self.scales, self.mean
         if kind == "anisotropic":
             scales = scales.copy()
@@ -88,7 +104,7 @@ class _ModelGenerator:
         elif kind == "swapped":
             x = x @ self.rotation.T
         x /= np.linalg.norm(x, axis=1, keepdims=True)
-        return x.astype("<f4")
+        return x.astype("<f4"), new
 
 
 @dataclass
@@ -146,6 +162,7 @@ class SyntheticSource(Source):
         canary_rng = np.random.default_rng([settings.seed, 2])  # fixed items, apart from the traffic's draws
         self._canary_latents = {m.name: canary_rng.standard_normal((settings.canaries, m.dim)) for m in self._models}
         self._canary_rounds = 0
+        self._ids_emitted: dict[str, int] = {}  # per model, with ``ids``
 
     def start(self) -> None:
         self._started_at = self._clock()
@@ -167,14 +184,33 @@ class SyntheticSource(Source):
             return self.settings.phases[0]
         return self.phase_at(self._clock() - self._started_at)
 
+    def phase_left(self) -> float | None:
+        """Seconds until the current phase ends (None once a non-looping script is in its last phase)."""
+        elapsed = 0.0 if self._started_at is None else self._clock() - self._started_at
+        if self.settings.loop:
+            elapsed %= self._cycle
+        for phase in self.settings.phases:
+            if elapsed < phase.seconds:
+                return phase.seconds - elapsed
+            elapsed -= phase.seconds
+        return None
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds since the first poll."""
+        return 0.0 if self._started_at is None else self._clock() - self._started_at
+
     def poll(self, timeout: float) -> list[SourceMessage]:
         if self._started_at is None:
             self.start()
         assert self._started_at is not None
         elapsed = self._clock() - self._started_at
         due = int(elapsed * self.settings.rate) - self._emitted
-        if due <= 0:
-            time.sleep(min(timeout, max(0.001, (self._emitted + 1) / self.settings.rate - elapsed)))
+        # wait for a batch's worth (at most BATCH_WAIT_SECONDS of traffic): a producer batches, and
+        # one message per record would spend the demo's CPU on per-message overhead
+        ready = min(self.settings.batch_size, max(1, int(self.settings.rate * BATCH_WAIT_SECONDS)))
+        if due < ready:
+            time.sleep(min(timeout, max(0.001, (self._emitted + ready) / self.settings.rate - elapsed)))
             return []
         due = min(due, self.settings.batch_size * 20)
         phase = self.phase_at(elapsed)
@@ -224,13 +260,16 @@ class SyntheticSource(Source):
         return out
 
     def _messages(self, model: _ModelGenerator, kind: str, n: int) -> list[SourceMessage]:
-        rows = model.draw("healthy" if kind == "invalid" else kind, n, self._rng)
+        rows, topic = model.draw_marked("healthy" if kind == "invalid" else kind, n, self._rng)
         headers = (
             ("model", model.name.encode()),
             ("dim", str(model.dim).encode()),
             ("stream", self.settings.stream.encode()),
         )
-        out = [SourceMessage(rows.tobytes(), headers, "embeddings")]
+        if self.settings.ids:
+            out = [self._events(model, rows, topic)]
+        else:
+            out = [SourceMessage(rows.tobytes(), headers, "embeddings")]
         if kind == "invalid":
             # A broken producer: NaNs in some rows, a truncated JSON event, a wrong-dimension event.
             broken = rows[: max(1, n // 10)].copy()
@@ -240,3 +279,14 @@ class SyntheticSource(Source):
             event = {"id": "short", "model": model.name, "vector": [0.5] * (model.dim // 2), "stream": self.settings.stream}
             out.append(SourceMessage(orjson.dumps(event), (), "embeddings"))
         return out
+
+    def _events(self, model: _ModelGenerator, rows: np.ndarray, topic: np.ndarray) -> SourceMessage:
+        """``rows`` as JSON events with ids: ``doc-N``, or ``topic-N`` for rows of the new topic."""
+        first = self._ids_emitted.get(model.name, 0)
+        self._ids_emitted[model.name] = first + len(rows)
+        events = [
+            {"id": f"{'topic' if new else 'doc'}-{first + i}", "model": model.name, "stream": self.settings.stream,
+             "vector": row}
+            for i, (row, new) in enumerate(zip(rows, topic.tolist(), strict=True))
+        ]
+        return SourceMessage(orjson.dumps(events, option=orjson.OPT_SERIALIZE_NUMPY), (), "embeddings")

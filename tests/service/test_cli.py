@@ -148,10 +148,10 @@ def test_demo_shows_healthy_then_collapsed(tmp_path: Path) -> None:
         collapsed = scrape(port)
         assert value(collapsed, "embmon_effective_rank", **labels) < value(healthy, "embmon_effective_rank", **labels) / 3
         assert value(collapsed, "embmon_mean_cosine_similarity", **labels) > value(healthy, "embmon_mean_cosine_similarity", **labels)
-        time.sleep(5)  # one more summary line (printed every 4 s) shows the collapse
+        time.sleep(2)  # one more refresh of the view (printed every refresh) shows the collapse
         assert demo.stop(timeout=15) == 0
     out = demo.output()
-    assert "phase: collapsed" in out and "YES" in out
+    assert "phase collapsed" in out and "collapse YES" in out
 
 
 def test_demo_runs_in_a_fresh_temporary_state_directory_not_the_working_directory(tmp_path: Path) -> None:

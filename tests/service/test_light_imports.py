@@ -54,6 +54,18 @@ def test_a_daemon_without_drift_and_probes_builds_its_components_without_river_o
     assert "river" not in loaded and "sklearn" not in loaded
 
 
+def test_the_demo_and_its_view_import_nothing_heavy_and_rich_only_to_draw() -> None:
+    """The view's plain lines (a pipe, CI) need neither numpy nor rich; drawing on a terminal loads rich."""
+    assert loaded_after("import monitor.demo, monitor.demo_view", (*HEAVY, "numpy", "rich")) == []
+    drawn = loaded_after("""
+        from monitor.demo_view import DemoStatus, JobCounts, plain_lines, render
+        status = DemoStatus(0.0, "healthy", 1.0, (), (), {}, JobCounts(0, 0, 0))
+        plain_lines(status)
+        render(status)
+    """, (*HEAVY, "numpy", "rich"))
+    assert drawn == ["rich"]
+
+
 def test_the_baseline_command_registers_without_numpy() -> None:
     """The CLI registers ``baseline`` whenever it builds its parser (``--help``, ``--version``)."""
     code = """

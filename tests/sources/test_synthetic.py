@@ -78,3 +78,52 @@ def test_a_topic_shift_brings_a_tight_new_cluster_into_part_of_the_traffic() -> 
     centre = healthy.mean(axis=0)
     far = (shifted @ centre / np.linalg.norm(centre)) < np.quantile(healthy @ centre / np.linalg.norm(centre), 0.01)
     assert 0.2 < far.mean() < 0.4  # about TOPIC_SHARE of the records sit where the reference had ~1 %
+
+
+def test_with_ids_the_traffic_is_json_events_and_the_new_topic_says_so_in_its_ids() -> None:
+    clock = Clock()
+    settings = SyntheticSourceSettings(
+        models=[{"name": "m", "dim": DIM}], rate=1000.0, batch_size=500, ids=True, loop=False,
+        phases=[{"kind": "healthy", "seconds": 2}, {"kind": "topic_shift", "seconds": 1000}],
+    )
+    src = SyntheticSource(settings, clock=clock)
+    src.start()
+    by_second = []
+    for _ in range(4):
+        clock.now += 1.0
+        events = [e for m in src.poll(0.0) for e in orjson.loads(m.value)]
+        assert all(not dict(m.headers) for m in src.poll(0.0))  # nothing binary left
+        by_second.append(events)
+    ids = [e["id"] for events in by_second for e in events]
+    assert len(ids) == len(set(ids)) == 4000  # unique, one per record
+    assert all(i.startswith("doc-") for i in ids[:1000])  # the poll at 1 s: healthy, no topic records
+    late = [e for events in by_second[1:] for e in events]  # polls from 2 s on: topic_shift
+    topic = np.array([e["id"].startswith("topic-") for e in late])
+    assert 0.2 < topic.mean() < 0.4  # about TOPIC_SHARE
+    vectors = np.array([e["vector"] for e in late])
+    centre = src._models[0].topic / np.linalg.norm(src._models[0].topic)
+    assert (vectors[topic] @ centre).min() > (vectors[~topic] @ centre).max()  # the ids mark the new topic's rows
+
+
+def test_phase_left_counts_down_and_wraps_with_the_loop() -> None:
+    clock = Clock()
+    settings = SyntheticSourceSettings(
+        models=[{"name": "m", "dim": DIM}], phases=[{"kind": "healthy", "seconds": 10}, {"kind": "swapped", "seconds": 5}],
+    )
+    src = SyntheticSource(settings, clock=clock)
+    src.start()
+    for now, kind, left in ((0.0, "healthy", 10.0), (7.5, "healthy", 2.5), (12.0, "swapped", 3.0), (16.0, "healthy", 9.0)):
+        clock.now = now
+        assert (src.current_phase.kind, src.phase_left(), src.elapsed) == (kind, pytest.approx(left), now)
+
+
+def test_records_wait_for_their_batch_to_fill_at_most_a_tenth_of_a_second() -> None:
+    clock = Clock()
+    settings = SyntheticSourceSettings(models=[{"name": "m", "dim": DIM}], rate=1000.0, batch_size=500)
+    src = SyntheticSource(settings, clock=clock)
+    src.start()
+    clock.now = 0.05  # 50 records due: not a batch's worth yet (100, a tenth of a second's traffic)
+    assert src.poll(0.0) == []
+    clock.now = 0.1
+    (message,) = src.poll(0.0)
+    assert len(message.value) == 100 * DIM * 4  # one message of 100 rows, not 100 messages

@@ -1,0 +1,203 @@
+"""``embedding-monitor demo`` as a user runs it: a subprocess whose stdout is a pipe (so it prints the
+view's plain lines), its log in a file, real scrapes of its port.
+
+The intervals are shortened (drift every 2.5 s, a 10 s window) so each test takes about a minute;
+the demo's own sizing is measured in docs/drift.md ("In the daemon").
+"""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.support.broker import free_port
+from tests.support.scrape import Samples, scrape, value, wait_until
+
+DRIFT_INTERVAL = 2.5
+SHORT = f"""
+window: {{seconds: 10, subwindows: 5, reservoir_size: 1000}}
+refresh_seconds: 1
+drift:
+  interval_seconds: {DRIFT_INTERVAL}
+  window_sample_size: 500
+  reference_sample_size: 500
+  reference: {{records: 1500}}
+"""
+STREAMS = ("minilm-demo/documents", "mpnet-demo/documents", "minilm-demo/catalog", "mpnet-demo/catalog")
+
+
+class Demo:
+    """A running ``embedding-monitor demo --config FILE``; stopped with SIGTERM like Ctrl-C."""
+
+    def __init__(self, tmp_path: Path, synthetic: str):
+        self.config = tmp_path / "demo.yaml"
+        self.config.write_text(f"synthetic:\n{synthetic}{SHORT}")
+        self.log = tmp_path / "demo.log"
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "monitor", "demo", "--config", str(self.config), "--metrics-port", str(self.port),
+             "--log-file", str(self.log), "--duration", "150"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def out(self) -> str:
+        return "\n".join(self.lines)
+
+    def scrape(self) -> Samples:
+        return scrape(self.port)
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        _, err = self.proc.communicate(timeout=30)
+        self._reader.join(timeout=10)
+        assert self.proc.returncode == 0, err
+        return self.out
+
+    def drift_runs(self) -> float:
+        return value(self.scrape(), "embmon_job_runs_total", job="drift", outcome="success") or 0.0
+
+    def tested_streams(self) -> int:
+        samples = self.scrape()
+        return sum(
+            value(samples, "embmon_drift_p_value", model=s.split("/")[0], stream=s.split("/")[1], test="suite")
+            is not None
+            for s in STREAMS
+        )
+
+
+def job_outcomes(samples: Samples) -> dict[tuple[str, str], float]:
+    return {
+        (dict(labels)["job"], dict(labels)["outcome"]): v
+        for (name, labels), v in samples.items()
+        if name == "embmon_job_runs_total"
+    }
+
+
+def blocks(out: str) -> list[list[str]]:
+    """The plain view's refreshes: a ``[t=...]`` header and the lines under it."""
+    found: list[list[str]] = []
+    for line in out.splitlines():
+        if line.startswith("[t="):
+            found.append([line])
+        elif found and line.startswith("  "):
+            found[-1].append(line)
+    return found
+
+
+@pytest.mark.slow
+def test_a_healthy_demo_never_flags_drift_over_twenty_cycles_and_skips_no_job(tmp_path: Path) -> None:
+    demo = Demo(tmp_path, "  rate: 300\n  canary_period_seconds: 2\n  phases: [{kind: healthy, seconds: 1000}]\n")
+    try:
+        wait_until(lambda: demo.tested_streams() == len(STREAMS), timeout=45, interval=0.5, message="first verdicts")
+        first = demo.drift_runs()
+        wait_until(lambda: demo.drift_runs() >= first + 20, timeout=80, interval=0.5, message="20 more drift cycles")
+        samples = demo.scrape()
+    finally:
+        out = demo.stop()
+    log = demo.log.read_text()
+    # every stream was tested in each of those cycles (a fresh window every refresh), and none flagged
+    assert "drifted from its reference" not in log
+    for model, stream in (s.split("/") for s in STREAMS):
+        assert value(samples, "embmon_drift_detected", model=model, stream=stream, test="suite") == 0
+    # canaries matched their pins all along; nothing collapsed
+    for model in ("minilm-demo", "mpnet-demo"):
+        assert value(samples, "embmon_canary_mismatches_total", model=model) == 0
+        assert (value(samples, "embmon_canary_records_total", model=model) or 0) > 0
+    # no job skipped (its previous run still going) or overran its timeout, by the daemon's counters and log
+    outcomes = job_outcomes(samples)
+    assert {outcome for _, outcome in outcomes} == {"success"}, outcomes
+    assert {job for job, _ in outcomes} >= {"refresh", "drift", "canary", "probe:ann", "probe:clicks"}
+    assert "maximum number of running instances" not in log and "over its" not in log
+    # the plain view said the same, once per refresh
+    views = blocks(out)
+    assert len(views) >= 20 * DRIFT_INTERVAL  # a refresh a second
+    assert all(" 0 skipped, 0 overran" in view[0] and "phase healthy" in view[0] for view in views)
+    assert not any("drift YES" in line or "CHANGED" in line or "collapse YES" in line for v in views for line in v)
+
+
+@pytest.mark.slow
+def test_the_scripted_demo_catches_the_silent_swap_and_names_the_topic_shift(tmp_path: Path) -> None:
+    phases = (
+        "  phases: [{kind: healthy, seconds: 15}, {kind: swapped, seconds: 15}, {kind: healthy, seconds: 20},\n"
+        "           {kind: topic_shift, seconds: 60}]\n  loop: false\n"
+    )
+    demo = Demo(tmp_path, f"  rate: 300\n  canary_period_seconds: 2\n{phases}")
+    try:
+        wait_until(lambda: named_topic(blocks(demo.out)), timeout=120, interval=1, message="the topic shift named")
+    finally:
+        out = demo.stop()
+    views = blocks(out)
+    assert views and all(line.startswith(("[t=", "  ")) for v in views for line in v)
+    assert "\x1b[" not in out  # a pipe gets plain lines, never terminal control sequences
+    by_phase: dict[str, list[list[str]]] = {}
+    for view in views:
+        by_phase.setdefault(re.search(r"phase (\w+)", view[0]).group(1), []).append(view)  # type: ignore[union-attr]
+    swapped = [line for v in by_phase["swapped"] for line in v]
+    # the swap: canaries mismatch and drift flags it, while the intrinsic metrics see nothing
+    assert any("minilm-demo: canary min cos" in line and "CHANGED" in line for line in swapped)
+    assert any("minilm-demo/documents" in line and "drift YES" in line for line in swapped)
+    assert not any("collapse YES" in line for line in swapped)
+    # the topic shift: flagged, and the top region's window exemplars are the new topic's own ids
+    named = named_topic(views)
+    assert named, by_phase["topic_shift"][-1]
+    novel = [int(m.group(1)) for line in named if (m := re.search(r"novel (\d+)%", line))]
+    assert novel and max(novel) >= 10  # a share of the window the reference never had
+    # and the canaries were back to matching once the old model returned
+    assert not any("CHANGED" in line for line in by_phase["topic_shift"][-1])
+    log = demo.log.read_text()
+    assert "canary minilm-demo/canary-" in log and "is back in line with its reference" in log
+
+
+def named_topic(views: list[list[str]]) -> list[str]:
+    """Lines of the topic_shift phase where drift flagged a documents stream and named its top region
+    by the new topic's own ids."""
+    return [
+        line for view in views if "phase topic_shift" in view[0] for line in view
+        if "documents" in line and "drift YES" in line and re.search(r"region \d+ \d+%->\d+%( \(p=[^)]*\))? e\.g\. topic-\d+", line)
+    ]
+
+
+def test_on_a_terminal_the_view_is_redrawn_in_place_not_printed_line_by_line(tmp_path: Path) -> None:
+    main, child = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "monitor", "demo", "--metrics-port", str(free_port()), "--duration", "6",
+         "--log-file", str(tmp_path / "demo.log")],
+        stdout=child, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env={**os.environ, "COLUMNS": "140", "LINES": "40", "TERM": "xterm-256color"},
+    )
+    os.close(child)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(main)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    screen = b"".join(chunks).decode(errors="replace")
+    assert screen.count("health and drift per model and stream") >= 2  # drawn, then redrawn
+    assert "\x1b[2K" in screen or "\x1b[1A" in screen  # cursor moves back over the last frame: in place
+    assert "minilm-demo/documents" in screen and "canaries and retrieval per model" in screen
+    assert "[t=" not in screen  # no plain lines on a terminal
+    assert "INFO" not in screen  # the log went to its file
+    assert "embedding-monitor serving" in (tmp_path / "demo.log").read_text()
