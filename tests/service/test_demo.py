@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.broker import free_port
-from tests.support.scrape import Samples, scrape, value, wait_until
+from tests.support.scrape import Samples, scrape, value
+from tests.support.waiting import wait_until
 
 DRIFT_INTERVAL = 2.5
 SHORT = f"""

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry
 
 from monitor.component import ScheduledJob
 from monitor.jobs import JobRunner
-from tests.support.scrape import wait_until
+from tests.support.waiting import wait_until
 
 
 def test_a_run_due_while_the_last_one_is_still_going_is_counted_as_skipped() -> None:
