@@ -267,7 +267,12 @@ class Settings(BaseSettings):
     models: dict[str, ModelSettings] = Field(default_factory=dict)
     refresh_seconds: float = Field(15.0, gt=0, le=3600)
     state_dir: Path = Field(default_factory=lambda: default_state_dir())
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="where statistics, intrinsic metrics and probes run (monitor/devices.py): cpu = numpy, "
+        "torch never imported; auto = CUDA only if an NVIDIA driver is loaded (a file check, before any "
+        "torch import) and torch sees a device, else cpu; cuda = ask torch, else cpu with one warning",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     shutdown_timeout_seconds: float = Field(8.0, gt=0, le=60)
     seed: int = 0

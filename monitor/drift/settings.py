@@ -189,7 +189,9 @@ class DriftSettings(_Section):
         0.8, gt=0, le=1,
         description="share of interval_seconds a cycle may take; no test starts, no permutation is drawn after it",
     )
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="where the drift tests run: the daemon's device rule (monitor/devices.py)"
+    )
     threads: int | None = Field(
         None, ge=1, le=1024,
         description="cap BLAS/OpenMP/torch threads while a cycle runs; None = library defaults",

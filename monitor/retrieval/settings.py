@@ -283,7 +283,9 @@ ProbeSpec = GoldenProbeSettings | AnnRecallProbeSettings | ClickProbeSettings | 
 class ProbeSettings(_Section):
     """Every retrieval probe the daemon runs, and what they share."""
 
-    device: Literal["auto", "cpu", "cuda"] | None = Field(None, description="None = the daemon's device")
+    device: Literal["auto", "cpu", "cuda"] | None = Field(
+        None, description="where exact k-NN runs (rule: monitor/devices.py); None = the daemon's device"
+    )
     knn_block_size: int = Field(8192, ge=64, le=1_000_000, description="documents per k-NN block (memory bound)")
     statistics: StatisticsSettings = Field(default_factory=StatisticsSettings)
     golden: list[GoldenProbeSettings] = Field(default_factory=list)
