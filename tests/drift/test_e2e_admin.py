@@ -106,6 +106,9 @@ def test_baseline_capture_cli_calls_the_daemon(
     wait_until(lambda: value(scrape(port), "embmon_reference_records", **LABELS) == 200, timeout=20,
                message="first-records reference")
     first_ts = value(scrape(port), "embmon_reference_timestamp_seconds", **LABELS)
+    # a window larger than the first-records reference, so the capture is told apart by its count
+    wait_until(lambda: (value(scrape(port), "embmon_window_records", **LABELS) or 0) >= 1000, timeout=10,
+               message="a full window")
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     url = f"http://127.0.0.1:{port}"

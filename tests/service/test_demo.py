@@ -66,8 +66,12 @@ class Demo:
     def stop(self) -> str:
         if self.proc.poll() is None:
             self.proc.terminate()
-        _, err = self.proc.communicate(timeout=30)
-        self._reader.join(timeout=10)
+        self.proc.wait(timeout=30)
+        self._reader.join(timeout=10)  # the reader owns stdout: it ends at EOF, with every line
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        err = self.proc.stderr.read()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
         assert self.proc.returncode == 0, err
         return self.out
 
