@@ -92,15 +92,17 @@ class ReplicaRole:
 
     # ------------------------------------------------------------------ start-up
     def before_restore(self) -> None:
-        self._initial = self.marker.read()
-        if self._initial is not None and self._initial.committing is not None:
-            self._initial = self._settle_intent(self._initial)
-        if self._initial is not None and self._initial.replica == self.replica:
-            self.publisher.epochs.advance_past(self._initial.epoch)
-        elif self._initial is not None:
-            logger.warning("%s belongs to replica %r, this is %r",
-                           self.marker.path, self._initial.replica, self.replica)
-            self._initial = MarkerState(self.replica, 0)
+        initial = self.marker.read()
+        if initial is not None and initial.replica != self.replica:
+            logger.warning("%s belongs to replica %r, this is %r", self.marker.path, initial.replica, self.replica)
+            initial = MarkerState(self.replica, 0)
+        elif initial is not None:
+            if initial.committing is not None:
+                initial = self._settle_intent(initial)
+            self.publisher.epochs.advance_past(initial.epoch)
+        self._initial = initial
+        if initial is not None:
+            self._marked = initial.epoch  # a commit intent written before the next mark keeps this epoch
 
     def _settle_intent(self, marker: MarkerState) -> MarkerState:
         """Killed between a commit and its marker: ask the broker whether the commit went through."""
