@@ -19,6 +19,10 @@ from monitor.retrieval.families import PROBE_METRIC_FAMILIES
 SUITE = 'test="suite"'
 RET = 'probe=~"$probe", model=~"$model", slice=~"$slice", k=~"$k"'
 PER_STREAM = "{{model}} / {{stream}}"  # the legend of a per-(model, stream) series
+# The daemon's `job` label (embmon_job_*: refresh, drift, probe:<name>) as Prometheus stores it:
+# `job` is a target label, so the scrape renames the daemon's to `exported_job` (honor_labels is
+# off by default, and in the shipped ServiceMonitor and PodMonitor).
+SCHEDULED_JOB = "exported_job"
 
 _OK_BAD = [{"type": "value", "options": {"0": {"text": "OK", "color": "green"}, "1": {"text": "FIRING", "color": "red"}}}]
 _RED_ABOVE_0 = [(None, "green"), (0.5, "red")]
@@ -341,10 +345,13 @@ def monitor_health(rules: RuleSet) -> dict[str, Any]:
               [Target(f"time() - max by (model, stream) ({_ms('embmon_metrics_last_update_timestamp_seconds')})", PER_STREAM)],
               "Seconds since the last refresh published metrics."),
         Panel("Job runs / s by outcome", "cps",
-              [Target(f"sum by (job, outcome) (rate({m('embmon_job_runs_total')}[$__rate_interval]))", "{{job}} {{outcome}}")],
+              [Target(f"sum by ({SCHEDULED_JOB}, outcome) (rate({m('embmon_job_runs_total')}[$__rate_interval]))",
+                      f"{{{{{SCHEDULED_JOB}}}}} {{{{outcome}}}}")],
               "Scheduled jobs (refresh, drift, probes) by outcome."),
         Panel("Job duration p99", "s",
-              [Target(f"histogram_quantile(0.99, sum by (job, le) (rate({m('embmon_job_duration_seconds_bucket')}[$__rate_interval])))", "{{job}}")],
+              [Target(f"histogram_quantile(0.99, sum by ({SCHEDULED_JOB}, le) "
+                      f"(rate({m('embmon_job_duration_seconds_bucket')}[$__rate_interval])))",
+                      f"{{{{{SCHEDULED_JOB}}}}}")],
               "99th percentile duration of each scheduled job."),
         Panel("Probe runs / s by outcome", "cps",
               [Target(f"sum by (probe, outcome) (rate({runs}[$__rate_interval]))", "{{probe}} {{outcome}}")],

@@ -279,7 +279,8 @@ def test_intrinsic_alerts_compare_with_the_model_baseline_and_absolute_ones_are_
     assert 0.29 / 0.29 > rules["EmbeddingMonitorEffectiveDimensionDropped"].condition.threshold
     assert 0.15 - 0.15 < rules["EmbeddingMonitorMeanCosineRising"].condition.threshold
     retrieval = prom["EmbeddingMonitorRetrievalNdcgBelowObjective"]["expr"]
-    assert retrieval.startswith("embmon_retrieval_ndcg_ci_upper")  # fires on the CI, not the point estimate
+    # fires on the CI, not the point estimate; once per probe series however many instances run the probe
+    assert retrieval.startswith("max by (probe, model, slice, k) (embmon_retrieval_ndcg_ci_upper{")
     assert "offset 1w" in prom["EmbeddingMonitorRetrievalNdcgDroppedWeekOverWeek"]["expr"]
 
 
@@ -325,6 +326,46 @@ def test_stream_ages_take_the_newest_record_over_instances() -> None:
     assert {re.search(r'instance="([^"]+)"', s["series"]).group(1) for s in quiet} == {"monitor-0:9464", "monitor-1:9464"}
 
 
+def _about_a_model_or_stream(suite: dict[str, Any]) -> dict[str, str]:
+    """The labels of the alert the firing test expects, when they name a model or a stream."""
+    (expected,) = suite["tests"][0]["alert_rule_test"][1]["exp_alerts"]
+    labels = expected["exp_labels"]
+    return labels if {"model", "stream"} & set(labels) else {}
+
+
+def test_an_alert_about_a_model_or_stream_fires_once_however_many_instances_export_its_series(
+    tmp_path: Path,
+) -> None:
+    """Scaled out, Prometheus scrapes the replicas and the reducer under one job; in a central
+    deployment a stream's old and new owner both export it for a window after a rebalance. Each
+    alert about a model or a stream aggregates over instances, so its generated test passes
+    unchanged (one alert, same labels, value and annotations; quiet where it was quiet) when a
+    second instance exports every one of its input series too."""
+    suites = {p.stem: load(p) for p in sorted(TESTS_DIR.glob(f"{PREFIX}*.yaml"))}
+    about = {name: labels for name, suite in suites.items() if (labels := _about_a_model_or_stream(suite))}
+    # intrinsic, drift, canary, retrieval quality, ingest ages and the invalid-record ratio
+    assert {"EmbeddingMonitorCollapse", "EmbeddingMonitorDriftDetected", "EmbeddingMonitorModelChanged",
+            "EmbeddingMonitorMetricsStale", "EmbeddingMonitorNoRecentRecords", "EmbeddingMonitorInvalidRecordsHigh",
+            "EmbeddingMonitorRetrievalNdcgBelowObjective", "EmbeddingMonitorAnnRecallBelowTarget"} <= set(about)
+    with_instance = sorted(name for name, labels in about.items() if "instance" in labels)
+    assert not with_instance, f"alerts about a model or stream that fire once per instance: {with_instance}"
+    files = []
+    for name in about:
+        suite = suites[name]
+        suite["rule_files"] = [str(RULES)]
+        for case in suite["tests"]:
+            twins = [{**s, "series": re.sub(r'instance="([^"]+)"', r'instance="\1-twin"', s["series"])}
+                     for s in case["input_series"]]
+            assert all(t["series"] != s["series"] for t, s in zip(twins, case["input_series"])), name
+            case["input_series"] = case["input_series"] + twins
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(suite, sort_keys=False))
+        files.append(path)
+    result = promtool("test", "rules", *files, cwd=tmp_path)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+    assert result.stdout.count("SUCCESS") == len(files)
+
+
 # ------------------------------------------------------------------------- overrides
 
 
@@ -360,7 +401,8 @@ def test_thresholds_file_overrides_and_its_generated_tests_pass(tmp_path: Path) 
     assert alerts["EmbeddingMonitorDown"]["expr"] == 'up{job="embmon-prod"} < 1'
     assert "EmbeddingMonitorDriftDetected" not in alerts
     assert alerts["EmbeddingMonitorEffectiveDimensionBelowAbsolute"]["expr"].endswith(":avg < 0.25")
-    assert alerts["EmbeddingMonitorRetrievalMrrBelowObjective"]["expr"] == 'embmon_retrieval_mrr_ci_upper{k="5"} < 0.4'
+    assert alerts["EmbeddingMonitorRetrievalMrrBelowObjective"]["expr"] == (
+        'max by (probe, model, slice, k) (embmon_retrieval_mrr_ci_upper{k="5"}) < 0.4')
     assert alerts["EmbeddingMonitorModelChanged"]["expr"].startswith("min by (model) (embmon_canary_cosine_min) < 0.99 and")
     assert grafana_rules(out / generate.GRAFANA_ALERTS).keys() == alerts.keys()
     result = promtool("check", "rules", rules_file)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ import yaml
 from monitor.artifacts import dashboards as dash
 from monitor.artifacts import generate
 from monitor.artifacts.catalog import METRICS, referenced_metrics
+from monitor.artifacts.panels import panel_queries
 from monitor.artifacts.rules import build_rules
 from tests.support.paths import REPO
 
@@ -183,3 +185,21 @@ def test_drift_board_shows_what_moved_and_whether_the_tests_could_decide() -> No
         referenced_metrics(exprs(moved))
     (budget,) = [panels for title, panels in board.items() if title.startswith("Cycle budget")]
     assert {"embmon_drift_tests_cut_total", "embmon_drift_p_value_floor"} <= referenced_metrics(exprs(budget))
+
+
+# labels Prometheus attaches to every scraped series: a metric's own label of that name is renamed
+# `exported_<name>` by the scrape (honor_labels off: the default, and the shipped monitors')
+TARGET_LABELS = {"job", "instance"}
+
+
+def test_panels_read_the_daemons_own_job_label_as_prometheus_stores_it() -> None:
+    clashing = {name for name, spec in METRICS.items() if set(spec.labels) & TARGET_LABELS}
+    assert clashing == {"embmon_job_runs_total", "embmon_job_duration_seconds"}
+    reading = [expr for board in committed().values() for _, expr in panel_queries(board)
+               if {re.sub(r"_(bucket|sum|count)$", "", n) for n in referenced_metrics(expr)} & clashing]
+    assert len(reading) >= 2  # job runs by outcome, job duration
+    for expr in reading:
+        grouped = {label.strip() for group in re.findall(r"\bby \(([^)]*)\)", expr) for label in group.split(",")}
+        matched = set(re.findall(r"[{,]\s*(\w+)\s*(?:=~|!=|!~|=)", expr))
+        # `job` is the scrape job there: grouping by it would add every scheduled job together
+        assert "job" not in grouped | matched and "exported_job" in grouped | matched, expr

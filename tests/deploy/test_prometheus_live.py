@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from monitor.artifacts import dashboards as dash
-from monitor.artifacts import grafana_alerts, prometheus
+from monitor.artifacts import grafana_alerts, panels, prometheus
 from monitor.artifacts.catalog import METRICS, exported_names, referenced_metrics
 from monitor.artifacts.rules import build_rules
 from monitor.artifacts.thresholds import Thresholds
@@ -178,6 +178,19 @@ def test_every_query_parses_and_returns_series(stack: Stack) -> None:
     assert len(held) >= 80, len(held)  # most queries are held to returning data today
     # the waived ones are exactly those reading metrics the daemon cannot export here
     assert all(sources(w.split(": ", 1)[1]) & absent_by_design for w in waived)
+
+
+def test_job_panels_split_the_daemons_scheduled_jobs(stack: Stack) -> None:
+    """The daemon's own `job` label arrives as `exported_job` (Prometheus keeps `job` for the scrape
+    job): the panels by scheduled job show one series per job, not their sum under the scrape job."""
+    board = dash.monitor_health(build_rules())
+    (runs,) = [expr for title, expr in panels.panel_queries(board) if title == "Job runs / s by outcome"]
+    stack.prom.wait_until(lambda: stack.prom.query('embmon_job_runs_total{exported_job="drift"}'), timeout=30,
+                          message="a drift cycle counted")
+    time.sleep(2)  # two samples for rate()
+    split = {(r["metric"]["exported_job"], r["metric"]["outcome"]) for r in stack.prom.query(substitute(runs))}
+    assert {("refresh", "success"), ("drift", "success")} <= split
+    assert not stack.prom.query('embmon_job_runs_total{job="refresh"}')  # what `job` would have matched
 
 
 def test_a_scripted_collapse_pages_through_alertmanager(stack: Stack) -> None:

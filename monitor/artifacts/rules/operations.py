@@ -2,7 +2,9 @@
 
 ``EmbeddingMonitorAbsent`` is the ``absent()`` alert for the case where Prometheus knows no
 monitor target at all, which ``EmbeddingMonitorDown`` (``up < 1``) cannot see. Per-stream ages
-take the newest time over instances: scaled out, several replicas export the same stream.
+take the newest time over instances, so each fires once per stream: scaled out, several replicas
+export the same stream's last record; in a central deployment a stream's old and new owner both
+export it for a window after a rebalance.
 """
 
 from __future__ import annotations
@@ -66,8 +68,9 @@ def _monitor(th: Thresholds) -> list[Alert]:
             summary="The monitor is scraped but its quality metrics are no longer refreshed.",
             description=f"Intrinsic metrics of {MODEL_STREAM} were last refreshed $VALUE ago.",
             value_format="duration",
-            condition=Condition(f"time() - {refreshed}", ">", 900),
-            scenario_builder=age_scenario(refreshed, TEST_MODEL, job),
+            # the newest refresh any instance published (the panel "Metrics age" shows the same)
+            condition=Condition(f"time() - max by (model, stream) ({refreshed})", ">", 900),
+            scenario_builder=_newest_over_instances_scenario(refreshed, job),
         ),
         Alert(
             name=f"{PREFIX}NoRecentRecords",
@@ -80,7 +83,7 @@ def _monitor(th: Thresholds) -> list[Alert]:
             # the newest record any instance saw: replicas that no longer own a stream's partitions
             # keep exporting the time of its last record they applied
             condition=Condition(f"time() - max by (model, stream) ({last_record})", ">", 3600),
-            scenario_builder=_no_recent_records_scenario(job),
+            scenario_builder=_newest_over_instances_scenario(last_record, job),
         ),
         Alert(
             name=f"{PREFIX}SourceDown",
@@ -134,11 +137,11 @@ def _ingest(th: Thresholds) -> list[Alert]:
     ]
 
 
-def _no_recent_records_scenario(job: str) -> ScenarioBuilder:
-    """Two replicas that once read the stream; the quiet history has one still receiving it."""
+def _newest_over_instances_scenario(metric: str, job: str) -> ScenarioBuilder:
+    """Two instances export the stream's timestamp; the quiet history has one of them still
+    advancing it (the stream's partitions moved to it, or it is the one that computes it)."""
 
     def build(alert: Alert) -> Scenario:
-        metric = m("embmon_last_record_timestamp_seconds")
         sc = age_scenario(metric, TEST_MODEL, job)(alert)
         (frozen,) = sc.firing
         (fresh,) = sc.quiet
@@ -146,7 +149,6 @@ def _no_recent_records_scenario(job: str) -> ScenarioBuilder:
         return Scenario(
             sc.step,
             (frozen, Series(metric, other, frozen.values)),
-            # the stream's partitions moved to the other replica, which keeps receiving records
             (frozen, Series(metric, other, fresh.values)),
             sc.onset,
             dict(TEST_MODEL),

@@ -2,7 +2,9 @@
 
 Quality alerts fire on the probe's confidence interval, not its point estimate: below the
 objective means even the interval's upper bound is below it, and a week-over-week drop counts only
-when the upper bound is below last week's average.
+when the upper bound is below last week's average. Each reads the highest upper bound over the
+instances that export the probe (``max by (probe, model, slice, k)``), so it fires once per probe
+series, and only when every instance running the probe agrees.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from monitor.artifacts.thresholds import Thresholds
 GROUP = "embedding-monitor.retrieval"
 PROBES_GROUP = "embedding-monitor.probes"
 WHERE = "model {{ $labels.model }} (probe {{ $labels.probe }}, slice {{ $labels.slice }}, k={{ $labels.k }})"
+# one series per probe result, over the instances that run the probe
+PROBE_SERIES = "max by (probe, model, slice, k)"
 
 
 def alerts(th: Thresholds) -> list[Alert]:
@@ -50,10 +54,9 @@ def _quality(th: Thresholds) -> list[Alert]:
                     "even the upper bound of its confidence interval is $VALUE."
                 ),
                 value_format="number",
-                condition=Condition(f'{upper}{{k="{objective.k}"}}', "<", objective.min),
+                condition=Condition(f'{PROBE_SERIES} ({upper}{{k="{objective.k}"}})', "<", objective.min),
                 anchor=f"{PREFIX}RetrievalBelowObjective".lower(),
                 scenario_builder=_ci_scenario(base, objective.k, job),
-                live_signals=(f'{upper}{{k="{objective.k}"}}',),
             ),
             Alert(
                 name=f"{PREFIX}Retrieval{_camel(metric)}DroppedWeekOverWeek",
@@ -65,7 +68,7 @@ def _quality(th: Thresholds) -> list[Alert]:
                 value_format="percent",
                 condition=Condition(f"1 - {avg1h} / {avg1h} offset 1w", ">", 0.1),
                 gate=Condition(
-                    f"max by (probe, model, slice, k) ({upper}) - {avg1h} offset 1w", "<", 0
+                    f"{PROBE_SERIES} ({upper}) - {avg1h} offset 1w", "<", 0
                 ),
                 anchor=f"{PREFIX}RetrievalDroppedWeekOverWeek".lower(),
                 scenario_builder=_week_over_week_scenario(base, job),
@@ -84,7 +87,7 @@ def _quality(th: Thresholds) -> list[Alert]:
                 "interval is $VALUE."
             ),
             value_format="number",
-            condition=Condition(m(f"{ann}_ci_upper"), "<", 0.9),
+            condition=Condition(f'{PROBE_SERIES} ({m(f"{ann}_ci_upper")})', "<", 0.9),
             scenario_builder=_ci_scenario(ann, None, job),
         )
     )
@@ -137,7 +140,8 @@ def _ci_scenario(metric: str, k: str | None, job: str) -> ScenarioBuilder:
     def build(alert: Alert) -> Scenario:
         thr = alert.condition.threshold
         n = alert.for_seconds // 60 + 2
-        labels = {**target_labels(job), **TEST_PROBE, **({"k": k} if k else {})}
+        probe = {**TEST_PROBE, **({"k": k} if k else {})}
+        labels = {**target_labels(job), **probe}
         upper_bad = round(thr * 0.8, 6)
         point_bad = round(thr * 0.7, 6)
         upper_noisy = round(thr + (1 - thr) / 2, 6)
@@ -153,7 +157,7 @@ def _ci_scenario(metric: str, k: str | None, job: str) -> ScenarioBuilder:
                 Series(f"{metric}_ci_upper", labels, repeat(upper_noisy, n)),
             ),
             0,
-            labels,
+            probe,
             upper_bad,
         )
 
