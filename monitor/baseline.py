@@ -93,6 +93,7 @@ class _Usage(Exception):
 
 def _capture_remote(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     from monitor.admin_client import AdminCallFailed, fail, post_admin
+    from monitor.drift.admin import BASELINE_PATH
 
     if not args.model:
         raise _Usage("--model is required with --url")
@@ -100,7 +101,7 @@ def _capture_remote(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) ->
         raise _Usage("--state-dir and --out go with --from, not --url")
     query = {"model": args.model, **({"stream": args.stream} if args.stream else {})}
     try:
-        answer = post_admin(args, "/admin/baseline", query)
+        answer = post_admin(args, BASELINE_PATH, query)
     except ValueError as exc:  # no or unreadable token file
         raise _Usage(str(exc)) from None
     except AdminCallFailed as exc:

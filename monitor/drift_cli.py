@@ -19,8 +19,7 @@ import time
 from typing import Any, TextIO
 
 from monitor.admin_client import AdminCallFailed, add_admin_flags, fail, get_admin
-
-EXPLAIN_PATH = "/admin/drift/explain"
+from monitor.drift.admin import EXPLAIN_PATH
 
 
 def add_drift_parser(subparsers: Any) -> argparse.ArgumentParser:

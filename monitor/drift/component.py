@@ -25,7 +25,7 @@ One :class:`DriftComponent` serves every (model, stream) (docs/drift.md, "In the
 * **regions** (:mod:`monitor.drift.regions`): fitted on a reference the first time a cycle needs
   them (never on the ingest thread), stored with it, so every cycle also says where the window
   moved;
-* ``POST /admin/baseline?model=M[&stream=S]`` (bearer token ``http.admin_token``; without a token
+* ``POST /admin/baseline?model=M[&stream=S]`` (:mod:`monitor.drift.admin`; bearer token ``http.admin_token``; without a token
   configured every ``/admin/*`` route answers 403): the current window becomes the reference,
   written to the state directory before the response;
 * ``GET /admin/drift/explain?model=M[&stream=S]`` (same token): the last cycle's explanation
@@ -43,74 +43,38 @@ import zlib
 from collections import deque
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 from prometheus_client.metrics_core import Metric
 
-from monitor.admin_http import json_response, model_and_stream
 from monitor.component import Component, MonitorContext, ScheduledJob
 from monitor.config import ConfigError
 from monitor.drift.budget import Deadline
 from monitor.drift.detectors import OnlineDriftMonitor, build_detector
-from monitor.drift.explain import explanation
-from monitor.drift.export import (
-    ERROR_STAGES,
-    ChangeKey,
-    ChangeTotals,
-    CycleResult,
-    DriftSnapshot,
-    ReferenceInfo,
-    StreamKey,
-    TestKey,
-    families,
-)
+from monitor.drift.admin import add_drift_routes
+from monitor.drift.export import ChangeTotals, CycleResult, DriftSnapshot, ReferenceInfo, StreamKey, families
 from monitor.drift.first_records import FirstRecords
 from monitor.drift.lagged import LaggedRing
-from monitor.drift.online_state import decode_monitor, encode_monitor
 from monitor.drift.pinned import PinnedFiles
 from monitor.drift.profile import ReferenceProfile, subsample_ids, subsample_index
 from monitor.drift.regions import Regions, fit_regions
 from monitor.drift.settings import DriftSettings
 from monitor.drift.store import ReferenceStore, StoredReference
+from monitor.drift.stream_state import STATE_VERSION, DriftTotals, StreamSlot
 from monitor.drift.suite import run_drift_suite
 from monitor.records import EmbeddingBatch
 from monitor.state.window import WindowSnapshot
 
 logger = logging.getLogger(__name__)
 
-_STATE_VERSION = 1
 MIN_TEST_RECORDS = 200  # a window needs min(this, drift.window_sample_size) records to be tested
-ADMIN_PATH = "/admin/baseline"
-EXPLAIN_PATH = "/admin/drift/explain"
 
 
 def default_threads() -> int:
     """Threads for a test cycle when ``drift.threads`` is unset: every core but one (at least one)."""
     return max(1, (os.cpu_count() or 2) - 1)
-
-
-@dataclass
-class _Stream:
-    """Everything the component keeps for one (model, stream); guarded by the component's lock."""
-
-    dim: int
-    history: deque[bool]
-    reference: StoredReference | None = None
-    builder: FirstRecords | None = None
-    online: OnlineDriftMonitor | None = None
-    online_for: float | None = None  # captured_at of the reference the detectors standardise with
-    lagged: ReferenceProfile | None = None  # the lagged reference of the last cycle
-    last_end: float | None = None  # end of the last window tested
-    problem: str | None = None
-
-
-@dataclass
-class _Counters:
-    cycles: int = 0
-    errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_STAGES, 0))
-    cuts: dict[TestKey, int] = field(default_factory=dict)
 
 
 class DriftComponent(Component):
@@ -140,10 +104,9 @@ class DriftComponent(Component):
             else None
         )
         self._lock = threading.RLock()
-        self._streams: dict[StreamKey, _Stream] = {}
-        self._changes: dict[ChangeKey, ChangeTotals] = {}
+        self._streams: dict[StreamKey, StreamSlot] = {}
         self._results: Mapping[StreamKey, CycleResult] = {}
-        self._counters = _Counters()
+        self._totals = DriftTotals()
         self._cycle_lock = threading.Lock()  # one cycle at a time (the job, or a test calling run_cycle)
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="embmon-drift-store")
         # regions of references that do not store them (lagged ones): (the profile, its regions)
@@ -152,17 +115,16 @@ class DriftComponent(Component):
         for key, ref in sorted(self._stored.items()):
             self._init_stream(key, ref.profile.dim)
         if context.add_route is not None:
-            context.add_route(ADMIN_PATH, self.handle_admin_baseline, methods=("POST",))
-            context.add_route(EXPLAIN_PATH, self.handle_explain, methods=("GET",))
+            add_drift_routes(context.add_route, self)
 
     # ------------------------------------------------------------------ references
-    def _init_stream(self, key: StreamKey, dim: int) -> _Stream:
+    def _init_stream(self, key: StreamKey, dim: int) -> StreamSlot:
         """First sight of (model, stream): decide where its reference comes from (module docstring)."""
         with self._lock:
             existing = self._streams.get(key)
             if existing is not None:
                 return existing
-            slot = _Stream(dim=dim, history=deque(maxlen=self.settings.sustained.cycles))
+            slot = StreamSlot(dim=dim, history=deque(maxlen=self.settings.sustained.cycles))
             self._streams[key] = slot
             model, stream = key
             pin, problem = self.pins.match(model, stream, dim)
@@ -191,7 +153,7 @@ class DriftComponent(Component):
                 )
             return slot
 
-    def _install(self, slot: _Stream, key: StreamKey, ref: StoredReference, *, persist: bool) -> None:
+    def _install(self, slot: StreamSlot, key: StreamKey, ref: StoredReference, *, persist: bool) -> None:
         """Make ``ref`` the stream's reference: new detectors, fresh verdict history (lock held)."""
         slot.reference = ref
         slot.builder = None
@@ -216,7 +178,7 @@ class DriftComponent(Component):
             return
         logger.info("drift: stored the %s reference of %s/%s in %s", ref.origin, ref.model, ref.stream, path)
 
-    def _start_online(self, slot: _Stream, key: StreamKey, profile: ReferenceProfile) -> None:
+    def _start_online(self, slot: StreamSlot, key: StreamKey, profile: ReferenceProfile) -> None:
         slot.online = None
         slot.online_for = profile.captured_at
         online = self.settings.online
@@ -232,7 +194,7 @@ class DriftComponent(Component):
         )
         for signal in online.signals:
             for detector in online.detectors:
-                self._changes.setdefault((*key, signal, detector), ChangeTotals(0, None))
+                self._totals.changes.setdefault((*key, signal, detector), ChangeTotals(0, None))
 
     def _seed(self, key: StreamKey, cycle: int) -> int:
         entropy = [self.settings.seed, zlib.crc32(f"{key[0]}/{key[1]}".encode()), cycle]
@@ -282,10 +244,7 @@ class DriftComponent(Component):
         found = online.update(vectors, now, norms)
         if found:
             with self._lock:
-                for change in found:
-                    ckey = (*key, change.signal, change.detector)
-                    old = self._changes.get(ckey, ChangeTotals(0, None))
-                    self._changes[ckey] = ChangeTotals(old.changes + 1, change.timestamp)
+                self._totals.count_changes(key, found)
 
     # ------------------------------------------------------------------ the test cycle
     def jobs(self) -> list[ScheduledJob]:
@@ -304,8 +263,8 @@ class DriftComponent(Component):
             deadline = Deadline(now + self.settings.cycle_budget * self.settings.interval_seconds, clock)
             windows = sorted(self.context.latest_windows().items())
             with self._lock:
-                self._counters.cycles += 1
-                cycle = self._counters.cycles
+                self._totals.cycles += 1
+                cycle = self._totals.cycles
             failed: list[tuple[StreamKey, BaseException]] = []
             for turn, (key, window) in enumerate(windows):
                 try:
@@ -354,9 +313,7 @@ class DriftComponent(Component):
         if report.errors:
             self._count_error("test", len(report.errors))
         with self._lock:
-            for test in report.planned:
-                cut = self._counters.cuts.setdefault((*key, test), 0)
-                self._counters.cuts[(*key, test)] = cut + (test in report.cut)
+            self._totals.count_planned(key, report.planned, report.cut)
             if slot.reference is not fixed:  # replaced while the tests ran: this verdict is about the old one
                 return
             slot.last_end = window.end
@@ -385,7 +342,7 @@ class DriftComponent(Component):
             fitted = self._fitted[key] = (reference, regions)
         return fitted[1]
 
-    def _store_regions(self, slot: _Stream, ref: StoredReference, regions: Regions) -> StoredReference:
+    def _store_regions(self, slot: StreamSlot, ref: StoredReference, regions: Regions) -> StoredReference:
         """Keep freshly fitted regions with the stream's reference, in memory and on disk."""
         with self._lock:
             if slot.reference is not ref:
@@ -398,36 +355,12 @@ class DriftComponent(Component):
                 pass
             return slot.reference
 
-    # ------------------------------------------------------------------ admin endpoints
-    def handle_explain(self, environ: Mapping[str, Any]) -> tuple[int, str, bytes]:
-        """``GET /admin/drift/explain?model=M[&stream=S]``: the last cycle's verdict, ranked regions, exemplar ids."""
-        model, stream, refused = model_and_stream(environ)
-        if refused is not None:
-            return refused
+    # ------------------------------------------------------------------ admin (monitor.drift.admin)
+    def last_results(self, model: str, stream: str) -> tuple[list[StreamKey], dict[StreamKey, CycleResult]]:
+        """The (model, stream)s seen for ``model`` (one ``stream``, or all when empty) and their last verdicts."""
         with self._lock:
-            known = [k for k in self._streams if k[0] == model and (not stream or k[1] == stream)]
-            results = {k: self._results[k] for k in sorted(known) if k in self._results}
-        what = f"{model}/{stream}" if stream else f"model {model}"
-        if not known:
-            return json_response(404, {"error": f"no records seen for {what}"})
-        if not results:
-            return json_response(404, {"error": f"no drift cycle has tested {what} yet"})
-        return json_response(200, {"explanations": [explanation(*key, result) for key, result in results.items()]})
-
-    def handle_admin_baseline(self, environ: Mapping[str, Any]) -> tuple[int, str, bytes]:
-        """``POST /admin/baseline?model=M[&stream=S]``: pin the current window(s) as the reference."""
-        model, stream, refused = model_and_stream(environ)
-        if refused is not None:
-            return refused
-        states = [s for s in self.context.registry if s.model == model and (not stream or s.stream == stream)]
-        if not states:
-            what = f"{model}/{stream}" if stream else f"model {model}"
-            return json_response(404, {"error": f"no records seen for {what}"})
-        try:
-            refs = self.capture_current(states)
-        except ValueError as exc:
-            return json_response(409, {"error": str(exc)})
-        return json_response(200, {"references": [r.describe() for r in refs]})
+            known = sorted(k for k in self._streams if k[0] == model and (not stream or k[1] == stream))
+            return known, {k: self._results[k] for k in known if k in self._results}
 
     def capture_current(self, states: Iterable[Any]) -> list[StoredReference]:
         """Pin each stream's current window as its reference; stored on disk before it is used."""
@@ -460,79 +393,32 @@ class DriftComponent(Component):
     def state_dict(self) -> dict[str, Any]:
         """Reference metadata (arrays live in the state directory), first-N builders, detectors, last verdicts."""
         with self._lock:
-            streams = []
-            for (model, stream), slot in sorted(self._streams.items()):
-                ref = slot.reference
-                streams.append(
-                    {
-                        "model": model,
-                        "stream": stream,
-                        "dim": slot.dim,
-                        "reference": None if ref is None else {
-                            "origin": ref.origin,
-                            "captured_at": ref.profile.captured_at,
-                            "records": ref.profile.count,
-                            "pin_sha256": ref.pin_sha256,
-                        },
-                        "builder": None if slot.builder is None else slot.builder.state_dict(),
-                        "online": None if slot.online is None else encode_monitor(slot.online),
-                        "online_for": slot.online_for,
-                        "history": [bool(h) for h in slot.history],
-                        "last_end": slot.last_end,
-                        "result": None if (r := self._results.get((model, stream))) is None else r.state_dict(),
-                    }
-                )
-            return {
-                "version": _STATE_VERSION,
-                "streams": streams,
-                "changes": [[*k, v.changes, v.last_timestamp] for k, v in sorted(self._changes.items())],
-                "cycles": self._counters.cycles,
-                "cuts": [[*k, v] for k, v in sorted(self._counters.cuts.items())],
-            }
+            streams = [slot.state_dict(key, self._results.get(key)) for key, slot in sorted(self._streams.items())]
+            return {"version": STATE_VERSION, "streams": streams, **self._totals.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what fits the references on disk (a reference changed since: its detectors start afresh)."""
-        if state.get("version") != _STATE_VERSION:
+        if state.get("version") != STATE_VERSION:
             raise ValueError(f"unsupported drift state version {state.get('version')!r}")
+        builds = self.reference_settings.fallback_mode == "first_records"
         with self._lock:
             for entry in state.get("streams") or []:
                 key = (str(entry["model"]), str(entry["stream"]))
                 slot = self._streams.get(key) or self._init_stream(key, int(entry["dim"]))
                 if slot.dim != int(entry["dim"]):
                     continue
-                saved_ref = entry.get("reference")
-                builds = self.reference_settings.fallback_mode == "first_records"
-                if saved_ref is not None and slot.reference is None and builds:
+                if entry.get("reference") is not None and slot.reference is None and builds:
                     logger.warning(
                         "drift: the checkpoint has a reference for %s/%s but %s is missing; capturing a new one",
                         key[0], key[1], self.store.path(*key),
                     )
-                if slot.builder is not None and entry.get("builder") is not None:
-                    builder = FirstRecords.from_state_dict(dict(entry["builder"]))
-                    if builder.target == slot.builder.target and builder.dim == slot.dim:
-                        slot.builder = builder
-                current_for = slot.reference.profile.captured_at if slot.reference is not None else None
-                same = entry.get("online_for") == current_for or (slot.reference is None and self.ring is not None)
-                if same and entry.get("online") is not None and self.settings.online.enabled:
-                    try:
-                        slot.online = decode_monitor(dict(entry["online"]))
-                        slot.online_for = entry.get("online_for")
-                    except (ValueError, KeyError, TypeError) as exc:
-                        logger.warning("drift: online detectors of %s/%s start afresh: %s", key[0], key[1], exc)
-                if same:
-                    slot.history.extend(bool(h) for h in entry.get("history") or [])
-                    slot.last_end = entry.get("last_end")
-                    if entry.get("result") is not None:
-                        self._results = {**self._results, key: CycleResult.from_state_dict(dict(entry["result"]))}
-            for model, stream, signal, detector, count, last in state.get("changes") or []:
-                ckey = (str(model), str(stream), str(signal), str(detector))
-                old = self._changes.get(ckey, ChangeTotals(0, None))
-                when = old.last_timestamp if last is None else float(last)
-                self._changes[ckey] = ChangeTotals(max(old.changes, int(count)), when)
-            self._counters.cycles = max(self._counters.cycles, int(state.get("cycles") or 0))
-            for model, stream, test, count in state.get("cuts") or []:
-                tkey = (str(model), str(stream), str(test))
-                self._counters.cuts[tkey] = max(self._counters.cuts.get(tkey, 0), int(count))
+                result = slot.restore(
+                    {**entry, "model": key[0], "stream": key[1]},
+                    online_enabled=self.settings.online.enabled, lagged=self.ring is not None,
+                )
+                if result is not None:
+                    self._results = {**self._results, key: result}
+            self._totals.load_state_dict(state)
 
     # ------------------------------------------------------------------ scrape
     def snapshot(self) -> DriftSnapshot:
@@ -547,8 +433,8 @@ class DriftComponent(Component):
                     continue
                 references[key] = ReferenceInfo(p.count, p.captured_at, origin, p.source, p.dim)
             return DriftSnapshot(
-                results=self._results, references=references, changes=dict(self._changes),
-                errors=dict(self._counters.errors), cuts=dict(self._counters.cuts),
+                results=self._results, references=references, changes=dict(self._totals.changes),
+                errors=dict(self._totals.errors), cuts=dict(self._totals.cuts),
             )
 
     def collect(self) -> Iterable[Metric]:
@@ -557,7 +443,7 @@ class DriftComponent(Component):
     def _count_error(self, stage: str, count: int = 1) -> None:
         """One of :data:`~monitor.drift.export.ERROR_STAGES` failed (exported as ``embmon_drift_errors_total``)."""
         with self._lock:
-            self._counters.errors[stage] += count
+            self._totals.errors[stage] += count
 
     def close(self) -> None:
         self._writer.shutdown(wait=True)

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from monitor.config import load_settings
+from monitor.drift.admin import capture_baseline
 from monitor.records import EmbeddingBatch
 from monitor.scaleout.publisher import PartialsPublisher
 from monitor.scaleout.reducer import Reducer
@@ -69,7 +70,7 @@ def test_the_admin_capture_pins_the_merged_window(tmp_path: Path) -> None:
         drift = next(c for c in daemon.components if c.name == "drift")
         rng = np.random.default_rng(1)
         publish(daemon.table, {"r0": rng.standard_normal((300, DIM)), "r1": rng.standard_normal((300, DIM)) + 2}, now)
-        status, _, body = drift.handle_admin_baseline({"QUERY_STRING": "model=m&stream=s"})  # type: ignore[attr-defined]
+        status, _, body = capture_baseline(drift, {"QUERY_STRING": "model=m&stream=s"})  # type: ignore[arg-type]
         assert status == 200, body
         (described,) = json.loads(body)["references"]
         assert drift.reference("m", "s").count == 600  # type: ignore[attr-defined]  # both replicas' records

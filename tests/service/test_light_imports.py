@@ -38,6 +38,11 @@ def test_building_default_settings_loads_no_heavy_package() -> None:
     """) == []
 
 
+def test_the_admin_clients_and_their_endpoint_paths_do_not_load_numpy() -> None:
+    """``baseline --url`` and ``drift explain`` take their paths from monitor.drift.admin: it must stay stdlib."""
+    assert loaded_after("import monitor.drift.admin, monitor.drift_cli, monitor.baseline", (*HEAVY, "numpy")) == []
+
+
 def test_settings_do_not_even_load_numpy() -> None:
     """A tenth of a second, but the CLI's parser (``--help``) should not pay for it either."""
     assert loaded_after("from monitor.config import load_settings\nload_settings()", ("numpy",)) == []

@@ -1,0 +1,128 @@
+"""What the drift component keeps per (model, stream), its running totals, and their checkpoint form.
+
+The component (:mod:`monitor.drift.component`) decides *when* these change; this module owns
+*what* they are and how they survive a restart. Reference arrays are not here: they live in the
+state directory (:mod:`monitor.drift.store`), the checkpoint only names the one a slot used.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from monitor.drift.detectors import ChangePoint, OnlineDriftMonitor
+from monitor.drift.export import ERROR_STAGES, ChangeKey, ChangeTotals, CycleResult, StreamKey, TestKey
+from monitor.drift.first_records import FirstRecords
+from monitor.drift.online_state import decode_monitor, encode_monitor
+from monitor.drift.profile import ReferenceProfile
+from monitor.drift.store import StoredReference
+
+logger = logging.getLogger(__name__)
+
+STATE_VERSION = 1  # of the component's checkpoint entry
+
+
+@dataclass
+class StreamSlot:
+    """Everything the component keeps for one (model, stream); guarded by the component's lock."""
+
+    dim: int
+    history: deque[bool]  # the last ``drift.sustained.cycles`` verdicts
+    reference: StoredReference | None = None
+    builder: FirstRecords | None = None
+    online: OnlineDriftMonitor | None = None
+    online_for: float | None = None  # captured_at of the reference the detectors standardise with
+    lagged: ReferenceProfile | None = None  # the lagged reference of the last cycle
+    last_end: float | None = None  # end of the last window tested
+    problem: str | None = None
+
+    def state_dict(self, key: StreamKey, result: CycleResult | None) -> dict[str, Any]:
+        ref = self.reference
+        return {
+            "model": key[0],
+            "stream": key[1],
+            "dim": self.dim,
+            "reference": None if ref is None else {
+                "origin": ref.origin,
+                "captured_at": ref.profile.captured_at,
+                "records": ref.profile.count,
+                "pin_sha256": ref.pin_sha256,
+            },
+            "builder": None if self.builder is None else self.builder.state_dict(),
+            "online": None if self.online is None else encode_monitor(self.online),
+            "online_for": self.online_for,
+            "history": [bool(h) for h in self.history],
+            "last_end": self.last_end,
+            "result": None if result is None else result.state_dict(),
+        }
+
+    def restore(self, entry: Mapping[str, Any], *, online_enabled: bool, lagged: bool) -> CycleResult | None:
+        """Take from a checkpoint entry what still fits this slot's reference; returns the last verdict if it does.
+
+        A first-N builder resumes only with the same target and dimension. Detectors, verdict
+        history and the last result belong to the reference they were computed against (or, in
+        lagged mode, to the stream): after a re-pin they start afresh.
+        """
+        key = (entry["model"], entry["stream"])
+        if self.builder is not None and entry.get("builder") is not None:
+            builder = FirstRecords.from_state_dict(dict(entry["builder"]))
+            if builder.target == self.builder.target and builder.dim == self.dim:
+                self.builder = builder
+        current_for = self.reference.profile.captured_at if self.reference is not None else None
+        same = entry.get("online_for") == current_for or (self.reference is None and lagged)
+        if not same:
+            return None
+        if entry.get("online") is not None and online_enabled:
+            try:
+                self.online = decode_monitor(dict(entry["online"]))
+                self.online_for = entry.get("online_for")
+            except (ValueError, KeyError, TypeError) as exc:
+                logger.warning("drift: online detectors of %s/%s start afresh: %s", key[0], key[1], exc)
+        self.history.extend(bool(h) for h in entry.get("history") or [])
+        self.last_end = entry.get("last_end")
+        return None if entry.get("result") is None else CycleResult.from_state_dict(dict(entry["result"]))
+
+
+@dataclass
+class DriftTotals:
+    """Counters that only grow: cycles run, failures by stage, tests planned/cut, online change points."""
+
+    cycles: int = 0
+    errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_STAGES, 0))
+    cuts: dict[TestKey, int] = field(default_factory=dict)  # tests cut short by the cycle's deadline
+    changes: dict[ChangeKey, ChangeTotals] = field(default_factory=dict)
+
+    def count_changes(self, key: StreamKey, found: Iterable[ChangePoint]) -> None:
+        for change in found:
+            ckey = (*key, change.signal, change.detector)
+            old = self.changes.get(ckey, ChangeTotals(0, None))
+            self.changes[ckey] = ChangeTotals(old.changes + 1, change.timestamp)
+
+    def count_planned(self, key: StreamKey, planned: Iterable[str], cut: Iterable[str]) -> None:
+        """Every planned test gets a series (0 until one is cut), so `rate()` has a start."""
+        cut = set(cut)
+        for test in planned:
+            tkey = (*key, test)
+            self.cuts[tkey] = self.cuts.get(tkey, 0) + (test in cut)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "changes": [[*k, v.changes, v.last_timestamp] for k, v in sorted(self.changes.items())],
+            "cycles": self.cycles,
+            "cuts": [[*k, v] for k, v in sorted(self.cuts.items())],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Merge by maximum: counts restored twice, or after the component already counted, never go back."""
+        for model, stream, signal, detector, count, last in state.get("changes") or []:
+            ckey = (str(model), str(stream), str(signal), str(detector))
+            old = self.changes.get(ckey, ChangeTotals(0, None))
+            when = old.last_timestamp if last is None else float(last)
+            self.changes[ckey] = ChangeTotals(max(old.changes, int(count)), when)
+        self.cycles = max(self.cycles, int(state.get("cycles") or 0))
+        for model, stream, test, count in state.get("cuts") or []:
+            tkey = (str(model), str(stream), str(test))
+            self.cuts[tkey] = max(self.cuts.get(tkey, 0), int(count))
