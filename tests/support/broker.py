@@ -72,6 +72,13 @@ class Broker:
         wait_until(lambda: listening(self.port), timeout=15, interval=0.05, message=f"tansu on port {self.port}")
         return self
 
+    @property
+    def pid(self) -> int:
+        """The broker process (benchmarks read its CPU time)."""
+        if self._proc is None:
+            raise RuntimeError("the broker is not running")
+        return self._proc.pid
+
     def stop(self) -> None:
         if self._proc is not None:
             self._proc.terminate()
