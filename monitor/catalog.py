@@ -1,9 +1,10 @@
 """Every metric the daemon exports, declared once: name, type, HELP text, unit and label names.
 
 The collectors build their families from here (:func:`gauge`, :func:`counter`, :func:`histogram`),
-the alert and dashboard generators may only name metrics listed here, and the metric index in
-docs/metrics.md is generated from it, so a name, a HELP line or a label set cannot drift between
-what is scraped, what is alerted on and what is documented. ``tests/artifacts/test_catalog.py`` scrapes a
+the alert and dashboard generators may only name metrics listed here, and the declaration line
+under each heading of docs/metrics.md is generated from it (:mod:`monitor.artifacts.metric_docs`),
+so a name, a HELP line or a label set cannot drift between what is scraped, what is alerted on and
+what is documented. ``tests/artifacts/test_catalog.py`` scrapes a
 daemon with every feature on and fails on any family that is not declared here exactly.
 
 Names are as a scrape shows them: counters end in ``_total`` (prometheus-client appends it to

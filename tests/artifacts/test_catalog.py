@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from monitor import catalog
+from monitor.artifacts import metric_docs
 from tests.support import golden
 from tests.support.paths import REPO
 
@@ -58,6 +60,32 @@ def test_every_declared_metric_has_a_section_in_the_metric_docs(name: str) -> No
     heading = re.sub(r"^embmon_retrieval_\w+_ci_(lower|upper)$",  # one section covers every interval bound
                      "embmon_retrieval_<metric>_ci_lower, embmon_retrieval_<metric>_ci_upper", name)
     assert f"### {heading}\n" in DOCS.read_text(), name
+
+
+def test_every_metric_section_states_the_catalogs_type_labels_and_help() -> None:
+    """The line under each heading is the catalog's; regenerate with ``python -m monitor.artifacts.metric_docs``."""
+    text = DOCS.read_text()
+    assert metric_docs.sync(text) == text
+    for name, spec in catalog.CATALOG.items():
+        if "_ci_" not in name:
+            assert f"### {name}\n\n{metric_docs.declaration(spec)}\n" in text, name
+
+
+def test_a_section_whose_help_differs_from_the_catalog_is_caught_and_rewritten(tmp_path: Path) -> None:
+    spec = catalog.spec("embmon_stable_rank")
+    text = DOCS.read_text()
+    edited = text.replace(f'HELP "{spec.help}"', 'HELP "Sum of singular values squared, over the largest."')
+    assert edited != text
+    assert metric_docs.sync(edited) == text
+    stale = tmp_path / "metrics.md"
+    stale.write_text(edited)
+    assert metric_docs.main(["--check", "--docs", str(stale)]) == 1
+    assert stale.read_text() == edited  # --check writes nothing
+
+
+def test_a_documented_name_the_catalog_does_not_declare_is_refused() -> None:
+    with pytest.raises(KeyError, match="embmon_no_such_metric"):
+        metric_docs.sync("### embmon_no_such_metric\n\ntext\n")
 
 
 def test_a_misdeclared_metric_is_refused() -> None:
