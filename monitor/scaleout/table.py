@@ -10,7 +10,7 @@ compacted away or read twice, and a replica can never be merged twice.
 The merged window of (model, stream) at ``now`` sums, for every live sub-window index, every
 replica's piece: exact statistics add (:meth:`SufficientStats.merge`), alignment sums add, and
 the sample is drawn from all reservoir pieces with equal inclusion probability
-(:func:`~monitor.state.window.uniform_sample`), at most ``window.reservoir_size`` rows as in one
+(:func:`~monitor.state.reservoir.uniform_sample`), at most ``window.reservoir_size`` rows as in one
 daemon. Sub-window indices follow the replicas' geometry
 (``window.seconds / window.subwindows``, which must match the reducer's) and the reducer's clock.
 
@@ -45,8 +45,9 @@ from monitor.scaleout.partials import (
     decode_subwindow,
     parse_record,
 )
+from monitor.state.reservoir import uniform_sample
 from monitor.state.stats import SufficientStats
-from monitor.state.window import WindowSnapshot, uniform_sample
+from monitor.state.window import WindowSnapshot
 
 logger = logging.getLogger(__name__)
 

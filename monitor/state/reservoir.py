@@ -7,6 +7,7 @@ sample without replacement that is uniform over *everything* added so far, in fi
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,7 +15,7 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Reservoir", "generator_from_state"]
+__all__ = ["Reservoir", "generator_from_state", "uniform_sample"]
 
 
 def generator_from_state(state: dict[str, Any]) -> np.random.Generator:
@@ -209,3 +210,65 @@ def _last_write_per_slot(rows: np.ndarray, slots: np.ndarray) -> tuple[np.ndarra
     reversed_slots = slots[::-1]
     unique_slots, first_in_reversed = np.unique(reversed_slots, return_index=True)
     return rows[::-1][first_in_reversed], unique_slots
+
+
+def uniform_sample(
+    reservoirs: Sequence[Reservoir],
+    dim: int,
+    rng: np.random.Generator,
+    share: Sequence[bool] | None = None,
+) -> tuple[np.ndarray, tuple[str | None, ...]]:
+    """One sample of the union of several reservoirs' streams, every record equally likely.
+
+    Reservoir j saw n_j records and holds r_j = min(n_j, capacity) of them, each with
+    probability r_j/n_j; so p = min_j r_j/n_j and reservoir j contributes a uniform subset of
+    p·n_j of its rows (randomised rounding keeps the expectation exact). The pieces may be the
+    sub-windows of one window or those of several replicas (the reducer merges those).
+    Returns the rows in random order (any prefix is itself such a sample) and their ids.
+    A reservoir marked in ``share`` (one that takes no more records: a closed sub-window) whose
+    every row is taken keeps its rows only inside the returned sample, which saves a copy.
+
+    >>> rng = np.random.default_rng(0)
+    >>> a, b = Reservoir(4, 2, rng), Reservoir(4, 2, rng)
+    >>> _ = a.add(np.ones((8, 2), dtype=np.float32)); _ = b.add(np.zeros((2, 2), dtype=np.float32))
+    >>> sample, ids = uniform_sample([a, b], 2, np.random.default_rng(1))
+    >>> len(sample)  # p = min(4/8, 2/2) = 0.5: 4 rows of a, 1 of b
+    5
+    """
+    seen = np.array([r.seen for r in reservoirs], dtype=np.int64)
+    held = np.array([r.size for r in reservoirs], dtype=np.int64)
+    if seen.sum() == 0 or held.sum() == 0:
+        return np.empty((0, dim), dtype=np.float32), ()
+    nonempty = seen > 0
+    p = float(np.min(held[nonempty] / seen[nonempty]))
+    share = share if share is not None else [False] * len(reservoirs)
+    parts: list[np.ndarray] = []
+    ids: list[str | None] = []
+    whole: list[tuple[Reservoir, int]] = []  # shareable reservoirs whose every held row is taken
+    for reservoir, n_j, r_j, shareable in zip(reservoirs, seen, held, share, strict=True):
+        if n_j == 0:
+            continue
+        take = _randomised_round(p * n_j, int(r_j), rng)
+        chosen = np.sort(rng.choice(int(r_j), size=take, replace=False))
+        if take == r_j and shareable:
+            whole.append((reservoir, sum(len(part) for part in parts)))
+        parts.append(reservoir.take(chosen))
+        reservoir_ids = reservoir.ids
+        ids.extend(reservoir_ids[i] for i in chosen)
+    total = sum(len(part) for part in parts)
+    order = rng.permutation(total)
+    sample = np.concatenate(parts)[order]
+    position = np.empty(total, dtype=np.int64)
+    position[order] = np.arange(total)
+    for reservoir, start in whole:
+        reservoir.share(sample, position[start : start + reservoir.size])
+    return sample, tuple(ids[i] for i in order)
+
+
+def _randomised_round(value: float, ceiling: int, rng: np.random.Generator) -> int:
+    """floor(value) plus a Bernoulli(frac) draw, so the expectation is exactly ``value``."""
+    nearest = round(value)
+    if abs(value - nearest) < 1e-9:
+        return min(int(nearest), ceiling)
+    base = math.floor(value)
+    return min(base + int(rng.random() < value - base), ceiling)

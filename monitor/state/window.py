@@ -21,19 +21,19 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from monitor.records import EmbeddingBatch
-from monitor.state.reservoir import Reservoir
+from monitor.state.pairs import PositivePairMatcher
+from monitor.state.reservoir import Reservoir, uniform_sample
 from monitor.state.stats import GramPrecision, SufficientStats, check_precision
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PositivePairMatcher", "SlidingWindow", "WindowSnapshot", "uniform_sample"]
+__all__ = ["SlidingWindow", "WindowSnapshot"]
 
 _STATE_VERSION = 1
 _INDEX_MASK = (1 << 62) - 1  # seed sequences need non-negative entropy
@@ -74,99 +74,6 @@ class WindowSnapshot:
     live_subwindows: int = 0
     pending_pairs: int = 0
     pending_pairs_evicted: int = 0
-
-
-class PositivePairMatcher:
-    """Matches the two halves of positive pairs by ``pair_id`` and sums ‖u₁ − u₂‖^α.
-
-    The first record seen with a pair id waits (as a float32 unit vector) until a second record
-    with the same id arrives; then the pair's distance is returned and the id is forgotten, so a
-    third record with that id starts a new pair. At most ``max_pending`` halves wait; beyond
-    that the oldest are evicted and counted in ``evicted``.
-
-    Examples
-    --------
-    >>> matcher = PositivePairMatcher(max_pending=10, alpha=2.0)
-    >>> units = np.eye(2)
-    >>> matcher.match(units[[0]], ["q1"])
-    (0.0, 0)
-    >>> total, pairs = matcher.match(units[[1]], ["q1"])
-    >>> round(total, 6), pairs
-    (2.0, 1)
-    """
-
-    def __init__(self, max_pending: int, alpha: float) -> None:
-        if int(max_pending) < 0:
-            raise ValueError(f"max_pending_pairs must be non-negative, got {max_pending!r}")
-        if not alpha > 0:
-            raise ValueError(f"alignment_alpha must be positive, got {alpha!r}")
-        self.max_pending = int(max_pending)
-        self.alpha = float(alpha)
-        self.evicted = 0
-        # pair id -> waiting unit vector (float32), oldest first (dicts keep insertion order).
-        self._pending: dict[str, np.ndarray | int] = {}
-
-    @property
-    def pending(self) -> int:
-        """Number of first halves waiting for their partner."""
-        return len(self._pending)
-
-    def match(self, unit_vectors: np.ndarray, pair_ids: Sequence[str]) -> tuple[float, int]:
-        """Feed rows (unit vectors) in stream order; return (Σ distance^α, pairs completed)."""
-        if len(pair_ids) != len(unit_vectors):
-            raise ValueError(f"got {len(pair_ids)} pair ids for {len(unit_vectors)} rows")
-        firsts: list[np.ndarray | int] = []
-        seconds: list[int] = []
-        added: list[str] = []
-        for row, pair_id in enumerate(pair_ids):
-            partner = self._pending.pop(pair_id, None)
-            if partner is None:
-                self._pending[pair_id] = row  # a row of this batch, copied below if it stays
-                added.append(pair_id)
-            else:
-                firsts.append(partner)
-                seconds.append(row)
-
-        while len(self._pending) > self.max_pending:
-            del self._pending[next(iter(self._pending))]
-            self.evicted += 1
-        for pair_id in added:
-            waiting = self._pending.get(pair_id)
-            if isinstance(waiting, int):
-                self._pending[pair_id] = np.array(unit_vectors[waiting], dtype=np.float32)
-
-        if not seconds:
-            return 0.0, 0
-        first_rows = np.stack(
-            [unit_vectors[p] if isinstance(p, int) else p for p in firsts]
-        ).astype(np.float64)
-        diff = first_rows - np.asarray(unit_vectors[seconds], dtype=np.float64)
-        sq_dist = np.einsum("ij,ij->i", diff, diff)
-        return float(np.sum(sq_dist ** (self.alpha / 2.0))), len(seconds)
-
-    def state_dict(self) -> dict[str, Any]:
-        ids = list(self._pending)
-        vectors = [self._pending[i] for i in ids]
-        return {
-            "max_pending": self.max_pending,
-            "alpha": self.alpha,
-            "evicted": self.evicted,
-            "ids": ids,
-            "vectors": np.stack(vectors) if vectors else None,
-        }
-
-    @classmethod
-    def from_state_dict(cls, state: dict[str, Any]) -> PositivePairMatcher:
-        matcher = cls(int(state["max_pending"]), float(state["alpha"]))
-        matcher.evicted = int(state["evicted"])
-        ids = list(state["ids"])
-        vectors = state["vectors"]
-        if ids:
-            vectors = np.asarray(vectors, dtype=np.float32)
-            if vectors.ndim != 2 or vectors.shape[0] != len(ids):
-                raise ValueError("pending pair state has mismatched ids and vectors")
-            matcher._pending = {pair_id: vectors[i].copy() for i, pair_id in enumerate(ids)}
-        return matcher
 
 
 @dataclass
@@ -447,65 +354,3 @@ class SlidingWindow:
         if len(window._live) > window.subwindows:
             raise ValueError("window state holds more sub-windows than configured")
         return window
-
-
-def uniform_sample(
-    reservoirs: Sequence[Reservoir],
-    dim: int,
-    rng: np.random.Generator,
-    share: Sequence[bool] | None = None,
-) -> tuple[np.ndarray, tuple[str | None, ...]]:
-    """One sample of the union of several reservoirs' streams, every record equally likely.
-
-    Reservoir j saw n_j records and holds r_j = min(n_j, capacity) of them, each with
-    probability r_j/n_j; so p = min_j r_j/n_j and reservoir j contributes a uniform subset of
-    p·n_j of its rows (randomised rounding keeps the expectation exact). The pieces may be the
-    sub-windows of one window or those of several replicas (the reducer merges those).
-    Returns the rows in random order (any prefix is itself such a sample) and their ids.
-    A reservoir marked in ``share`` (one that takes no more records: a closed sub-window) whose
-    every row is taken keeps its rows only inside the returned sample, which saves a copy.
-
-    >>> rng = np.random.default_rng(0)
-    >>> a, b = Reservoir(4, 2, rng), Reservoir(4, 2, rng)
-    >>> _ = a.add(np.ones((8, 2), dtype=np.float32)); _ = b.add(np.zeros((2, 2), dtype=np.float32))
-    >>> sample, ids = uniform_sample([a, b], 2, np.random.default_rng(1))
-    >>> len(sample)  # p = min(4/8, 2/2) = 0.5: 4 rows of a, 1 of b
-    5
-    """
-    seen = np.array([r.seen for r in reservoirs], dtype=np.int64)
-    held = np.array([r.size for r in reservoirs], dtype=np.int64)
-    if seen.sum() == 0 or held.sum() == 0:
-        return np.empty((0, dim), dtype=np.float32), ()
-    nonempty = seen > 0
-    p = float(np.min(held[nonempty] / seen[nonempty]))
-    share = share if share is not None else [False] * len(reservoirs)
-    parts: list[np.ndarray] = []
-    ids: list[str | None] = []
-    whole: list[tuple[Reservoir, int]] = []  # shareable reservoirs whose every held row is taken
-    for reservoir, n_j, r_j, shareable in zip(reservoirs, seen, held, share, strict=True):
-        if n_j == 0:
-            continue
-        take = _randomised_round(p * n_j, int(r_j), rng)
-        chosen = np.sort(rng.choice(int(r_j), size=take, replace=False))
-        if take == r_j and shareable:
-            whole.append((reservoir, sum(len(part) for part in parts)))
-        parts.append(reservoir.take(chosen))
-        reservoir_ids = reservoir.ids
-        ids.extend(reservoir_ids[i] for i in chosen)
-    total = sum(len(part) for part in parts)
-    order = rng.permutation(total)
-    sample = np.concatenate(parts)[order]
-    position = np.empty(total, dtype=np.int64)
-    position[order] = np.arange(total)
-    for reservoir, start in whole:
-        reservoir.share(sample, position[start : start + reservoir.size])
-    return sample, tuple(ids[i] for i in order)
-
-
-def _randomised_round(value: float, ceiling: int, rng: np.random.Generator) -> int:
-    """floor(value) plus a Bernoulli(frac) draw, so the expectation is exactly ``value``."""
-    nearest = round(value)
-    if abs(value - nearest) < 1e-9:
-        return min(int(nearest), ceiling)
-    base = math.floor(value)
-    return min(base + int(rng.random() < value - base), ceiling)

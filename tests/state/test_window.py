@@ -11,7 +11,8 @@ from scipy import stats as scipy_stats
 
 from monitor.records import EmbeddingBatch
 from monitor.state.stats import SufficientStats
-from monitor.state.window import PositivePairMatcher, SlidingWindow, WindowSnapshot
+from monitor.state.pairs import PositivePairMatcher
+from monitor.state.window import SlidingWindow, WindowSnapshot
 
 
 def _batch(
