@@ -29,7 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -80,6 +80,7 @@ class Rate:
     cpu_per_row: float  # CPU seconds of this process and its JSON workers, per row
     broker_cpu_per_row: float  # CPU seconds of the broker, per row
     cores: float  # consumer + broker CPU seconds per wall second: 2.0 means both cores were busy
+    paused_share: float = 0.0  # of the wall time, the daemon's fetching was paused by a full apply queue
 
 
 @dataclass(frozen=True)
@@ -169,8 +170,11 @@ def daemon_rate(broker: Broker, topic: str, rows: int, state_dir: Path, precisio
             done = state.records_total if state else 0
             if mark is None and done >= STEADY_FROM * rows:
                 mark = Mark.now(done, broker)
+                paused_from = monitor.pipeline.backpressure_seconds()
             if done >= rows:
-                return mark.rate(rows, broker)
+                rate = mark.rate(rows, broker)
+                paused = monitor.pipeline.backpressure_seconds() - paused_from
+                return replace(rate, paused_share=paused / (time.perf_counter() - mark.at))
             time.sleep(0.02)  # sample sparsely: this loop competes for the GIL
         raise RuntimeError(f"daemon consumed only {done} of {rows} rows in 600 s")
     finally:
@@ -295,7 +299,7 @@ def main() -> None:
                       f"daemon={ours.rows_per_second:>10,.0f}/s ratio={ours.rows_per_second / bare.rows_per_second:.2f} "
                       f"cpu/row bare={bare.cpu_per_row * 1e6:.1f}us daemon={ours.cpu_per_row * 1e6:.1f}us "
                       f"broker={ours.broker_cpu_per_row * 1e6:.1f}us cores busy bare={bare.cores:.2f} "
-                      f"daemon={ours.cores:.2f}", flush=True)
+                      f"daemon={ours.cores:.2f} paused={ours.paused_share:.0%}", flush=True)
                 threading.Event().wait(0.5)
     finally:
         with_broker.stop()
