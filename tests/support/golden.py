@@ -26,6 +26,8 @@ import numpy as np
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.drift import BASE_DRIFT
+
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "golden-metrics.json"
 START = 1_000_000.0
 # Names (or name fragments) whose values depend on wall time or the machine, not on the input.
@@ -68,17 +70,7 @@ def scenario(tmp: Path) -> tuple[dict[str, Any], list[list[Any]]]:
         "http": {"host": "127.0.0.1", "port": 0},
         "state_dir": str(tmp / "state"),
         "window": {"seconds": 300, "subwindows": 6, "reservoir_size": 400},
-        "drift": {
-            "interval_seconds": 60.0,
-            "false_alarm_every": "1h",
-            "window_sample_size": 200,
-            "reference_sample_size": 200,
-            "threads": 1,
-            "ks": {"components": 8},
-            "classifier": {"squared_components": 4},
-            "reference": {"records": 300},
-            "online": {"aggregate": 16},
-        },
+        "drift": {**BASE_DRIFT, "interval_seconds": 60.0},
         "canaries": {"ids": {"beta": ["doc-0", "doc-1"]}},
         "probes": {
             "statistics": {"resamples": 100},
