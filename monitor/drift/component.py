@@ -25,9 +25,9 @@ One :class:`DriftComponent` serves every (model, stream) (docs/drift.md, "In the
 * **regions** (:mod:`monitor.drift.regions`): fitted on a reference the first time a cycle needs
   them (never on the ingest thread), stored with it, so every cycle also says where the window
   moved;
-* ``POST /admin/baseline?model=M[&stream=S]`` (:mod:`monitor.drift.admin`; bearer token ``http.admin_token``; without a token
-  configured every ``/admin/*`` route answers 403): the current window becomes the reference,
-  written to the state directory before the response;
+* ``POST /admin/baseline?model=M[&stream=S]`` (:mod:`monitor.drift.admin`; bearer token
+  ``http.admin_token``; without a token configured every ``/admin/*`` route answers 403): the
+  current window becomes the reference, written to the state directory before the response;
 * ``GET /admin/drift/explain?model=M[&stream=S]`` (same token): the last cycle's explanation
   (:mod:`monitor.drift.explain`).
 
