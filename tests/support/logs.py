@@ -9,6 +9,14 @@ _RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [A-Z]+ (\S+): ", re.M
 # kafka-python 3.0 logs this itself when its IO loop reads a socket that close() already dropped
 # (a race inside the client while the consumer shuts down); nothing is lost and nothing of ours ran.
 KNOWN_CLIENT_NOISE = ("kafka.net.transport",)
+# The same race, reported by the client's selector when the read task re-arms on the closed socket.
+_SELECTOR_CLOSE_RACE = ("_read_from_sock", "Invalid file descriptor: -1")
+
+
+def _client_noise(logger: str, record: str) -> bool:
+    if logger in KNOWN_CLIENT_NOISE:
+        return True
+    return logger == "kafka.net.selector" and all(part in record for part in _SELECTOR_CLOSE_RACE)
 
 
 def tracebacks(text: str) -> list[str]:
@@ -18,7 +26,7 @@ def tracebacks(text: str) -> list[str]:
     for i, (start, logger) in enumerate(starts):
         end = starts[i + 1][0] if i + 1 < len(starts) else len(text)
         record = text[start:end]
-        if "Traceback (most recent call last)" in record and logger not in KNOWN_CLIENT_NOISE:
+        if "Traceback (most recent call last)" in record and not _client_noise(logger, record):
             found.append(record)
     if not starts and "Traceback" in text:
         found.append(text)
