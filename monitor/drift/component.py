@@ -413,8 +413,7 @@ class DriftComponent(Component):
                         key[0], key[1], self.store.path(*key),
                     )
                 result = slot.restore(
-                    {**entry, "model": key[0], "stream": key[1]},
-                    online_enabled=self.settings.online.enabled, lagged=self.ring is not None,
+                    key, entry, online_enabled=self.settings.online.enabled, lagged=self.ring is not None
                 )
                 if result is not None:
                     self._results = {**self._results, key: result}

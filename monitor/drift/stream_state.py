@@ -59,14 +59,15 @@ class StreamSlot:
             "result": None if result is None else result.state_dict(),
         }
 
-    def restore(self, entry: Mapping[str, Any], *, online_enabled: bool, lagged: bool) -> CycleResult | None:
+    def restore(
+        self, key: StreamKey, entry: Mapping[str, Any], *, online_enabled: bool, lagged: bool
+    ) -> CycleResult | None:
         """Take from a checkpoint entry what still fits this slot's reference; returns the last verdict if it does.
 
         A first-N builder resumes only with the same target and dimension. Detectors, verdict
         history and the last result belong to the reference they were computed against (or, in
         lagged mode, to the stream): after a re-pin they start afresh.
         """
-        key = (entry["model"], entry["stream"])
         if self.builder is not None and entry.get("builder") is not None:
             builder = FirstRecords.from_state_dict(dict(entry["builder"]))
             if builder.target == self.builder.target and builder.dim == self.dim:
