@@ -46,11 +46,11 @@ def declarations(heading: str) -> list[str]:
             lines.append(declaration(CATALOG[name]))
             continue
         before, after = name.split(_PLACEHOLDER)
-        pattern = re.compile(re.escape(before) + r"(\w+?)" + re.escape(after) + "$")
+        covered = re.compile(re.escape(before) + r"(\w+?)" + re.escape(after) + "$")
         found = {
             declaration(spec, pattern=(before + match.group(1), before + _PLACEHOLDER))
             for spec in CATALOG.values()
-            if (match := pattern.match(spec.name))
+            if (match := covered.match(spec.name))
         }
         if len(found) != 1:
             raise ValueError(f"docs/metrics.md heading {name}: {len(found)} different declarations match it")
