@@ -24,7 +24,7 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
     && pip install --no-cache-dir -r /tmp/requirements.txt
 
 # 3. the project itself, without touching the dependencies installed above.
-COPY README.md ./
+COPY README.md LICENSE ./
 COPY monitor ./monitor
 RUN pip install --no-cache-dir --no-deps . \
     && embedding-monitor --version
