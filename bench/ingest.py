@@ -8,6 +8,8 @@ and the ratios the goals are stated in:
     .venv/bin/python bench/ingest.py                    # full run (several minutes on 2 cores)
     .venv/bin/python bench/ingest.py --quick            # smaller topics, for a smoke run
     .venv/bin/python bench/ingest.py --case binary:768  # one case (e.g. under py-spy)
+    .venv/bin/python bench/ingest.py --case binary:384 --kafka-option max_partition_fetch_bytes=8388608
+    .venv/bin/python bench/ingest.py --case json:384 --confluent  # + the bare loop in librdkafka
 
 Binary cases run the daemon twice on the same topic: with the default float64 statistics and
 with ``window.gram_precision: float32``. Goals (issue "Ingest at the hardware's limit"): binary
@@ -31,6 +33,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -121,9 +124,10 @@ def cpu_seconds() -> float:
     return time.process_time() + sum(sum(w.cpu_times()[:2]) for w in workers)
 
 
-def bare_rate(broker: Broker, topic: str, fmt: str, dim: int, rows: int) -> Rate:
+def bare_rate(broker: Broker, topic: str, fmt: str, dim: int, rows: int, options: dict[str, Any]) -> Rate:
     """Rows/s of a plain consume loop that touches every value and nothing more."""
-    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False, max_poll_records=2000)
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False, max_poll_records=2000,
+                             **options)
     tp = TopicPartition(topic, 0)
     consumer.assign([tp])
     consumer.seek_to_beginning(tp)
@@ -143,7 +147,34 @@ def bare_rate(broker: Broker, topic: str, fmt: str, dim: int, rows: int) -> Rate
     return rate
 
 
-def daemon_rate(broker: Broker, topic: str, rows: int, state_dir: Path, precision: str = "float64") -> Rate:
+def confluent_rate(broker: Broker, topic: str, fmt: str, dim: int, rows: int) -> Rate:
+    """The same bare loop through confluent-kafka (librdkafka, C): the ceiling a faster client
+    would raise. librdkafka prefetches in its own threads (``queued.max.messages.kbytes``)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer
+    from confluent_kafka import TopicPartition as CTopicPartition
+
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"bench-confluent-{topic}",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    consumer.assign([CTopicPartition(topic, 0, OFFSET_BEGINNING)])
+    seen = 0
+    mark: Mark | None = None
+    while seen < rows:
+        for record in consumer.consume(num_messages=2000, timeout=0.5):
+            if record.error():
+                raise RuntimeError(record.error())
+            if fmt == "binary":
+                seen += len(record.value()) // (4 * dim)
+            else:
+                seen += JSON_EVENTS_PER_MESSAGE if fmt == "json-array" else 1
+        if mark is None and seen >= STEADY_FROM * rows:
+            mark = Mark.now(seen, broker)
+    rate = mark.rate(rows, broker)
+    consumer.close()
+    return rate
+
+
+def daemon_rate(broker: Broker, topic: str, rows: int, state_dir: Path, precision: str = "float64",
+                options: dict[str, Any] | None = None) -> Rate:
     """Rows/s the daemon folds into its windows (decoded, validated, statistics updated)."""
     settings = load_settings(
         overrides={
@@ -153,7 +184,7 @@ def daemon_rate(broker: Broker, topic: str, rows: int, state_dir: Path, precisio
                 "embeddings_topic": topic,
                 "group_id": f"bench-{topic}-{precision}",
                 "auto_offset_reset": "earliest",
-                "options": dict(FAST_GROUP_OPTIONS),
+                "options": {**FAST_GROUP_OPTIONS, **(options or {})},
             },
             "http": {"host": "127.0.0.1", "port": 0},
             "refresh_seconds": 3600,
@@ -262,14 +293,22 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--case", action="append", help="FORMAT:DIM, e.g. binary:768 (repeatable; default all)")
     parser.add_argument("--skip-extras", action="store_true", help="no refresh or memory measurement")
+    parser.add_argument("--precision", action="append", choices=("float64", "float32"),
+                        help="binary cases: the statistics' precision (repeatable; default both)")
+    parser.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a kafka-python consumer option given to the bare consumer and the daemon alike, "
+                             "e.g. max_partition_fetch_bytes=8388608 (repeatable)")
+    parser.add_argument("--confluent", action="store_true",
+                        help="also time the bare loop through confluent-kafka (librdkafka), if installed")
     parser.add_argument("--rss-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    options = dict(_kafka_option(o) for o in args.kafka_option)
     if args.rss_only:
         rss = rss_with_models()
         print(f"torch imported: {'torch' in sys.modules}")
         print(f"{rss:.1f}")
         return
-    print(f"load average at start: {_load_average()}", flush=True)
+    print(f"load average at start: {_load_average()}; consumer options: {options or 'defaults'}", flush=True)
     scale = 0.2 if args.quick else 1.0
     cases = [
         ("binary", 384, int(200_000 * scale)),
@@ -290,10 +329,16 @@ def main() -> None:
             rows -= rows % unit
             topic = f"bench-{fmt}-{dim}"
             produce(with_broker, topic, fmt, dim, rows, rng)
-            bare = bare_rate(with_broker, topic, fmt, dim, rows)
-            for precision in ("float64", "float32") if fmt == "binary" else ("float64",):
+            bare = bare_rate(with_broker, topic, fmt, dim, rows, options)
+            if args.confluent:
+                peer = confluent_rate(with_broker, topic, fmt, dim, rows)
+                print(f"{fmt:>10} d={dim:<4} bare confluent-kafka={peer.rows_per_second:>10,.0f}/s "
+                      f"({peer.rows_per_second / bare.rows_per_second:.2f} x kafka-python) "
+                      f"cpu/row={peer.cpu_per_row * 1e6:.1f}us broker={peer.broker_cpu_per_row * 1e6:.1f}us "
+                      f"cores busy={peer.cores:.2f}", flush=True)
+            for precision in (args.precision or ("float64", "float32")) if fmt == "binary" else ("float64",):
                 with tempfile.TemporaryDirectory() as tmp:
-                    ours = daemon_rate(with_broker, topic, rows, Path(tmp), precision)
+                    ours = daemon_rate(with_broker, topic, rows, Path(tmp), precision, options)
                 results.append((fmt, dim, rows, precision, bare, ours))
                 print(f"{fmt:>10} d={dim:<4} {precision} rows={rows:<7} bare={bare.rows_per_second:>10,.0f}/s "
                       f"daemon={ours.rows_per_second:>10,.0f}/s ratio={ours.rows_per_second / bare.rows_per_second:.2f} "
@@ -323,6 +368,13 @@ def main() -> None:
     print(f"resident memory, 3 models at d=768, all sub-windows and reservoirs full: {rss:.0f} MB "
           f"(goal <= {RSS_GOAL_MB} MB); importing torch {share} {torch_mb:.0f} MB")
     print(f"load average at the end: {_load_average()}")
+
+
+def _kafka_option(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise SystemExit(f"--kafka-option {text!r}: expected KEY=VALUE")
+    return key, int(value) if value.lstrip("-").isdigit() else value
 
 
 def _goal(fmt: str, dim: int, bare: float, ours: float) -> str:
