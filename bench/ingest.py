@@ -33,6 +33,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -103,6 +104,9 @@ class Mark:
         """The rate from this mark to now, ``rows`` being the total done by now."""
         end = Mark.now(rows, broker)
         done, elapsed = end.rows - self.rows, end.at - self.at
+        if done <= 0:
+            raise RuntimeError("no rows arrived after the steady-state mark: the client fetched the whole topic "
+                               "at once (librdkafka prefetches up to 64 MiB); measure a larger topic (no --quick)")
         cpu, broker_cpu = end.cpu - self.cpu, end.broker_cpu - self.broker_cpu
         return Rate(done / elapsed, cpu / done, broker_cpu / done, (cpu + broker_cpu) / elapsed)
 
@@ -131,46 +135,55 @@ def bare_rate(broker: Broker, topic: str, fmt: str, dim: int, rows: int, options
     tp = TopicPartition(topic, 0)
     consumer.assign([tp])
     consumer.seek_to_beginning(tp)
-    seen = 0
-    mark: Mark | None = None
-    while seen < rows:
-        for records in consumer.poll(timeout_ms=500).values():
-            for record in records:
-                if fmt == "binary":
-                    seen += len(record.value) // (4 * dim)
-                else:
-                    seen += JSON_EVENTS_PER_MESSAGE if fmt == "json-array" else 1
-        if mark is None and seen >= STEADY_FROM * rows:
-            mark = Mark.now(seen, broker)
-    rate = mark.rate(rows, broker)
-    consumer.close()
-    return rate
+
+    def values() -> list[bytes]:
+        return [record.value for records in consumer.poll(timeout_ms=500).values() for record in records]
+
+    try:
+        return _consume_rate(values, broker, fmt, dim, rows)
+    finally:
+        consumer.close()
 
 
 def confluent_rate(broker: Broker, topic: str, fmt: str, dim: int, rows: int) -> Rate:
     """The same bare loop through confluent-kafka (librdkafka, C): the ceiling a faster client
-    would raise. librdkafka prefetches in its own threads (``queued.max.messages.kbytes``)."""
+    would raise. librdkafka prefetches in its own threads up to ``queued.max.messages.kbytes``
+    (64 MiB, ≈ 170 binary messages here) and, once that is full, stops fetching for
+    ``fetch.queue.backoff.ms``: its default 1 s capped a run at exactly 43,744 rows/s twice."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer
     from confluent_kafka import TopicPartition as CTopicPartition
 
     consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"bench-confluent-{topic}",
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                         "fetch.queue.backoff.ms": 10})
     consumer.assign([CTopicPartition(topic, 0, OFFSET_BEGINNING)])
+
+    def values() -> list[bytes]:
+        records = consumer.consume(num_messages=2000, timeout=0.5)
+        if errors := [r.error() for r in records if r.error()]:
+            raise RuntimeError(errors[0])
+        return [r.value() for r in records]
+
+    try:
+        return _consume_rate(values, broker, fmt, dim, rows)
+    finally:
+        consumer.close()
+
+
+def _consume_rate(poll: Callable[[], list[bytes]], broker: Broker, fmt: str, dim: int, rows: int) -> Rate:
+    """Steady-state rate of counting the rows in every polled value until ``rows`` are seen."""
     seen = 0
     mark: Mark | None = None
     while seen < rows:
-        for record in consumer.consume(num_messages=2000, timeout=0.5):
-            if record.error():
-                raise RuntimeError(record.error())
+        for value in poll():
             if fmt == "binary":
-                seen += len(record.value()) // (4 * dim)
+                seen += len(value) // (4 * dim)
             else:
                 seen += JSON_EVENTS_PER_MESSAGE if fmt == "json-array" else 1
         if mark is None and seen >= STEADY_FROM * rows:
             mark = Mark.now(seen, broker)
-    rate = mark.rate(rows, broker)
-    consumer.close()
-    return rate
+    assert mark is not None
+    return mark.rate(rows, broker)
 
 
 def daemon_rate(broker: Broker, topic: str, rows: int, state_dir: Path, precision: str = "float64",
