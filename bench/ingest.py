@@ -31,9 +31,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -312,7 +312,7 @@ def main() -> None:
                         help="a kafka-python consumer option given to the bare consumer and the daemon alike, "
                              "e.g. max_partition_fetch_bytes=8388608 (repeatable)")
     parser.add_argument("--confluent", action="store_true",
-                        help="also time the bare loop through confluent-kafka (librdkafka), if installed")
+                        help="also time the bare loop through confluent-kafka (librdkafka; the bench extra)")
     parser.add_argument("--rss-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     options = dict(_kafka_option(o) for o in args.kafka_option)
