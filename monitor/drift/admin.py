@@ -39,11 +39,10 @@ def explain_last_cycle(drift: DriftAdmin, environ: Mapping[str, Any]) -> Respons
     if refused is not None:
         return refused
     known, results = drift.last_results(model, stream)
-    what = f"{model}/{stream}" if stream else f"model {model}"
     if not known:
-        return json_response(404, {"error": f"no records seen for {what}"})
+        return json_response(404, {"error": f"no records seen for {_named(model, stream)}"})
     if not results:
-        return json_response(404, {"error": f"no drift cycle has tested {what} yet"})
+        return json_response(404, {"error": f"no drift cycle has tested {_named(model, stream)} yet"})
     return json_response(200, {"explanations": [explanation(*key, result) for key, result in results.items()]})
 
 
@@ -54,10 +53,14 @@ def capture_baseline(drift: DriftAdmin, environ: Mapping[str, Any]) -> Response:
         return refused
     states = [s for s in drift.context.registry if s.model == model and (not stream or s.stream == stream)]
     if not states:
-        what = f"{model}/{stream}" if stream else f"model {model}"
-        return json_response(404, {"error": f"no records seen for {what}"})
+        return json_response(404, {"error": f"no records seen for {_named(model, stream)}"})
     try:
         refs = drift.capture_current(states)
     except ValueError as exc:
         return json_response(409, {"error": str(exc)})
     return json_response(200, {"references": [r.describe() for r in refs]})
+
+
+def _named(model: str, stream: str) -> str:
+    """How an answer names what was asked for: one stream, or every stream of a model."""
+    return f"{model}/{stream}" if stream else f"model {model}"
