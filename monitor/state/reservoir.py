@@ -244,18 +244,19 @@ def uniform_sample(
     share = share if share is not None else [False] * len(reservoirs)
     parts: list[np.ndarray] = []
     ids: list[str | None] = []
-    whole: list[tuple[Reservoir, int]] = []  # shareable reservoirs whose every held row is taken
+    whole: list[tuple[Reservoir, int]] = []  # (shareable reservoir taken whole, its offset)
+    total = 0
     for reservoir, n_j, r_j, shareable in zip(reservoirs, seen, held, share, strict=True):
         if n_j == 0:
             continue
         take = _randomised_round(p * n_j, int(r_j), rng)
         chosen = np.sort(rng.choice(int(r_j), size=take, replace=False))
         if take == r_j and shareable:
-            whole.append((reservoir, sum(len(part) for part in parts)))
+            whole.append((reservoir, total))
         parts.append(reservoir.take(chosen))
+        total += len(parts[-1])
         reservoir_ids = reservoir.ids
         ids.extend(reservoir_ids[i] for i in chosen)
-    total = sum(len(part) for part in parts)
     order = rng.permutation(total)
     sample = np.concatenate(parts)[order]
     position = np.empty(total, dtype=np.int64)
