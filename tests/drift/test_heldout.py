@@ -13,7 +13,14 @@ import pytest
 from scipy import stats
 
 from monitor.drift.centroid import centroid_test
-from monitor.drift.heldout import direction_witness, heldout_rank_test, kernel_witness, rank_test, split_halves
+from monitor.drift.heldout import (
+    direction_witness,
+    heldout_rank_test,
+    kernel_witness,
+    merge_rounding_ties,
+    rank_test,
+    split_halves,
+)
 from monitor.drift.mmd import mmd_test
 
 
@@ -85,3 +92,29 @@ def test_held_out_mmd_reports_the_same_statistic_as_the_permutation_test() -> No
     assert heldout.statistic == pytest.approx(permuted.statistic, rel=1e-9)
     with pytest.raises(ValueError, match="null must be"):
         mmd_test(x, y, null="bootstrap", device="cpu")  # type: ignore[arg-type]
+
+
+def test_a_row_in_both_samples_is_a_tie_whatever_its_last_bit() -> None:
+    """The same document scored twice can differ in the last bit (BLAS kernel, row position); the
+    rank test must give the same AUC and p whichever copy rounded up: both must count as a tie."""
+    rng = np.random.default_rng(3)
+    window, reference = rng.normal(size=60), rng.normal(size=80)
+    shared = rng.normal(size=20)
+    reference[:20] = shared
+    outcomes = set()
+    for sign in (-1.0, 0.0, 1.0):
+        w = window.copy()
+        w[:20] = shared + sign * np.abs(shared) * 4e-16  # one or two ulps either way
+        outcome = rank_test(w, reference)
+        outcomes.add((outcome.auc, outcome.p_value))
+    assert len(outcomes) == 1
+    # ...and without the merge the last bit would have decided 20 pairs, 20 / (60 * 80) of AUC apart
+    unmerged = {stats.mannwhitneyu(shared + s * np.abs(shared) * 4e-16, shared).statistic for s in (-1.0, 1.0)}
+    assert len(unmerged) == 2
+
+
+def test_merging_ties_keeps_real_differences_and_the_order() -> None:
+    scores = np.array([5.0, 1.0, 1.0 + 1e-15, 3.0, 1.0 + 1e-6, -2.0])
+    merged = merge_rounding_ties(scores)
+    assert merged.tolist() == [5.0, 1.0, 1.0, 3.0, 1.0 + 1e-6, -2.0]
+    assert merge_rounding_ties(np.array([])).size == 0
