@@ -11,11 +11,13 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from monitor import __version__
-from monitor.config import ConfigError, Settings, load_settings, nested_override, parse_kafka_option
-from monitor.logs import configure_logging
+from monitor.errors import ConfigError
+
+if TYPE_CHECKING:
+    from monitor.config import Settings
 
 logger = logging.getLogger("monitor")
 
@@ -67,9 +69,10 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
 
 def settings_from_args(args: argparse.Namespace, defaults: dict[str, Any] | None = None) -> Settings:
     """Settings from ``defaults`` < --config < the environment < the flags; raises ConfigError."""
-    options = dict(parse_kafka_option(text) for text in args.kafka_option)
+    from monitor.config import load_settings, nested_override, parse_kafka_option
     from monitor.drift.settings import reference_overrides
 
+    options = dict(parse_kafka_option(text) for text in args.kafka_option)
     try:
         reference = reference_overrides(getattr(args, "reference", None), getattr(args, "reference_records", None))
     except ValueError as exc:
@@ -97,6 +100,8 @@ def settings_from_args(args: argparse.Namespace, defaults: dict[str, Any] | None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from monitor.logs import configure_logging
+
     settings = settings_from_args(args)
     configure_logging(settings.log_level)
     logger.info("settings: %s", settings.redacted())

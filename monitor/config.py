@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from monitor.canary.settings import CanarySettings
 from monitor.drift.settings import DaemonDriftSettings
+from monitor.errors import ConfigError  # re-exported: ``monitor.config.ConfigError``
 from monitor.kafka_options import CONSUMER_OPTIONS, RESERVED_OPTIONS
 from monitor.labels import LABEL_VALUE_RE
 from monitor.quality.settings import IntrinsicSettings
@@ -27,10 +28,6 @@ from monitor.scaleout.settings import ScaleOutSettings
 
 ENV_PREFIX = "EMBMON_"
 _SECRET_WORDS = ("password", "secret", "token", "keyfile", "key_password", "sasl_oauth")
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the field."""
 
 
 class _Section(BaseModel):

@@ -43,6 +43,21 @@ def test_the_admin_clients_and_their_endpoint_paths_do_not_load_numpy() -> None:
     assert loaded_after("import monitor.drift.admin, monitor.drift_cli, monitor.baseline", (*HEAVY, "numpy")) == []
 
 
+def test_the_version_and_the_help_load_neither_the_settings_nor_pydantic() -> None:
+    """``--version`` and ``--help`` must answer in well under 0.3 s on a slow CPU: building the
+    settings' pydantic models alone took 445 ms on one, so the parser must not import them."""
+    for flag in ("--version", "--help"):
+        loaded = loaded_after(f"""
+            import sys
+            from monitor.cli import main
+            try:
+                main(["{flag}"])
+            except SystemExit:
+                pass
+        """, (*HEAVY, "numpy", "pydantic", "monitor.config", "yaml"))
+        assert loaded == [], flag
+
+
 def test_settings_do_not_even_load_numpy() -> None:
     """A tenth of a second, but the CLI's parser (``--help``) should not pay for it either."""
     assert loaded_after("from monitor.config import load_settings\nload_settings()", ("numpy",)) == []
