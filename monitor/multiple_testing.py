@@ -2,8 +2,8 @@
 
 Holm decides the drift cycle across its tests (:func:`monitor.drift.suite.apply_multiplicity`).
 Benjamini–Hochberg serves the KS drift test (across principal components,
-:mod:`monitor.drift.ks`) and the retrieval comparisons (across metrics,
-:mod:`monitor.retrieval.stats`). numpy only.
+:mod:`monitor.drift.ks`), the region shares and the retrieval comparisons (across metrics,
+:mod:`monitor.retrieval.stats`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ def benjamini_hochberg(p_values: Sequence[float] | np.ndarray) -> np.ndarray:
     """Benjamini–Hochberg adjusted p-values (step-up; reject where adjusted <= FDR level), in input order.
 
     adjusted p₍ᵢ₎ = min over j >= i of p₍ⱼ₎·m/j, capped at 1, for the sorted p-values
-    p₍₁₎ <= … <= p₍ₘ₎ (ties keep their input order).
+    p₍₁₎ <= … <= p₍ₘ₎: scipy's ``false_discovery_control`` (``method="bh"``), behind the checks
+    the callers rely on (one-dimensional, no NaN, an empty family allowed).
 
     >>> benjamini_hochberg([0.001, 0.02, 0.03, 0.04, 0.06, 0.15, 0.25]).round(3).tolist()
     [0.007, 0.07, 0.07, 0.07, 0.084, 0.175, 0.25]
@@ -29,15 +30,11 @@ def benjamini_hochberg(p_values: Sequence[float] | np.ndarray) -> np.ndarray:
         raise ValueError("p_values must be one-dimensional")
     if np.isnan(p).any() or (p < 0).any() or (p > 1).any():
         raise ValueError("p-values must lie in [0, 1]")
-    m = p.size
-    if m == 0:
+    if p.size == 0:
         return p.copy()
-    order = np.argsort(p, kind="stable")
-    scaled = p[order] * m / np.arange(1, m + 1)
-    step_up = np.minimum.accumulate(scaled[::-1])[::-1]
-    adjusted = np.empty(m)
-    adjusted[order] = np.minimum(step_up, 1.0)
-    return adjusted
+    from scipy.stats import false_discovery_control
+
+    return np.asarray(false_discovery_control(p, method="bh"), dtype=np.float64)
 
 
 def holm_thresholds(p_values: Sequence[float], alpha: float) -> np.ndarray:

@@ -32,9 +32,17 @@ def test_exact_method_is_scipys_exact() -> None:
     assert result.extra["component_p_values_adjusted"] == pytest.approx(benjamini_hochberg(np.array(expected)))
 
 
-def test_benjamini_hochberg_matches_scipy() -> None:
+def test_benjamini_hochberg_is_the_step_up_definition() -> None:
+    """adjusted p of the i-th smallest = min over j >= i of p_(j)·m/j, capped at 1 (written out by brute force)."""
     p = np.random.default_rng(2).uniform(size=40) ** 3
-    assert benjamini_hochberg(p) == pytest.approx(stats.false_discovery_control(p, method="bh"))
+    ordered = np.sort(p)
+    m = p.size
+    by_rank = [min(1.0, min(ordered[j] * m / (j + 1) for j in range(i, m))) for i in range(m)]
+    expected = np.array(by_rank)[np.argsort(np.argsort(p, kind="stable"), kind="stable")]
+    assert benjamini_hochberg(p) == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(ValueError, match="must lie in"):
+        benjamini_hochberg([0.1, float("nan")])
+    assert benjamini_hochberg([]).size == 0
 
 
 def test_pca_basis_finds_the_stretched_direction() -> None:
