@@ -335,6 +335,10 @@ def load_settings(
 
     ``overrides`` is a nested dict, e.g. ``{"kafka": {"group_id": "g"}}``; the CLI builds it.
     ``defaults`` sit below the YAML file (the demo's presets use it).
+
+    The file is read here, not by pydantic-settings' ``YamlConfigSettingsSource``: that source
+    silently ignores a missing file (a typo in ``--config`` would run on defaults) and fails with
+    a bare ``TypeError`` on a top-level list, where this names the file and the problem.
     """
     yaml_data: dict[str, Any] = {}
     if config_path is not None:
