@@ -83,6 +83,9 @@ def _spec_rows() -> Iterable[MetricSpec]:
         ("embmon_metrics_last_update_timestamp_seconds", "gauge",
          "When the window metrics of the stream were last recomputed.", MS, "seconds"),
         ("embmon_source_up", "gauge", "1 when the record source is connected and readable.", (), ""),
+        ("embmon_source_errors_total", "counter",
+         "Failed reads from the record source, by reason (unsupported_codec: a compression library is missing).",
+         ("reason",), ""),
         ("embmon_consumer_lag_records", "gauge",
          "Records behind the end of the topic, summed over assigned partitions.", ("topic",), "records"),
     ]

@@ -44,6 +44,9 @@ class CoreCollector(Collector):
         source_up = catalog.gauge("embmon_source_up")
         source_up.add_metric([], 1.0 if m.source_up() else 0.0)
         yield source_up
+        source_errors = m.source_error_counts()
+        if source_errors:
+            yield by_label(catalog.counter("embmon_source_errors_total"), source_errors)
         lag = m.source_lag()
         if lag is not None:
             yield by_label(catalog.gauge("embmon_consumer_lag_records"), lag)

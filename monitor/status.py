@@ -86,6 +86,9 @@ class DaemonStatus:
     def lag_updated(self) -> float | None:
         return self._source.lag_updated
 
+    def source_error_counts(self) -> dict[str, int]:
+        return self._source.error_counts()
+
     def queue_depth(self) -> int:
         return self._pipeline.queue_depth()
 

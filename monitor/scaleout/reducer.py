@@ -60,6 +60,10 @@ class ReducerStatus(DaemonStatus):
     def streams(self) -> list[StreamCounts]:
         return []
 
+    def source_error_counts(self) -> dict[str, int]:
+        """None: the partials intake is the reducer's own topic, not a record source of producers'."""
+        return {}
+
 
 class Reducer(Daemon):
     """Merged windows of every replica, their metrics, drift and probes: the global gauges."""

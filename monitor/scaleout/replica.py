@@ -255,6 +255,9 @@ class PublishedOffsetsSource(Source):
     def lag_updated(self) -> float | None:
         return self.inner.lag_updated
 
+    def error_counts(self) -> dict[str, int]:
+        return self.inner.error_counts()
+
     def pause(self) -> None:
         self.inner.pause()
 

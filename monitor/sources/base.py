@@ -89,6 +89,10 @@ class Source:
         """Unix time :meth:`lag` was last measured, when the source measures it."""
         return None
 
+    def error_counts(self) -> dict[str, int]:
+        """Failed reads by reason (``embmon_source_errors_total``); empty for a source that has none."""
+        return {}
+
     def pause(self) -> None:
         """Stop fetching while polling goes on (backpressure); a no-op where nothing is fetched ahead."""
 

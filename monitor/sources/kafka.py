@@ -15,34 +15,50 @@ IO thread, where blocking consumer calls are forbidden, so the listener is async
 * assigned: for every partition the checkpoint knows, the consumer seeks to
   ``max(checkpoint offset + 1, group committed offset)`` and that position is committed for
   visibility on the next poll.
+
+Undecodable records (docs/operations.md, "Compression codecs"): a partition whose fetched records
+kafka-python cannot decompress (``UnsupportedCodecError``: the codec's library is not installed)
+is paused and retried with backoff, counted in ``embmon_source_errors_total{reason="unsupported_codec"}``
+and logged at ERROR once per codec, naming the package to install; ``up`` is False until it reads.
+The other partitions are read meanwhile.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kafka import AsyncConsumerRebalanceListener, KafkaConsumer, TopicPartition
-from kafka.errors import KafkaError
+from kafka.errors import KafkaError, UnsupportedCodecError
 from kafka.structs import OffsetAndMetadata
 
 from monitor.config import KafkaSettings
+from monitor.counters import Tally
 from monitor.records import SourcePosition
 from monitor.sources.base import MessageKind, Partition, Source, SourceMessage
 from monitor.sources.kafka_internals import (
     any_broker_connected,
     close_failed_connect_sockets,
     fetch_committed,
+    take_fetch_failure,
     yield_to_loop,
 )
-from monitor.sources.reconnect import Backoff, LagReading
+from monitor.sources.reconnect import MAX_BACKOFF_SECONDS, Backoff, LagReading
 
 logger = logging.getLogger(__name__)
 
 HANDOFF_TIMEOUT_SECONDS = 60.0
+# embmon_source_errors_total{reason}: a fetched partition whose codec's library is missing; any
+# other error kafka-python raised from (or parked in) a poll
+ERROR_REASONS = ("unsupported_codec", "poll")
+# The PyPI package behind each codec kafka-python 3.0 decodes with a library (kafka/codec.py);
+# gzip is the standard library's.
+CODEC_PACKAGES = {"snappy": "python-snappy", "lz4": "lz4", "zstd": "zstandard"}
 
 
 def seek_position(checkpoint_offset: int | None, committed: int | None) -> int | None:
@@ -73,6 +89,41 @@ def start_reason(committed: int | None, auto_offset_reset: str) -> str:
         return f"starting at offset {committed}, the group's committed offset"
     where = "the beginning" if auto_offset_reset == "earliest" else "the end, skipping what is already there"
     return f"no committed offset for this group: starting at {where} (auto_offset_reset={auto_offset_reset})"
+
+
+def codec_of(error: BaseException) -> str:
+    """The codec an ``UnsupportedCodecError`` names ("unknown" for a compression type it does not know).
+
+    >>> codec_of(UnsupportedCodecError("Libraries for lz4 compression codec not found"))
+    'lz4'
+    >>> codec_of(UnsupportedCodecError("Unrecognized compression type: 7"))
+    'unknown'
+    """
+    match = re.search(r"Libraries for (\w+) compression codec", str(error))
+    return match.group(1) if match else "unknown"
+
+
+def codec_remedy(codec: str) -> str:
+    """What to do about records compressed with ``codec``, for the log.
+
+    >>> codec_remedy("zstd")
+    "zstd-compressed records need the Python package zstandard: pip install zstandard in the daemon's environment, then restart"
+    """
+    package = CODEC_PACKAGES.get(codec)
+    if package is None:
+        return "kafka-python knows no such compression type: check what the producers write"
+    return f"{codec}-compressed records need the Python package {package}: pip install {package} in the daemon's " \
+        "environment, then restart"
+
+
+@dataclass
+class _Stall:
+    """A partition paused because its records could not be decompressed, retried with backoff."""
+
+    codec: str
+    offset: int
+    backoff: Backoff
+    held: bool = True  # paused until the backoff's next attempt; False while a retry fetches
 
 
 class _Rebalance(AsyncConsumerRebalanceListener):
@@ -177,6 +228,9 @@ class KafkaSource(Source):
         self._pending_commit: dict[Partition, int] = {}
         self._committed_lock = threading.Lock()
         self._committed: dict[Partition, int] = {}
+        self._errors: Tally[str] = Tally()
+        self._stalls: dict[TopicPartition, _Stall] = {}
+        self._reported_codecs: set[str] = set()
 
     def consumer_config(self) -> dict[str, Any]:
         """The kafka-python configuration: ours, then the pass-through options on top."""
@@ -223,17 +277,32 @@ class KafkaSource(Source):
         if self._consumer is None and not self._connect():
             time.sleep(min(timeout, self._backoff.remaining()))
             return []
-        assert self._consumer is not None
+        consumer = self._consumer
+        assert consumer is not None
+        raised: KafkaError | None = None
         try:
             if self._paused:  # backpressure: keep the group membership alive, fetch nothing
-                self._consumer.pause(*self._consumer.assignment())
-            polled = self._consumer.poll(timeout_ms=int(timeout * 1000), max_records=self.settings.max_poll_records)
+                consumer.pause(*consumer.assignment())
+            else:
+                self._retry_stalls(consumer)
+            polled = consumer.poll(timeout_ms=int(timeout * 1000), max_records=self.settings.max_poll_records)
         except KafkaError as exc:
-            self._up = False
-            logger.warning("Kafka poll failed: %s", exc)
-            time.sleep(min(timeout, 1.0))
-            return []
-        self._up = self._connected()
+            polled, raised = {}, exc
+        for tp in polled:  # a stalled partition that returns records reads again
+            if self._stalls.pop(tp, None) is not None:
+                logger.info("partition %s: its records decode again; reading on", (tp.topic, tp.partition))
+        failure = take_fetch_failure(consumer, raised)
+        error = failure.error if failure is not None else raised
+        if failure is not None and isinstance(error, UnsupportedCodecError):
+            self._stall(consumer, failure.partition, failure.offset, error)
+        elif error is not None:
+            self._errors.add("poll")
+            logger.warning("Kafka poll failed: %s", error)
+            if not polled:  # nothing read: wait a little before the next try
+                self._up = False
+                time.sleep(min(timeout, 1.0))
+                return []
+        self._up = self._connected() and not self._stalls
         messages: list[SourceMessage] = []
         for tp, records in polled.items():
             kind = self._kinds.get(tp.topic, "embeddings")
@@ -252,6 +321,42 @@ class KafkaSource(Source):
         self._maybe_refresh_lag()
         return messages
 
+    def _stall(self, consumer: KafkaConsumer, tp: TopicPartition, offset: int, error: BaseException) -> None:
+        """Pause ``tp``, whose records from ``offset`` kafka-python cannot decompress, until its next retry."""
+        self._errors.add("unsupported_codec")
+        stall = self._stalls.get(tp)
+        if stall is None:
+            stall = self._stalls[tp] = _Stall(codec_of(error), offset, Backoff(self._clock))
+        stall.offset, stall.held = offset, True
+        wait = stall.backoff.failed()
+        consumer.pause(tp)
+        if stall.codec not in self._reported_codecs:
+            self._reported_codecs.add(stall.codec)
+            logger.error(
+                "cannot read %s partition %d from offset %d: %s. %s. Until then the partition is paused and "
+                "retried with backoff (next in %.1fs, then up to every %.0fs), "
+                "embmon_source_errors_total{reason=\"unsupported_codec\"} counts each try and embmon_source_up is 0; "
+                "other partitions are read (logged once per codec)",
+                tp.topic, tp.partition, offset, error, codec_remedy(stall.codec), wait, MAX_BACKOFF_SECONDS,
+            )
+        else:
+            logger.debug("partition %s still cannot be decompressed (%s); next try in %.1fs", tp, error, wait)
+
+    def _retry_stalls(self, consumer: KafkaConsumer) -> None:
+        """Forget stalls of partitions no longer assigned; resume those whose next try is due."""
+        if not self._stalls:
+            return
+        assigned = consumer.assignment()
+        for tp in [tp for tp in self._stalls if tp not in assigned]:
+            del self._stalls[tp]  # revoked: whoever owns it now finds out for itself
+        for tp, stall in self._stalls.items():
+            if stall.held and stall.backoff.ready():
+                stall.held = False
+                consumer.resume(tp)
+
+    def error_counts(self) -> dict[str, int]:
+        return {**dict.fromkeys(ERROR_REASONS, 0), **self._errors.snapshot()}
+
     def _connected(self) -> bool:
         return self._consumer is None or any_broker_connected(self._consumer, default=self._up)
 
@@ -263,7 +368,8 @@ class KafkaSource(Source):
 
     def resume(self) -> None:
         if self._consumer is not None and self._paused:
-            self._consumer.resume(*self._consumer.paused())
+            held = {tp for tp, stall in self._stalls.items() if stall.held}
+            self._consumer.resume(*(self._consumer.paused() - held))
         self._paused = False
 
     @property

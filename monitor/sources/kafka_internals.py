@@ -13,16 +13,19 @@ kafka-python 3 runs rebalance listeners on its IO loop, where blocking consumer 
   known.
 
 Committing on revocation uses the public ``KafkaConsumer.commit_async``, awaited. Also here:
-:func:`close_failed_connect_sockets`, a fix for a file-descriptor leak in kafka-python 3.0.x.
+:func:`close_failed_connect_sockets`, a fix for a file-descriptor leak in kafka-python 3.0.x, and
+:func:`take_fetch_failure`, which keeps a partition whose records cannot be read (a compression
+codec whose library is missing) from hanging the next poll.
 ``tests/sources/test_kafka_internals.py`` checks that each internal still exists, so an upgrade
 that moves one fails a test rather than a rebalance.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from kafka import KafkaConsumer
+from kafka import KafkaConsumer, TopicPartition
 
 
 async def fetch_committed(consumer: KafkaConsumer, partitions: list[Any], timeout_ms: int) -> dict[Any, Any]:
@@ -74,3 +77,42 @@ def close_failed_connect_sockets() -> None:
 
     connect._embmon = True  # type: ignore[attr-defined]
     KafkaNetSocket.connect = connect  # type: ignore[method-assign]
+
+
+@dataclass(frozen=True)
+class FetchFailure:
+    """Fetched records of ``partition`` from ``offset`` on could not be read, because of ``error``."""
+
+    partition: TopicPartition
+    offset: int
+    error: BaseException
+
+
+def take_fetch_failure(consumer: KafkaConsumer, raised: BaseException | None) -> FetchFailure | None:
+    """The partition whose fetched records the last poll could not read, taken out of the fetcher.
+
+    ``raised`` is what ``poll`` raised (None when it returned). kafka-python 3.0 reads a partition's
+    records through a generator; when decoding raises (``UnsupportedCodecError``,
+    ``CorruptRecordError``) the generator is dead but the fetcher keeps it as the next records in
+    line, and the next ``poll`` loops on it forever without a timeout (it yields nothing and is
+    never drained): one core pinned, the poll thread stuck. When other partitions' records came
+    first, the error is instead parked for the next ``poll`` to raise (and dropped, leaving the
+    dead generator in line, if the partition is paused meanwhile). Both are taken here: the dead
+    records are drained, so nothing hangs. Nothing is lost: the partition's position only moves
+    past records ``poll`` returned, so a later fetch reads the same records again.
+    """
+    fetcher = consumer._fetcher
+    error, partition, offset = raised, None, None
+    if error is None:
+        parked = fetcher._next_in_line_exception_metadata
+        if parked is None:
+            return None
+        fetcher._next_in_line_exception_metadata = None
+        error, partition, offset = parked.exception, parked.partition, parked.fetched_offset
+    records = fetcher._next_partition_records
+    if records and (partition is None or records.topic_partition == partition):
+        partition, offset = records.topic_partition, records.next_fetch_offset
+        records.drain()
+    if partition is None or offset is None:
+        return None
+    return FetchFailure(partition, int(offset), error)

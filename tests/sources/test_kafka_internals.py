@@ -10,6 +10,7 @@ import inspect
 
 import kafka
 from kafka import KafkaConsumer
+from kafka.consumer import fetcher
 from kafka.coordinator.consumer import ConsumerCoordinator
 from kafka.net.selector import NetworkSelector
 
@@ -25,3 +26,17 @@ def test_the_internals_used_on_the_io_loop_exist() -> None:
 def test_commit_on_revocation_uses_the_public_awaitable_commit() -> None:
     assert "commit_async" in dir(KafkaConsumer)
     assert hasattr(kafka.future.Future, "__await__")
+
+
+def test_the_fetcher_internals_that_take_a_failed_partition_out_exist() -> None:
+    """take_fetch_failure reads the records in line and the parked error, and drains the records."""
+    consumer_init = inspect.getsource(KafkaConsumer.__init__)
+    assert "self._fetcher" in consumer_init
+    fetcher_init = inspect.getsource(fetcher.Fetcher.__init__)
+    for attribute in ("self._next_partition_records", "self._next_in_line_exception_metadata"):
+        assert attribute in fetcher_init, attribute
+    assert fetcher.ExceptionMetadata._fields == ("partition", "fetched_offset", "exception")
+    records = inspect.getsource(fetcher.Fetcher.PartitionRecords.__init__)
+    for attribute in ("self.topic_partition", "self.next_fetch_offset"):
+        assert attribute in records, attribute
+    assert callable(fetcher.Fetcher.PartitionRecords.drain)
