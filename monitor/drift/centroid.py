@@ -22,7 +22,7 @@ from typing import Literal
 
 import numpy as np
 
-from monitor.drift.budget import Deadline
+from monitor.deadline import Deadline
 from monitor.drift.calibration import TestResult
 from monitor.drift.heldout import direction_witness, heldout_rank_test, split_halves
 from monitor.drift.permutation import check_permutation_budget, sequential_permutation_test

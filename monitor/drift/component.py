@@ -21,7 +21,7 @@ One :class:`DriftComponent` serves every (model, stream) (docs/drift.md, "In the
   aggregated mini-batches);
 * **time budget**: a cycle has ``drift.cycle_budget × interval_seconds`` (on the context's clock);
   each (model, stream) gets an equal share of what is left when its turn comes, and its tests stop
-  at that deadline (:mod:`monitor.drift.budget`); tests cut short are counted;
+  at that deadline (:mod:`monitor.deadline`); tests cut short are counted;
 * **regions** (:mod:`monitor.drift.regions`): fitted on a reference the first time a cycle needs
   them (never on the ingest thread), stored with it, so every cycle also says where the window
   moved;
@@ -51,7 +51,7 @@ from prometheus_client.metrics_core import Metric
 
 from monitor.component import Component, MonitorContext, ScheduledJob
 from monitor.config import ConfigError
-from monitor.drift.budget import Deadline
+from monitor.deadline import Deadline
 from monitor.drift.detectors import OnlineDriftMonitor, build_detector
 from monitor.drift.admin import add_drift_routes
 from monitor.drift.export import ChangeTotals, CycleResult, DriftSnapshot, ReferenceInfo, StreamKey, families

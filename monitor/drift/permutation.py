@@ -5,7 +5,7 @@ each supplies the statistic of a batch of relabellings; :func:`sequential_permut
 them (``rng.permuted`` of the observed labels, one chunk at a time) and applies the
 Besag–Clifford stopping rule, so a test's p-value depends only on its seed and its statistic.
 
-A cycle's deadline (:class:`~monitor.drift.budget.Deadline`) can end the draws early. The p-value
+A cycle's deadline (:class:`~monitor.deadline.Deadline`) can end the draws early. The p-value
 is then that of a test whose budget was the relabellings drawn so far: still valid, because when
 the clock runs out does not depend on how the relabellings came out; only its floor, the smallest
 p-value it could give (``1 / (1 + drawn)``), rises, and the outcome says so. numpy only.
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from monitor.drift.budget import Deadline
+from monitor.deadline import Deadline
 
 
 @dataclass(frozen=True)

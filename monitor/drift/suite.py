@@ -3,7 +3,7 @@
 The reference a window is compared with is a :class:`~monitor.drift.profile.ReferenceProfile`.
 
 Within a time budget. Tests run cheapest first (KS, classifier, centroid, MMD) and none starts
-after the cycle's deadline; a permutation test stops drawing at it (:mod:`monitor.drift.budget`).
+after the cycle's deadline; a permutation test stops drawing at it (:mod:`monitor.deadline`).
 The correction is always over the *planned* family, every enabled test, with a test that was
 skipped or raised counted as ``p = 1``: which tests finish depends on the clock, and the clock
 on the data (a drifted window keeps a permutation test busy), so shrinking the family to the
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from monitor.drift.budget import Deadline
+from monitor.deadline import Deadline
 from monitor.drift.calibration import Multiplicity, TestResult, per_test_alpha
 from monitor.drift.centroid import centroid_test
 from monitor.drift.classifier import classifier_test

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from monitor.drift.budget import Deadline
+from monitor.deadline import Deadline
 from monitor.drift.calibration import TestResult
 from monitor.drift.export import suite_p_value
 from monitor.drift.permutation import sequential_permutation_test

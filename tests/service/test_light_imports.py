@@ -114,6 +114,7 @@ def test_importing_the_probe_settings_loads_only_the_light_probe_modules() -> No
     modules = modules_after("import monitor.retrieval.settings")
     assert loaded_after("import monitor.retrieval.settings", (*HEAVY, "numpy")) == []
     assert ours(modules) <= {
+        "monitor.deadline",
         "monitor.labels",
         "monitor.retrieval",
         "monitor.retrieval.families",

@@ -28,7 +28,8 @@ from scipy.stats import spearmanr
 
 from monitor.retrieval.metrics import RankedResults, evaluate, qrels_from_reference
 from monitor.retrieval.probes.base import ConfiguredProbe, ProbeResult, identified_rows, sample, summarise
-from monitor.retrieval.probes.deadline import Deadline, ProbeError
+from monitor.deadline import Deadline
+from monitor.retrieval.probes.deadline import ProbeError
 from monitor.retrieval.probes.knn import exact_topk, prepare
 
 if TYPE_CHECKING:

@@ -60,7 +60,8 @@ import numpy as np
 
 from monitor.records import EmbeddingBatch, InteractionEvent
 from monitor.retrieval.probes.base import ConfiguredProbe, EventBuffer, ProbeResult, identified_rows, sample, summarise
-from monitor.retrieval.probes.deadline import Deadline, ProbeError
+from monitor.deadline import Deadline
+from monitor.retrieval.probes.deadline import ProbeError
 from monitor.retrieval.probes.knn import exact_topk
 
 if TYPE_CHECKING:

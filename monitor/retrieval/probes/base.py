@@ -21,7 +21,7 @@ import numpy as np
 from monitor.logs import RateLimitedLog
 from monitor.records import EmbeddingBatch, InteractionEvent
 from monitor.retrieval.metrics import parse_metric
-from monitor.retrieval.probes.deadline import Deadline
+from monitor.deadline import Deadline
 from monitor.retrieval.settings import ProbeSettings, ProbeSpec, StatisticsSettings
 from monitor.retrieval.stats import bootstrap_ci, slice_report
 

@@ -64,7 +64,7 @@ from monitor.retrieval.probes.base import (
     slice_labels,
     summarise,
 )
-from monitor.retrieval.probes.deadline import Deadline
+from monitor.deadline import Deadline
 from monitor.retrieval.stats import fold_slices
 
 if TYPE_CHECKING:

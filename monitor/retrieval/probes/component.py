@@ -32,7 +32,7 @@ from monitor.config import ConfigError
 from monitor.logs import RateLimitedLog
 from monitor.records import EmbeddingBatch, InteractionEvent
 from monitor.retrieval.probes.base import Probe, ProbeResult
-from monitor.retrieval.probes.deadline import Deadline, ProbeTimeout
+from monitor.retrieval.probes.deadline import ProbeDeadline, ProbeTimeout
 from monitor.retrieval.probes.export import OUTCOMES, ProbeSnapshot, families
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ class ProbeComponent(Component):
         """Run one probe now, count its outcome and publish; re-raise a failure (see the module doc)."""
         probe = self.probes[name]
         started = time.perf_counter()
-        deadline = Deadline(probe.timeout_seconds)
+        deadline = ProbeDeadline.starting_now(probe.timeout_seconds)
         result: ProbeResult | None = None
         error: BaseException | None = None
         try:

@@ -1,4 +1,4 @@
-"""A probe run's time budget, and the errors that end a run without a result.
+"""A probe run's time budget (the shared :class:`~monitor.deadline.Deadline`), and the errors that end a run without a result.
 
 Standard library only: the HTTP retriever and the ids-path reader raise these, and they must stay
 importable without the probes' numpy and torch code.
@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+
+from monitor.deadline import Deadline
 
 
 class ProbeError(RuntimeError):
@@ -18,17 +21,15 @@ class ProbeTimeout(ProbeError):
     """The run passed its deadline; what it computed so far is discarded."""
 
 
-class Deadline:
+@dataclass(frozen=True)
+class ProbeDeadline(Deadline):
     """A run's time budget on the monotonic clock; ``check()`` raises ``ProbeTimeout`` past it."""
 
-    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic):
-        self.seconds = float(seconds)
-        self._clock = clock
-        self._end = clock() + self.seconds
+    seconds: float = 0.0
 
-    def remaining(self) -> float:
-        return self._end - self._clock()
+    @classmethod
+    def starting_now(cls, seconds: float, clock: Callable[[], float] = time.monotonic) -> ProbeDeadline:
+        return cls(clock() + float(seconds), clock, float(seconds))
 
-    def check(self) -> None:
-        if self.remaining() <= 0:
-            raise ProbeTimeout(f"over the {self.seconds:g}s timeout")
+    def passed(self) -> Exception:
+        return ProbeTimeout(f"over the {self.seconds:g}s timeout")

@@ -31,7 +31,8 @@ import numpy as np
 from monitor.config import LABEL_VALUE_RE
 from monitor.retrieval.metrics import RankedResults, evaluate
 from monitor.retrieval.probes.base import ConfiguredProbe, ProbeResult, identified_rows, summarise
-from monitor.retrieval.probes.deadline import Deadline, ProbeError
+from monitor.deadline import Deadline
+from monitor.retrieval.probes.deadline import ProbeError
 from monitor.retrieval.probes.http_retriever import HttpRetriever
 from monitor.retrieval.probes.knn import exact_topk
 

@@ -14,7 +14,8 @@ import urllib.request
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from monitor.retrieval.probes.deadline import Deadline, ProbeError
+from monitor.deadline import Deadline
+from monitor.retrieval.probes.deadline import ProbeError
 from monitor.retrieval.probes.ids_path import extract_ids, parse_ids_path
 from monitor.retrieval.probes.request_template import RequestTemplate, fill_url
 

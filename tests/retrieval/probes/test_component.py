@@ -13,7 +13,7 @@ import pytest
 from monitor.config import load_settings
 from monitor.records import InteractionEvent
 from monitor.retrieval.probes.base import Probe, ProbeResult, sample
-from monitor.retrieval.probes.deadline import Deadline, ProbeError, ProbeTimeout
+from monitor.retrieval.probes.deadline import ProbeDeadline, ProbeError, ProbeTimeout
 from monitor.retrieval.probes.component import ProbeComponent
 from tests.support import daemons
 from tests.support.broker import free_port
@@ -102,7 +102,7 @@ def test_one_probes_hook_failure_does_not_starve_the_others(tmp_path: Path) -> N
 
 def test_deadline_raises_probe_timeout_only_once_spent() -> None:
     now = [0.0]
-    deadline = Deadline(2.0, clock=lambda: now[0])
+    deadline = ProbeDeadline.starting_now(2.0, clock=lambda: now[0])
     deadline.check()
     now[0] = 1.9
     deadline.check()

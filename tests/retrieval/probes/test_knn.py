@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from monitor.retrieval.probes.deadline import Deadline, ProbeTimeout
+from monitor.retrieval.probes.deadline import ProbeDeadline, ProbeTimeout
 from monitor.retrieval.probes.knn import exact_topk, prepare
 
 
@@ -113,7 +113,7 @@ def test_the_deadline_is_checked_between_blocks() -> None:
     with pytest.raises(ProbeTimeout):
         exact_topk(docs[:2], docs, 3, block_size=10, check=check)
     assert len(calls) == 4  # it stopped at the fourth of ten blocks
-    exact_topk(docs[:2], docs, 3, block_size=10, check=Deadline(60).check)  # ample time: no raise
+    exact_topk(docs[:2], docs, 3, block_size=10, check=ProbeDeadline.starting_now(60).check)  # ample time: no raise
 
 
 # The CUDA path (monitor/retrieval/probes/knn_torch.py) run on torch's CPU backend against the
