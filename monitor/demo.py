@@ -29,13 +29,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from monitor.demo_view import DemoStatus, DriftView, Estimate, JobCounts, ModelView, RegionView, StreamView
+from monitor.demo_view import DemoStatus, DriftView, JobCounts, ModelView, RegionView, StreamView
 from monitor.logs import configure_logging
 
 if TYPE_CHECKING:
     from monitor.canary.component import CanaryComponent
     from monitor.config import Settings
     from monitor.drift.export import CycleResult, DriftSnapshot
+    from monitor.retrieval.probes.base import Estimate
     from monitor.retrieval.probes.component import ProbeComponent
     from monitor.service import Monitor
 
@@ -210,6 +211,7 @@ def demo_status(monitor: Monitor, notes: tuple[str, ...] = ()) -> DemoStatus:
     """The view's inputs, read from the daemon's published snapshots and counters."""
     from monitor.canary.component import CanaryComponent
     from monitor.drift.component import DriftComponent
+    from monitor.retrieval.probes.base import Estimate
     from monitor.retrieval.probes.component import ProbeComponent
 
     status = monitor.status
@@ -313,4 +315,4 @@ def _estimate(probes: ProbeComponent, family: str, model: str) -> Estimate | Non
     if not found:
         return None
     best = max(found, key=lambda e: e.k)
-    return Estimate(best.k, best.mean, best.lower, best.upper)
+    return best

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
+    from monitor.retrieval.probes.base import Estimate  # the probes' own: family, model, slice, k, interval
+
 
 @dataclass(frozen=True)
 class RegionView:
@@ -69,16 +71,6 @@ class StreamView:
     collapse: bool
     drift: DriftView | None  # None until the stream has a reference and a tested window
     reference_note: str = ""  # why there is no verdict yet
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """A retrieval estimate with its bootstrap interval."""
-
-    k: int
-    mean: float
-    lower: float
-    upper: float
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+StreamKey = tuple[str, str]  # (model, stream): what state, drift references and partials are keyed by
+
 
 @dataclass(frozen=True, slots=True)
 class EmbeddingBatch:

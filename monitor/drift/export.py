@@ -40,8 +40,8 @@ from monitor import catalog
 from monitor.drift.calibration import TestResult
 from monitor.drift.region_shares import RegionReport
 from monitor.drift.suite import DriftReport
+from monitor.records import StreamKey
 
-StreamKey = tuple[str, str]
 ChangeKey = tuple[str, str, str, str]  # (model, stream, signal, detector)
 TestKey = tuple[str, str, str]  # (model, stream, test)
 MS = ["model", "stream"]

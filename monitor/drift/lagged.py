@@ -14,12 +14,12 @@ from pathlib import Path
 
 from monitor.drift.profile import ReferenceProfile
 from monitor.files import atomic_savez, safe_name, unsafe_name
+from monitor.records import StreamKey
 
 logger = logging.getLogger(__name__)
 
 LAGGED_DIR = "drift-lagged"
 LAGGED_SLOTS = 48  # snapshots per lag: a 24 h lag keeps one every 30 minutes
-StreamKey = tuple[str, str]
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import numpy as np
 
 from monitor.drift.profile import ReferenceProfile
 from monitor.files import atomic_savez, fsync_directory, safe_name
+from monitor.records import StreamKey
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +29,6 @@ REFERENCES_DIR = "references"
 META_KEY = "embmon_meta"
 Origin = Literal["pinned", "first_records", "captured", "file"]
 ORIGINS: tuple[str, ...] = ("pinned", "first_records", "captured", "file")
-StreamKey = tuple[str, str]
 
 
 @dataclass(frozen=True)

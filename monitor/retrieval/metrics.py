@@ -37,7 +37,7 @@ import numpy as np
 
 __all__ = [
     "METRIC_FAMILIES",
-    "MetricSpec",
+    "RankingMetric",
     "RankedResults",
     "UnknownMetricError",
     "evaluate",
@@ -66,7 +66,7 @@ class UnknownMetricError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class MetricSpec:
+class RankingMetric:
     """One metric to compute: a family and a cutoff (``None`` = the whole ranking)."""
 
     family: str
@@ -80,17 +80,17 @@ class MetricSpec:
         return self.name
 
 
-def parse_metric(name: str | MetricSpec) -> MetricSpec:
+def parse_metric(name: str | RankingMetric) -> RankingMetric:
     """Parse ``"ndcg@10"``, ``"map"`` or ``"r_precision"``; raise ``UnknownMetricError`` otherwise.
 
     >>> parse_metric("NDCG@10")
-    MetricSpec(family='ndcg', k=10)
+    RankingMetric(family='ndcg', k=10)
     >>> parse_metric("precision")
     Traceback (most recent call last):
     ...
     monitor.retrieval.metrics.UnknownMetricError: precision needs a cutoff, e.g. precision@10
     """
-    if isinstance(name, MetricSpec):
+    if isinstance(name, RankingMetric):
         spec = name
     else:
         match = _METRIC_NAME.match(str(name).strip().lower())
@@ -100,7 +100,7 @@ def parse_metric(name: str | MetricSpec) -> MetricSpec:
                 f"families: {', '.join(METRIC_FAMILIES)}"
             )
         k = match["k"]
-        spec = MetricSpec(match["family"], None if k is None else int(k))
+        spec = RankingMetric(match["family"], None if k is None else int(k))
     if spec.family not in METRIC_FAMILIES:
         raise UnknownMetricError(
             f"unknown metric family {spec.family!r}; families: {', '.join(METRIC_FAMILIES)}"
@@ -115,7 +115,7 @@ def parse_metric(name: str | MetricSpec) -> MetricSpec:
     return spec
 
 
-def expand_metrics(names: Iterable[str], cutoffs: Iterable[int] = ()) -> list[MetricSpec]:
+def expand_metrics(names: Iterable[str], cutoffs: Iterable[int] = ()) -> list[RankingMetric]:
     """Expand bare families over ``cutoffs``; names with ``@k`` or without a cutoff stay as given.
 
     >>> [m.name for m in expand_metrics(["ndcg", "recall", "mrr@10", "r_precision"], [5, 10])]
@@ -124,11 +124,11 @@ def expand_metrics(names: Iterable[str], cutoffs: Iterable[int] = ()) -> list[Me
     ['ndcg', 'map@100']
     """
     cutoffs = list(cutoffs)
-    specs: list[MetricSpec] = []
+    specs: list[RankingMetric] = []
     for name in names:
         spec = parse_metric(name)
         if spec.k is None and cutoffs and METRIC_FAMILIES[spec.family].cutoff != _CUTOFF_NONE:
-            specs.extend(parse_metric(MetricSpec(spec.family, k)) for k in cutoffs)
+            specs.extend(parse_metric(RankingMetric(spec.family, k)) for k in cutoffs)
         else:
             specs.append(spec)
     return list(dict.fromkeys(specs))
@@ -263,7 +263,7 @@ def qrels_from_reference(
 
 def evaluate(
     results: RankedResults,
-    metrics: Iterable[str | MetricSpec],
+    metrics: Iterable[str | RankingMetric],
     *,
     relevance_threshold: float = 1,
     gain: Gain = "linear",
@@ -291,7 +291,7 @@ class _RankingSums:
     """Running sums along the rank axis, each computed once per ``evaluate`` call and only if used."""
 
     def __init__(
-        self, results: RankedResults, specs: list[MetricSpec], threshold: float, gain: Gain, max_grade: float
+        self, results: RankedResults, specs: list[RankingMetric], threshold: float, gain: Gain, max_grade: float
     ) -> None:
         full_depth = any(s.k is None for s in specs)
         depth = results.grades.shape[1]

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from monitor.retrieval.metrics import MetricSpec, RankedResults, UnknownMetricError, evaluate, expand_metrics
+from monitor.retrieval.metrics import RankingMetric, RankedResults, UnknownMetricError, evaluate, expand_metrics
 from monitor.retrieval.stats import ConfidenceInterval, PairedComparison, bootstrap_ci, compare_paired
 from monitor.retrieval.trec import TrecFormatError, read_qrels, read_run
 
@@ -70,7 +70,7 @@ def build_report(args: argparse.Namespace, metrics: Sequence[str]) -> dict[str, 
     return report
 
 
-def _metric_specs(names: Sequence[str], cutoffs: Sequence[int]) -> list[MetricSpec]:
+def _metric_specs(names: Sequence[str], cutoffs: Sequence[int]) -> list[RankingMetric]:
     try:
         return expand_metrics(names, cutoffs)
     except UnknownMetricError as error:

@@ -33,6 +33,7 @@ import numpy as np
 from monitor.config import Settings
 from monitor.counters import Tally
 from monitor.logs import RateLimitedLog
+from monitor.records import StreamKey
 from monitor.scaleout.partials import (
     Chunk,
     ChunkAssembler,
@@ -51,7 +52,6 @@ from monitor.state.window import WindowSnapshot
 
 logger = logging.getLogger(__name__)
 
-StreamKey = tuple[str, str]
 PENDING_EPOCHS = 2  # per sub-window: a publication in flight and the one after it
 # The `reason` label of embmon_reducer_partials_ignored_total.
 IGNORED_REASONS = ("superseded", "duplicate", "missing", "expired", "clock_skew", "replica_limit",

@@ -15,10 +15,9 @@ from typing import Any
 
 from monitor.config import Settings
 from monitor.devices import use_cuda
-from monitor.records import EmbeddingBatch
+from monitor.records import EmbeddingBatch, StreamKey
 from monitor.state.window import SlidingWindow, WindowSnapshot
 
-StreamKey = tuple[str, str]  # (model, stream)
 
 
 @dataclass

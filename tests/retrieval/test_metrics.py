@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from monitor.retrieval.families import METRIC_FAMILY_NAMES, PROBE_METRIC_FAMILIES
 from monitor.retrieval.metrics import (
     METRIC_FAMILIES,
-    MetricSpec,
+    RankingMetric,
     RankedResults,
     UnknownMetricError,
     evaluate,
@@ -364,8 +364,8 @@ def test_metrics_are_bounded_and_monotone_in_k(grade_rows, k):
 
 
 def test_metric_names_parse_and_expand():
-    assert parse_metric("map@100") == MetricSpec("map", 100)
-    assert parse_metric(" R_Precision ") == MetricSpec("r_precision", None)
+    assert parse_metric("map@100") == RankingMetric("map", 100)
+    assert parse_metric(" R_Precision ") == RankingMetric("r_precision", None)
     expanded = [m.name for m in expand_metrics(["ndcg", "recall"], [5, 10])]
     assert expanded == ["ndcg@5", "ndcg@10", "recall@5", "recall@10"]
     assert [m.name for m in expand_metrics(["ndcg@5", "ndcg", "ndcg@5"], [5])] == ["ndcg@5"]

@@ -10,7 +10,6 @@ from rich.console import Console
 from monitor.demo_view import (
     DemoStatus,
     DriftView,
-    Estimate,
     JobCounts,
     ModelView,
     RegionView,
@@ -18,6 +17,7 @@ from monitor.demo_view import (
     plain_lines,
     render,
 )
+from monitor.retrieval.probes.base import Estimate
 
 TOPIC = DriftView(
     detected=True, p_value=2.4e-11, threshold=3.9e-6, tests=("ks", "classifier"),
@@ -37,7 +37,8 @@ def status(**changes: object) -> DemoStatus:
             StreamView("mpnet-demo", "catalog", 120, math.nan, math.nan, False, None, "capturing its reference"),
         ),
         models=(
-            ModelView("minilm-demo", 0.0312, True, 16, Estimate(10, 0.948, 0.943, 0.953), Estimate(10, 0.63, 0.6, 0.66)),
+            ModelView("minilm-demo", 0.0312, True, 16, Estimate("ann_recall", "minilm-demo", "all", 10, 0.948, 0.943, 0.953),
+                      Estimate("ndcg", "minilm-demo", "all", 10, 0.63, 0.6, 0.66)),
             ModelView("mpnet-demo", None, False, 0, None, None),
         ),
         invalid={"non_finite": 40, "decode_error": 2, "wrong_dimension": 0},
