@@ -206,7 +206,7 @@ def report_from_stats(
     eigenvalues = np.where(eigenvalues > rounding_floor(stats, float(np.trace(cov))), eigenvalues, 0.0)
     spectrum = _spectrum_metrics(eigenvalues)
     norm_mean = stats.norm_sum / n
-    norm_var = max(0.0, (stats.sq_norm_sum - n * norm_mean * norm_mean) / (n - 1))
+    norm_var = stats.norm_variance
     unit_sum = stats.unit_sum
     mean_cosine = (float(unit_sum @ unit_sum) - n) / (n * (n - 1))
 

@@ -75,6 +75,9 @@ class SufficientStats:
         Σ xᵢ/‖xᵢ‖, the sum of the unit vectors (exact mean cosine similarity over all pairs).
     norm_sum, sq_norm_sum : float
         Σ ‖xᵢ‖ and Σ ‖xᵢ‖².
+    norm_m2 : float
+        Σ (‖xᵢ‖ − mean ‖x‖)², updated and merged about the mean (the norms' variance is
+        ``norm_m2 / (n − 1)``; from the raw sums it would cancel on unit-norm rows).
     centre : ndarray, float64 (d,)
         The shift c of the second moment (zeros until the first batch; float32-representable).
 
@@ -109,6 +112,10 @@ class SufficientStats:
         self.unit_sum = np.zeros(self.dim, dtype=np.float64)
         self.norm_sum = 0.0
         self.sq_norm_sum = 0.0
+        # Σ(‖x‖ − mean‖x‖)², kept about the running mean and merged exactly (Chan et al. 1979):
+        # from raw sums, Σ‖x‖² − n·mean², it cancels to rounding noise on unit-norm rows, whose
+        # norms spread by ~1e-8.
+        self.norm_m2 = 0.0
         self.centre = np.zeros(self.dim, dtype=np.float64)
         # Σ(x − c), from the very rows the second moment saw (so both describe the same data).
         self._shifted_sum = np.zeros(self.dim, dtype=np.float64)
@@ -170,6 +177,9 @@ class SufficientStats:
         # einsum, not BLAS: no float64 copy of a float32 batch, and no BLAS threads to wake (a
         # multi-threaded gemv stalls when kafka-python holds the other core).
         self.unit_sum += np.einsum("i,ij->j", 1.0 / row_norms, x, dtype=np.float64)
+        batch_norm_mean = float(row_norms.mean())
+        deviations = row_norms - batch_norm_mean
+        self._add_norm_moment(n, batch_norm_mean, float(deviations @ deviations))
         self.norm_sum += float(row_norms.sum())
         self.sq_norm_sum += float(sq_norms.sum())
         self.count += n
@@ -213,6 +223,8 @@ class SufficientStats:
             out._add_sums(part)
             out._moment_packed += part._moment_packed
             out._shifted_sum += part._shifted_sum + part.count * (part.centre - out.centre)
+        norm_mean = out.norm_sum / count  # every part's norms about the union's mean, in one sum
+        out.norm_m2 = sum(part.norm_m2 + part.count * (part.norm_sum / part.count - norm_mean) ** 2 for part in live)
         if np.any(deltas):
             cross = deltas @ halves.T  # Σ δ·(s + n·δ/2)ᵀ; the shift term is this plus its transpose
             out._moment_packed += (cross + cross.T).ravel().take(_upper_flat_indices(dim))
@@ -224,7 +236,24 @@ class SufficientStats:
         clone.merge(self)
         return clone
 
+    def _add_norm_moment(self, count: int, norm_mean: float, norm_m2: float) -> None:
+        """Fold in ``count`` norms of mean ``norm_mean`` and moment ``norm_m2`` (before the counts add)."""
+        if self.count == 0:
+            self.norm_m2 = norm_m2
+            return
+        delta = norm_mean - self.norm_sum / self.count
+        self.norm_m2 += norm_m2 + delta * delta * self.count * count / (self.count + count)
+
+    @property
+    def norm_variance(self) -> float:
+        """Unbiased variance of the row norms (count ≥ 2)."""
+        if self.count < 2:
+            raise ValueError(f"a variance needs at least 2 vectors, have {self.count}")
+        return max(0.0, self.norm_m2) / (self.count - 1)
+
     def _add_sums(self, other: SufficientStats) -> None:
+        if other.count:
+            self._add_norm_moment(other.count, other.norm_sum / other.count, other.norm_m2)
         self.vector_sum += other.vector_sum
         self.unit_sum += other.unit_sum
         self.norm_sum += other.norm_sum
@@ -284,6 +313,7 @@ class SufficientStats:
             "unit_sum": self.unit_sum.copy(),
             "norm_sum": self.norm_sum,
             "sq_norm_sum": self.sq_norm_sum,
+            "norm_m2": self.norm_m2,
             "centre": self.centre.copy(),
             "shifted_sum": self._shifted_sum.copy(),
             "moment_packed": self._moment_packed.copy(),
@@ -294,7 +324,8 @@ class SufficientStats:
         """Rebuild from ``state_dict()`` output, validating shapes.
 
         A state without a centre (written before shifting existed) holds the raw XᵀX, which is
-        the moment about c = 0: it loads as such.
+        the moment about c = 0: it loads as such. A state without ``norm_m2`` (written before the
+        norms' moment was kept about their mean) gets it from the raw sums, as it was computed then.
         """
         stats = cls(int(state["dim"]), state.get("precision", "float64"))
         d = stats.dim
@@ -320,6 +351,10 @@ class SufficientStats:
         stats.unit_sum = unit_sum.copy()
         stats.norm_sum = float(state["norm_sum"])
         stats.sq_norm_sum = float(state["sq_norm_sum"])
+        if "norm_m2" in state:
+            stats.norm_m2 = float(state["norm_m2"])
+        elif count:
+            stats.norm_m2 = max(0.0, stats.sq_norm_sum - stats.norm_sum * stats.norm_sum / count)
         stats.count = count
         return stats
 

@@ -317,3 +317,54 @@ def test_the_device_product_equals_the_cpu_product(precision: str) -> None:
         scale = float(np.abs(here.covariance()).max())
         np.testing.assert_allclose(on_device.covariance(), here.covariance(), rtol=1e-5, atol=1e-6 * scale)
     assert on_device.copy().device == "cpu"
+
+
+def _unit_rows(n: int, d: int, seed: int) -> np.ndarray:
+    x = np.random.default_rng(seed).standard_normal((n, d))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def _norm_std_truth(x: np.ndarray) -> float:
+    """Two-pass float64 standard deviation of the rows' norms (computed as the stats compute norms)."""
+    norms = np.sqrt(np.einsum("ij,ij->i", x, x, dtype=np.float64))
+    return float(np.std(norms, ddof=1))
+
+
+@pytest.mark.parametrize("d", [384, 768])
+def test_the_norm_spread_of_unit_vectors_is_exact_however_batched_merged_or_restored(d: int) -> None:
+    """float32 unit vectors' norms spread by ~1e-8 around 1: from raw sums (Σ‖x‖² − n·mean²) that
+    cancels to noise; kept about the mean and merged by Chan's formula it equals the two-pass truth."""
+    x = _unit_rows(12_000, d, seed=d)
+    truth = _norm_std_truth(x)
+    assert 1e-9 < truth < 1e-6
+
+    rng = np.random.default_rng(1)
+    cuts = np.sort(rng.choice(np.arange(1, len(x)), size=40, replace=False))
+    parts = []
+    single = SufficientStats(d, "float32")
+    for chunk in np.split(x, cuts):
+        single.update(chunk)
+        part = SufficientStats(d, "float32")
+        part.update(chunk)
+        parts.append(part)
+    in_turn = SufficientStats(d, "float32")
+    for part in parts:
+        in_turn.merge(part)
+    merged = SufficientStats.merged(parts)
+    restored = SufficientStats.from_state_dict(merged.state_dict())
+    for stats in (single, in_turn, merged, restored):
+        assert np.sqrt(stats.norm_variance) == pytest.approx(truth, rel=1e-9)
+
+    old = np.sqrt(max(0.0, (single.sq_norm_sum - single.norm_sum**2 / len(x)) / (len(x) - 1)))
+    assert abs(old - truth) > 1e-3 * truth  # what the raw sums gave: rounding noise
+
+
+def test_a_state_from_before_the_norm_moment_loads_with_it_from_the_raw_sums() -> None:
+    x = _data(50, 3)
+    stats = SufficientStats(3)
+    stats.update(x)
+    state = stats.state_dict()
+    del state["norm_m2"]
+    restored = SufficientStats.from_state_dict(state)
+    norms = np.linalg.norm(x.astype(np.float64), axis=1)
+    assert restored.norm_variance == pytest.approx(np.var(norms, ddof=1), rel=1e-9)
