@@ -1,6 +1,9 @@
 # syntax=docker/dockerfile:1
-# embedding-monitor: small, non-root, CPU-only torch, read-only-root friendly.
+# embedding-monitor: small, non-root, read-only-root friendly; the CPU daemon carries no torch.
 #   docker build -t embedding-monitor .
+#   docker build --build-arg EXTRAS=gpu -t embedding-monitor:cuda .     # + torch, PyPI's CUDA build
+#   docker build --build-arg EXTRAS=encoder --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cpu \
+#     -t embedding-monitor:encoder .                                      # text queries, CPU torch
 #   docker run --read-only --tmpfs /tmp -v embmon-state:/var/lib/embedding-monitor -p 9464:9464 \
 #     embedding-monitor run --bootstrap-servers kafka:9092 --embeddings-topic embeddings
 # What was and was not verified without a Docker engine: docs/deployment.md.
@@ -8,18 +11,25 @@
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
+# EXTRAS: optional extras of pyproject.toml, comma-separated. Empty (the default): the CPU daemon,
+# neither torch nor sentence-transformers. gpu: torch, for a device setting that says cuda;
+# encoder: sentence-transformers (and torch), for golden sets with text queries.
+ARG EXTRAS=""
+# TORCH_INDEX: install torch==2.13.0 from this index before the rest (the CPU build:
+# https://download.pytorch.org/whl/cpu); empty: torch, if an extra needs it, from PyPI (the CUDA build).
+ARG TORCH_INDEX=""
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 
-# 1. torch first, the CPU build from its own index: from PyPI it would pull GBs of CUDA libraries.
-RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+# 1. torch from its own index, only when asked for.
+RUN if [ -n "$TORCH_INDEX" ]; then pip install --no-cache-dir torch==2.13.0 --index-url "$TORCH_INDEX"; fi
 
-# 2. the other dependencies, in their own layer: only a pyproject.toml change rebuilds it.
+# 2. the dependencies (and those of EXTRAS) in their own layer: only a pyproject.toml change rebuilds it.
 COPY pyproject.toml ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+RUN python -c "import os, tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; extras = [e.strip() for e in os.environ.get('EXTRAS', '').split(',') if e.strip()]; print('\n'.join(p['dependencies'] + [r for e in extras for r in p['optional-dependencies'][e]]))" \
         > /tmp/requirements.txt \
     && pip install --no-cache-dir -r /tmp/requirements.txt
 

@@ -100,9 +100,12 @@ def settings_from_args(args: argparse.Namespace, defaults: dict[str, Any] | None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from monitor.extras import require_extras
     from monitor.logs import configure_logging
 
     settings = settings_from_args(args)
+    if settings.scale_out.role != "reducer":  # the reducer only merges: it runs no device work
+        require_extras(settings)  # torch / sentence-transformers, where the settings need them
     configure_logging(settings.log_level)
     logger.info("settings: %s", settings.redacted())
     if settings.scale_out.role == "reducer":
@@ -120,11 +123,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     import tempfile
 
     from monitor.demo import DEMO_SETTINGS, run_demo
+    from monitor.extras import require_extras
 
     # A fresh state directory per run (removed at exit), so no earlier run's references leak in;
     # --state-dir, EMBMON_STATE_DIR or the config file choose a lasting one instead.
     with tempfile.TemporaryDirectory(prefix="embmon-demo-") as fresh:
         settings = settings_from_args(args, defaults={**DEMO_SETTINGS, "state_dir": fresh})
+        require_extras(settings)
         log_file = None if args.log_file is None else Path(args.log_file)
         return run_demo(settings, duration=args.duration, view=not args.no_summary, verbose=args.verbose,
                         log_file=log_file)

@@ -11,6 +11,9 @@ The one rule every ``device`` setting goes through (daemon, drift, probes):
   for a GPU; some platforms expose CUDA without it). Without a device it falls back to the CPU
   with one warning.
 
+torch is an extra (``embedding-monitor[gpu]``): without it ``auto`` is the CPU, and a ``cuda``
+setting stops the daemon at start-up (monitor/extras.py).
+
 Only the CUDA implementations (``drift/mmd_torch.py``, ``retrieval/probes/knn_torch.py``, the
 device paths of ``state/stats.py`` and ``quality/intrinsic.py``) import torch, and only after
 :func:`use_cuda` said yes. The answer is computed once per setting value.
@@ -19,10 +22,11 @@ device paths of ``state/stats.py`` and ``quality/intrinsic.py``) import torch, a
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
+
+from monitor.extras import install_hint, installed
 
 if TYPE_CHECKING:
     import torch
@@ -40,8 +44,10 @@ def nvidia_driver_loaded() -> bool:
 
 @functools.lru_cache(maxsize=1)
 def torch_sees_cuda() -> bool:
-    """torch is installed and sees a CUDA device (imports torch; checked once)."""
-    if importlib.util.find_spec("torch") is None:
+    """torch is installed and sees a CUDA device (imports torch; checked once). Without torch (the
+    default install) the answer is no, quietly: a driver alone is no reason to stop the daemon."""
+    if not installed("torch"):
+        logger.info("torch is not installed: the CPU runs everything (%s for CUDA)", install_hint("gpu"))
         return False
     import torch
 

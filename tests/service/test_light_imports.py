@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from tests.support.imports import HEAVY, loaded_after
+from tests.support.imports import EXTRA_PACKAGES, HEAVY, importers, loaded_after, without
 from tests.support.paths import REPO
 
 
@@ -143,11 +143,29 @@ def test_registering_the_artifacts_command_loads_no_generator() -> None:
     assert ours(modules) == {"monitor.artifacts", "monitor.artifacts.command"}
 
 
-def test_a_default_daemon_with_every_feature_at_work_never_imports_torch(tmp_path: Path) -> None:
+def test_only_the_cuda_paths_and_the_text_encoder_import_torch_or_sentence_transformers() -> None:
+    """The import graph, read from source (lazy imports included): torch is imported by the modules
+    monitor/devices.py names, sentence-transformers by the golden probe's encoder, and nothing
+    else; so the default install (neither, monitor/extras.py) lacks nothing the CPU daemon runs."""
+    assert importers("torch") == {
+        "monitor.devices", "monitor.drift.mmd_torch", "monitor.retrieval.probes.knn_torch",
+        "monitor.state.stats", "monitor.quality.intrinsic",
+    }
+    assert importers("sentence_transformers") == {"monitor.retrieval.probes.golden"}
+
+
+@pytest.mark.parametrize("torch_installed", [True, False], ids=["torch-without-a-driver", "a-driver-without-torch"])
+def test_a_default_daemon_with_every_feature_at_work_never_imports_torch(tmp_path: Path, torch_installed: bool) -> None:
     """The demo's daemon (synthetic source, default device ``auto``, drift and probes on) after
     ingest, refreshes, a drift cycle and a run of every probe: on a machine without an NVIDIA
-    driver (here, ``auto``'s driver check is pointed at a missing file) torch is never loaded."""
-    loaded = loaded_after(f"""
+    driver (here, ``auto``'s driver check is pointed at a missing file) torch is never loaded; on
+    one with a driver but the default install (torch and sentence-transformers not importable)
+    ``auto`` is the CPU and everything runs, without a warning."""
+    driver = tmp_path / "nvidia-version"
+    if not torch_installed:
+        driver.write_text("NVRM version: fake\n")
+    loaded = loaded_after(("" if torch_installed else without(*EXTRA_PACKAGES)) + textwrap.dedent(f"""
+        import logging
         from prometheus_client import generate_latest
         from monitor import devices
         from monitor.config import load_settings
@@ -155,7 +173,15 @@ def test_a_default_daemon_with_every_feature_at_work_never_imports_torch(tmp_pat
         from monitor.service import Monitor
         from monitor.sources.synthetic import SyntheticSource
 
-        devices._NVIDIA_DRIVER = devices.Path({str(tmp_path / "no-driver")!r})
+        warnings = []
+
+        class Kept(logging.Handler):
+            def emit(self, record):
+                warnings.append(record)
+
+        logging.getLogger("monitor").addHandler(Kept(logging.WARNING))
+        devices._NVIDIA_DRIVER = devices.Path({str(driver)!r})
+        assert devices.nvidia_driver_loaded() is {not torch_installed}
         now = [1_000_000.0]
         clock = lambda: now[0]
         drift = {{**DEMO_SETTINGS["drift"], "window_sample_size": 300, "reference_sample_size": 300}}
@@ -181,7 +207,9 @@ def test_a_default_daemon_with_every_feature_at_work_never_imports_torch(tmp_pat
         assert 'embmon_drift_mmd2{{model="mpnet-demo",stream="documents"}}' in text, "no drift cycle"
         for probe in ("ann", "clicks"):
             assert f'embmon_probe_runs_total{{{{outcome="success",probe="{{probe}}"}}}} 1.0' in text, probe
-    """, ("torch",))
+        assert devices.device_type("auto") == "cpu"
+        assert warnings == [], [r.getMessage() for r in warnings]
+    """), ("torch",))
     assert loaded == []
 
 

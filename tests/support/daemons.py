@@ -8,7 +8,8 @@ only stops, for a test that drives a daemon by hand without starting it. Several
 ``contextlib.ExitStack``.
 
 In a child process: ``process(*args, log=...)`` runs ``python -m monitor run ARGS`` (or another
-command) with its output in ``log`` and ``env`` on top of this process's environment. On the way
+command; after a ``prelude`` of Python source, such as one that hides the optional extras) with its
+output in ``log`` and ``env`` on top of this process's environment. On the way
 out it is sent SIGTERM and, if it has not exited within a bound, SIGKILL. A test that checks the
 shutdown itself calls :meth:`DaemonProcess.stop` (SIGTERM, returns the exit status, fails past its
 bound) or :meth:`DaemonProcess.kill` (SIGKILL) first.
@@ -113,13 +114,21 @@ class DaemonProcess:
             self.stop(timeout)
 
 
+def cli_argv(*args: str, prelude: str = "") -> list[str]:
+    """The command line of ``python -m monitor ARGS``; with ``prelude``, Python source run first in
+    that interpreter (e.g. :func:`tests.support.imports.without`), then the same CLI."""
+    if not prelude:
+        return [sys.executable, "-m", "monitor", *args]
+    return [sys.executable, "-c", f"{prelude}\nfrom monitor.cli import main\nraise SystemExit(main())\n", *args]
+
+
 @contextlib.contextmanager
 def process(*args: str, log: Path, port: int | None = None, env: Mapping[str, str] | None = None,
-            command: str = "run") -> Iterator[DaemonProcess]:
-    """``python -m monitor COMMAND ARGS --metrics-port PORT`` (a free port unless given), stopped at the end."""
+            command: str = "run", prelude: str = "") -> Iterator[DaemonProcess]:
+    """``python -m monitor COMMAND ARGS --metrics-port PORT`` (a free port unless given), stopped at
+    the end; ``prelude``: see :func:`cli_argv`."""
     port = free_port() if port is None else port
-    daemon = DaemonProcess([sys.executable, "-m", "monitor", command, *args, "--metrics-port", str(port)], log, port,
-                           env)
+    daemon = DaemonProcess(cli_argv(command, *args, "--metrics-port", str(port), prelude=prelude), log, port, env)
     try:
         yield daemon
     finally:

@@ -54,6 +54,17 @@ def import_graph() -> dict[str, set[str]]:
     return graph
 
 
+def importers(package: str) -> set[str]:
+    """The monitor modules that import ``package`` or one of its submodules, anywhere in their code."""
+    found = set()
+    for path in PACKAGE.rglob("*.py"):
+        module = module_name(path)
+        names = _imports(ast.parse(path.read_text(), str(path)), module, path.name == "__init__.py")
+        if any(name == package or name.startswith(f"{package}.") for name in names):
+            found.add(module)
+    return found
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected groups of more than one module (Tarjan), each sorted."""
     index: dict[str, int] = {}
@@ -90,6 +101,29 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 HEAVY = ("torch", "river", "sklearn", "scipy", "kafka")
+
+# the optional extras' packages (monitor/extras.py): the default install has neither
+EXTRA_PACKAGES = ("torch", "sentence_transformers")
+
+
+def without(*packages: str) -> str:
+    """Python source that, run first in a fresh interpreter, makes ``packages`` (and their
+    submodules) unimportable as if they were not installed: a finder at the head of
+    ``sys.meta_path`` answers ModuleNotFoundError for them. The test venv has them installed; this
+    is how a test sees the default install (``import torch`` fails, ``find_spec`` finds nothing)."""
+    return textwrap.dedent(f"""
+        import sys as _sys
+
+        class _NotInstalled:
+            blocked = frozenset({sorted(packages)!r})
+
+            def find_spec(self, name, path=None, target=None):
+                if name.partition(".")[0] in self.blocked:
+                    raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+                return None
+
+        _sys.meta_path.insert(0, _NotInstalled())
+    """)
 
 
 def loaded_after(code: str, packages: tuple[str, ...] = HEAVY) -> list[str]:
