@@ -25,8 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from monitor.drift import mmd, mmd_torch  # noqa: E402
-from monitor.retrieval.probes import knn, knn_torch  # noqa: E402
+from monitor.drift import mmd, mmd_torch
+from monitor.retrieval.probes import knn, knn_torch
 
 
 def torch_on_cpu() -> None:

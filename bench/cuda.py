@@ -27,10 +27,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from monitor.drift.mmd import mmd_test  # noqa: E402
-from monitor.quality.intrinsic import report_from_stats, uniformity  # noqa: E402
-from monitor.retrieval.probes.knn import exact_topk  # noqa: E402
-from monitor.state.stats import SufficientStats  # noqa: E402
+from monitor.drift.mmd import mmd_test
+from monitor.quality.intrinsic import report_from_stats, uniformity
+from monitor.retrieval.probes.knn import exact_topk
+from monitor.state.stats import SufficientStats
 
 
 def timed(fn: Callable[[], Any], device: str) -> tuple[Any, float]:
@@ -63,7 +63,7 @@ def bench_stats(rng: np.random.Generator, devices: list[str], rows: int, dim: in
     for precision in ("float64", "float32"):
         reports, seconds, host = {}, {}, {}
         for device in devices:
-            def fill(device: str = device) -> SufficientStats:
+            def fill(device: str = device, precision: str = precision) -> SufficientStats:
                 stats = SufficientStats(dim, precision, None if device == "cpu" else device)
                 for start in range(0, rows, 2048):
                     stats.update(x[start : start + 2048])

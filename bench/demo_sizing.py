@@ -26,10 +26,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from monitor.component import ScheduledJob  # noqa: E402
-from monitor.config import load_settings  # noqa: E402
-from monitor.demo import DEMO_SETTINGS, PHASES  # noqa: E402
-from monitor.service import Monitor  # noqa: E402
+from monitor.component import ScheduledJob
+from monitor.config import load_settings
+from monitor.demo import DEMO_SETTINGS, PHASES
+from monitor.service import Monitor
 
 
 def main() -> None:

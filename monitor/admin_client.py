@@ -46,6 +46,8 @@ def call_admin(args: argparse.Namespace, method: str, path: str, query: dict[str
     """One authenticated request to an admin route; the decoded JSON answer (see :func:`post_admin`)."""
     from monitor.security import read_token_file
 
+    if urllib.parse.urlsplit(args.url).scheme not in ("http", "https"):
+        raise ValueError(f"--url must be the daemon's http:// or https:// address, not {args.url!r}")
     if not args.token_file:
         raise ValueError("--token-file is required with --url (the daemon's http.admin_token)")
     try:
@@ -54,10 +56,11 @@ def call_admin(args: argparse.Namespace, method: str, path: str, query: dict[str
         raise ValueError(str(exc)) from None
     url = f"{args.url.rstrip('/')}{path}?{urllib.parse.urlencode(query)}"
     body = b"" if method == "POST" else None
-    request = urllib.request.Request(url, data=body, method=method, headers={"Authorization": f"Bearer {token}"})
+    headers = {"Authorization": f"Bearer {token}"}
+    request = urllib.request.Request(url, data=body, method=method, headers=headers)  # noqa: S310 - http(s): checked above
     context = ssl.create_default_context(cafile=args.cafile) if args.cafile else None
     try:
-        with urllib.request.urlopen(request, timeout=args.timeout, context=context) as response:
+        with urllib.request.urlopen(request, timeout=args.timeout, context=context) as response:  # noqa: S310 - as above
             return json.loads(response.read().decode())
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace").strip()

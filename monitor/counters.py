@@ -64,7 +64,7 @@ class InternalErrors:
         """Run the block; an exception is counted and logged (rate-limited), never raised."""
         try:
             yield
-        except Exception:  # noqa: BLE001 - isolate failures; they are counted and logged
+        except Exception:  # isolate failures; they are counted and logged
             self.count(stage)
             self._log.warning(f"internal:{stage}", "internal error in %s (see debug log)", stage)
             logger.debug("internal error in %s", stage, exc_info=True)

@@ -156,7 +156,7 @@ def _show(monitor: Monitor, out: TextIO, stop: threading.Event, notes: tuple[str
     def status() -> DemoStatus | None:
         try:
             return demo_status(monitor, notes)
-        except Exception:  # noqa: BLE001 - the view must outlive one bad read; the log says why
+        except Exception:  # the view must outlive one bad read; the log says why
             logger.exception("demo: could not read the daemon's status for the view")
             return None
 
@@ -211,7 +211,6 @@ def demo_status(monitor: Monitor, notes: tuple[str, ...] = ()) -> DemoStatus:
     """The view's inputs, read from the daemon's published snapshots and counters."""
     from monitor.canary.component import CanaryComponent
     from monitor.drift.component import DriftComponent
-    from monitor.retrieval.probes.base import Estimate
     from monitor.retrieval.probes.component import ProbeComponent
 
     status = monitor.status

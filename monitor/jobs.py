@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobSubmissionEvent
@@ -68,7 +68,7 @@ class JobRunner:
         outcome = "success"
         try:
             job.func()
-        except Exception:  # noqa: BLE001 - a failing job is counted, never fatal
+        except Exception:  # a failing job is counted, never fatal
             outcome = "failure"
             logger.exception("job %s failed", job.name)
         elapsed = time.perf_counter() - started
@@ -85,4 +85,4 @@ class JobRunner:
 
 
 def _soon() -> Any:
-    return datetime.now(timezone.utc) + timedelta(seconds=0.5)
+    return datetime.now(UTC) + timedelta(seconds=0.5)

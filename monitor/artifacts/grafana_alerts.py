@@ -23,7 +23,7 @@ VALUE_REF = "$values.B.Value"
 
 def rule_uid(name: str) -> str:
     """Stable, short, Grafana-valid uid derived from the alert name."""
-    return "embmon-" + hashlib.sha1(name.encode()).hexdigest()[:12]
+    return "embmon-" + hashlib.sha1(name.encode(), usedforsecurity=False).hexdigest()[:12]
 
 
 def _query(ref: str, expr: str, datasource_uid: str) -> dict[str, Any]:

@@ -36,7 +36,6 @@ from typing import Any
 from prometheus_client.metrics_core import Metric
 
 from monitor import catalog
-
 from monitor.drift.calibration import TestResult
 from monitor.drift.region_shares import RegionReport
 from monitor.drift.suite import DriftReport

@@ -46,8 +46,8 @@ from typing import Literal
 
 import numpy as np
 
-from monitor.devices import device_type, use_cuda
 from monitor.deadline import Deadline
+from monitor.devices import device_type, use_cuda
 from monitor.drift.calibration import TestResult
 from monitor.drift.heldout import heldout_rank_test, kernel_witness, split_halves
 from monitor.drift.permutation import check_permutation_budget, relabellings, sequential_permutation_test

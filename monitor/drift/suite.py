@@ -130,7 +130,7 @@ def apply_multiplicity(
     else:
         raise ValueError(f"unknown multiplicity correction {method!r}; use 'bonferroni' or 'holm'")
     return tuple(
-        replace(r, threshold=float(t), detected=bool(d)) for r, t, d in zip(results, thresholds, decisions)
+        replace(r, threshold=float(t), detected=bool(d)) for r, t, d in zip(results, thresholds, decisions, strict=True)
     )
 
 

@@ -26,8 +26,8 @@ import numpy as np
 
 from monitor.devices import torch_device, use_cuda
 from monitor.quality.settings import IntrinsicSettings
-from monitor.state.stats import SufficientStats
 from monitor.state.pairs import PositivePairMatcher
+from monitor.state.stats import SufficientStats
 from monitor.state.window import WindowSnapshot
 
 logger = logging.getLogger(__name__)

@@ -231,7 +231,7 @@ class RankedResults:
         if query_ids is None:
             query_ids = [str(i) for i in range(len(ranked_ids))]
         rankings = [list(dict.fromkeys(ids)) for ids in ranked_ids]
-        ranked_grades = [judged.get(doc, 0) for docs, judged in zip(rankings, qrels) for doc in docs]
+        ranked_grades = [judged.get(doc, 0) for docs, judged in zip(rankings, qrels, strict=True) for doc in docs]
         return cls(
             grades=_rows_to_matrix(ranked_grades, [len(docs) for docs in rankings]),
             ideal_grades=_ideal_matrix(qrels),
@@ -449,7 +449,7 @@ def _grades_in_trec_order(
     rows: list[int] = []
     hit_scores: list[float] = []
     hit_grades: list[float] = []
-    for row, (docs, judged) in enumerate(zip(scored, judgments)):
+    for row, (docs, judged) in enumerate(zip(scored, judgments, strict=True)):
         for doc, grade in judged.items():
             if grade > 0 and doc in docs:
                 rows.append(row)

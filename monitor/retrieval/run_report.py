@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from monitor.retrieval.metrics import RankingMetric, RankedResults, UnknownMetricError, evaluate, expand_metrics
+from monitor.retrieval.metrics import RankedResults, RankingMetric, UnknownMetricError, evaluate, expand_metrics
 from monitor.retrieval.stats import ConfidenceInterval, PairedComparison, bootstrap_ci, compare_paired
 from monitor.retrieval.trec import TrecFormatError, read_qrels, read_run
 

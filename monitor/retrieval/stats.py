@@ -255,7 +255,7 @@ def _metric_matrix(per_query: Mapping[str, np.ndarray]) -> tuple[list[str], np.n
         raise ValueError("no metrics given")
     columns = [np.asarray(per_query[name], dtype=np.float64) for name in names]
     n = columns[0].shape
-    for name, column in zip(names, columns):
+    for name, column in zip(names, columns, strict=True):
         if column.ndim != 1 or column.shape != n:
             raise ValueError(f"metric {name!r} has shape {column.shape}; expected one value per query {n}")
         if not np.isfinite(column).all():

@@ -125,7 +125,7 @@ class PartialsReader:
         if consumer is not None:
             try:
                 consumer.close()
-            except Exception:  # noqa: BLE001 - closing at shutdown
+            except Exception:  # closing at shutdown
                 logger.debug("closing the reducer's consumer", exc_info=True)
 
     def _loop(self) -> None:
@@ -133,7 +133,7 @@ class PartialsReader:
         while not self._stop.is_set():
             try:
                 self.poll_once(timeout)
-            except Exception:  # noqa: BLE001 - never let one bad poll end intake
+            except Exception:  # never let one bad poll end intake
                 self.errors.count("poll")
                 logger.exception("reducer poll failed")
                 self._up = False

@@ -14,7 +14,6 @@ Which publication the group's committed offsets match is recorded by the publish
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -178,7 +177,7 @@ class PartialsPublisher:
                 return True
             try:
                 self._send(publication)
-            except Exception as exc:  # noqa: BLE001 - counted; kept staged, the next checkpoint retries
+            except Exception as exc:  # counted; kept staged, the next checkpoint retries
                 self.failures += 1
                 self._log.warning("publish", "publishing partials to %s failed (%s); offsets are not committed "
                                   "until a publication succeeds", self.topic, exc)
@@ -231,7 +230,7 @@ class PartialsPublisher:
         if producer is not None:
             try:
                 producer.close(timeout=1)
-            except Exception:  # noqa: BLE001 - already failing; a fresh producer comes next time
+            except Exception:  # already failing; a fresh producer comes next time
                 logger.debug("closing the partials producer", exc_info=True)
 
     def close(self) -> None:

@@ -37,7 +37,6 @@ import orjson
 from monitor.config import SyntheticInteractions, SyntheticPhase, SyntheticSourceSettings
 from monitor.sources.base import Source, SourceMessage
 
-
 BATCH_WAIT_SECONDS = 0.1  # the longest a record waits for its batch to fill
 
 

@@ -77,6 +77,7 @@ def test_show_lists_lagged_snapshots(tmp_path: Path, capsys: pytest.CaptureFixtu
     [
         (["--url", "http://x", "--token-file", "t"], "--model is required"),
         (["--url", "http://x", "--model", "m"], "--token-file is required"),
+        (["--url", "file:///etc/passwd", "--model", "m", "--token-file", "t"], "--url must be the daemon's http://"),
         (["--from", "{npy}"], "needs --state-dir DIR or --out FILE"),
         (["--from", "{npy}", "--state-dir", "{tmp}"], "needs --model and --stream"),
         (["--from", "{tmp}/v.txt", "--out", "{tmp}/r.npz"], "takes an .npy"),

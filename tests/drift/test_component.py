@@ -18,8 +18,8 @@ from river import drift as river_drift
 from monitor import checkpoint as ckpt
 from monitor.cli import build_parser, settings_from_args
 from monitor.config import ConfigError, Settings, deep_merge, load_settings
-from monitor.drift.online_state import decode_detector, encode_detector
 from monitor.drift.lagged import LAGGED_DIR
+from monitor.drift.online_state import decode_detector, encode_detector
 from monitor.drift.profile import ReferenceProfile
 from monitor.drift.store import ReferenceStore, StoredReference
 from tests.support.drift import BASE_DRIFT, DIM, Harness, axis, settings_for, unit_rows

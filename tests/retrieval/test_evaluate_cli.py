@@ -230,8 +230,9 @@ def _cli(*argv: str) -> subprocess.CompletedProcess:
     )
 
 
-def _trec_eval(qrels_path, run, measures=TREC_NAMES.values()):
-    """pytrec_eval (trec_eval's C code) on the qrels file and a run dict."""
+def _trec_eval(qrels_path, run, measures=None):
+    """pytrec_eval (trec_eval's C code) on the qrels file and a run dict (every measure by default)."""
+    measures = TREC_NAMES.values() if measures is None else measures
     return pytrec_eval.RelevanceEvaluator(read_qrels(qrels_path), set(measures)).evaluate(run)
 
 
@@ -241,8 +242,8 @@ def test_per_query_prints_trec_eval_q_layout_with_pytrec_eval_values(files):
     lines = done.stdout.splitlines()
     assert len(lines) == 59 * len(TREC_NAMES) + len(TREC_NAMES)  # per query, then one 'all' line per measure
     parsed = [TREC_EVAL_LINE.match(line) for line in lines]
-    assert all(parsed), [line for line, match in zip(lines, parsed) if not match]
-    for line, match in zip(lines, parsed):
+    assert all(parsed), [line for line, match in zip(lines, parsed, strict=True) if not match]
+    for line in lines:
         assert len(line.split("\t")[0]) == 22  # left-justified, padded to 22 like "%-22s"
     queries = [m["query"] for m in parsed[: -len(TREC_NAMES)]]
     # each query's measures together, in the order asked for; queries in strcmp order, as trec_eval

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from monitor.retrieval.families import METRIC_FAMILY_NAMES, PROBE_METRIC_FAMILIES
 from monitor.retrieval.metrics import (
     METRIC_FAMILIES,
-    RankingMetric,
     RankedResults,
+    RankingMetric,
     UnknownMetricError,
     evaluate,
     expand_metrics,
@@ -183,7 +183,7 @@ def _random_case(rng: np.random.Generator):
                 scores = rng.integers(0, 5, size=n_ranked) / 4  # 5 levels: many ties
             else:
                 scores = rng.normal(size=n_ranked)  # ties unlikely: the fast placement path
-            run[qid] = dict(zip(ranked.tolist(), scores.tolist()))
+            run[qid] = dict(zip(ranked.tolist(), scores.tolist(), strict=True))
     return qrels, run
 
 
@@ -318,7 +318,7 @@ def test_err_and_exponential_ndcg_equal_direct_loops():
         values = evaluate(
             results, ["err@5", "err@20", "err", "ndcg@5", "ndcg@20"], gain="exponential", max_grade=max_grade
         )
-        for row, (docs, judged) in enumerate(zip(rankings, qrels)):
+        for row, (docs, judged) in enumerate(zip(rankings, qrels, strict=True)):
             grades = [judged.get(doc, 0) for doc in docs]
             for k in (5, 20):
                 assert values[f"err@{k}"][row] == pytest.approx(_err_by_loop(grades, k, max_grade), abs=1e-12)
@@ -352,7 +352,7 @@ def test_metrics_are_bounded_and_monotone_in_k(grade_rows, k):
         assert (values[f"{family}@{k + 1}"] >= values[f"{family}@{k}"] - 1e-12).all(), family
     # Ranking every judged document by grade is the ideal ranking: nDCG 1 (0 with no gain at all).
     ideal = RankedResults.from_lists(
-        [sorted(r, key=lambda d, q=q: -q[d]) for r, q in zip(rankings, qrels)], qrels
+        [sorted(r, key=lambda d, q=q: -q[d]) for r, q in zip(rankings, qrels, strict=True)], qrels
     )
     ndcg = evaluate(ideal, [f"ndcg@{k}"])[f"ndcg@{k}"]
     has_gain = np.array([any(g > 0 for g in row) for row in grade_rows])

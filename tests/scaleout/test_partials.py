@@ -7,6 +7,7 @@ import pytest
 
 from monitor.config import load_settings
 from monitor.records import EmbeddingBatch
+from monitor.scaleout.marker import CommitIntent, MarkerState, PublishedMarker, commit_happened
 from monitor.scaleout.partials import (
     Chunk,
     ChunkAssembler,
@@ -17,7 +18,6 @@ from monitor.scaleout.partials import (
     encode_subwindow,
     parse_record,
 )
-from monitor.scaleout.marker import CommitIntent, MarkerState, PublishedMarker, commit_happened
 from monitor.scaleout.publisher import PartialsPublisher
 from monitor.state.registry import StateRegistry
 from tests.support.scaleout import MemoryProducer

@@ -21,7 +21,6 @@ from monitor.config import LimitSettings, load_settings
 from monitor.decoding import REASONS, Decoder, DecodeResult
 from monitor.service import Monitor
 from monitor.sources import SourceMessage
-
 from tests.support import daemons
 
 LIMITS = LimitSettings(max_message_bytes=64 * 1024, max_dimension=512, max_rows_per_message=1000)

@@ -99,7 +99,9 @@ class DaemonProcess:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
-                raise AssertionError(f"the daemon did not exit within {timeout}s of SIGTERM\n{self.output()[-3000:]}")
+                raise AssertionError(
+                    f"the daemon did not exit within {timeout}s of SIGTERM\n{self.output()[-3000:]}"
+                ) from None
         return self.proc.returncode
 
     def kill(self) -> int:

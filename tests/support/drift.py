@@ -13,8 +13,8 @@ from prometheus_client.registry import Collector
 
 from monitor.component import MonitorContext
 from monitor.config import Settings, deep_merge, load_settings
-from monitor.drift.export import CycleResult
 from monitor.drift.component import DriftComponent
+from monitor.drift.export import CycleResult
 from monitor.records import EmbeddingBatch
 from monitor.state.registry import StateRegistry
 from monitor.state.window import WindowSnapshot

@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 from scipy.stats import spearmanr
 
+from monitor.deadline import Deadline
 from monitor.retrieval.metrics import RankedResults, evaluate, qrels_from_reference
 from monitor.retrieval.probes.base import ConfiguredProbe, ProbeResult, identified_rows, sample, summarise
-from monitor.deadline import Deadline
 from monitor.retrieval.probes.deadline import ProbeError
 from monitor.retrieval.probes.knn import exact_topk, prepare
 
@@ -42,8 +42,8 @@ def shared_rows(reference: WindowSnapshot, candidate: WindowSnapshot) -> tuple[l
     """Ids present in both samples (sorted) and their rows in each sample."""
     ref_ids, ref_rows = identified_rows(reference.sample_ids)
     cand_ids, cand_rows = identified_rows(candidate.sample_ids)
-    ref_at = dict(zip(ref_ids, ref_rows.tolist()))
-    cand_at = dict(zip(cand_ids, cand_rows.tolist()))
+    ref_at = dict(zip(ref_ids, ref_rows.tolist(), strict=True))
+    cand_at = dict(zip(cand_ids, cand_rows.tolist(), strict=True))
     shared = sorted(set(ref_at) & set(cand_at))
     return (
         shared,

@@ -58,9 +58,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from monitor.deadline import Deadline
 from monitor.records import EmbeddingBatch, InteractionEvent
 from monitor.retrieval.probes.base import ConfiguredProbe, EventBuffer, ProbeResult, identified_rows, sample, summarise
-from monitor.deadline import Deadline
 from monitor.retrieval.probes.deadline import ProbeError
 from monitor.retrieval.probes.knn import exact_topk
 
@@ -102,7 +102,7 @@ def recall_against_pool(
     )
     position = {doc_id: row for row, doc_id in enumerate(pool_ids)}
     out = {f"recall@{k}": np.full(len(served), np.nan) for k in ks}
-    for i, (row, served_ids) in enumerate(zip(found.indices.tolist(), served)):
+    for i, (row, served_ids) in enumerate(zip(found.indices.tolist(), served, strict=True)):
         exact = [j for j in row if j >= 0]
         for k in ks:
             top = list(dict.fromkeys(served_ids))[:k]
@@ -130,7 +130,7 @@ def _decode_served(state: Mapping[str, Any]) -> list[ServedQuery]:
         raise ValueError("ANN buffer state holds mismatched fields")
     return [
         ServedQuery(np.asarray(v, dtype=np.float32), tuple(str(d) for d in served), None if s is None else str(s))
-        for v, served, s in zip(rows, state["served"], state["slices"])
+        for v, served, s in zip(rows, state["served"], state["slices"], strict=True)
     ]
 
 
@@ -274,7 +274,7 @@ class AnnRecallProbe(ConfiguredProbe["AnnRecallProbeSettings"]):
         served_total = sum(len(e.served) for e in usable)
         served_known = sum(1 for e in usable for d in e.served if d in position)
         kept = {name: values[informative] for name, values in per_query.items()}
-        slices = [e.slice for e, keep in zip(usable, informative) if keep]
+        slices = [e.slice for e, keep in zip(usable, informative, strict=True) if keep]
         summary = summarise(
             kept if informative.any() else {},
             slices,

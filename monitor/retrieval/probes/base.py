@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
+from monitor.deadline import Deadline
 from monitor.logs import RateLimitedLog
 from monitor.records import EmbeddingBatch, InteractionEvent
 from monitor.retrieval.metrics import parse_metric
-from monitor.deadline import Deadline
 from monitor.retrieval.settings import ProbeSettings, ProbeSpec, StatisticsSettings
 from monitor.retrieval.stats import bootstrap_ci, slice_report
 
@@ -66,10 +66,10 @@ class ProbeResult:
     samples: tuple[Sample, ...] = ()
     notes: tuple[str, ...] = ()  # human-readable remarks (why nothing was computed, ...)
 
-    def estimate(self, family: str, model: str, k: int, slice: str = ALL) -> Estimate | None:
+    def estimate(self, family: str, model: str, k: int, slice_: str = ALL) -> Estimate | None:
         """Look one estimate up (for tests and the inspection tools)."""
         for e in self.estimates:
-            if (e.family, e.model, e.k, e.slice) == (family, model, k, slice):
+            if (e.family, e.model, e.k, e.slice) == (family, model, k, slice_):
                 return e
         return None
 
@@ -217,7 +217,7 @@ class EventBuffer(Generic[T]):
             raise ValueError("buffer state holds mismatched times and items")
         keep = slice(max(0, len(items) - self.capacity), None)
         with self._lock:
-            self._ring = deque(zip(times[keep].tolist(), items[keep]))
+            self._ring = deque(zip(times[keep].tolist(), items[keep], strict=True))
             self.dropped = int(state["dropped"])
 
 

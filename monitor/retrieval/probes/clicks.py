@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from monitor.deadline import Deadline
 from monitor.records import EmbeddingBatch, InteractionEvent
 from monitor.retrieval.metrics import RankedResults, evaluate
 from monitor.retrieval.probes.base import (
@@ -64,7 +65,6 @@ from monitor.retrieval.probes.base import (
     slice_labels,
     summarise,
 )
-from monitor.deadline import Deadline
 from monitor.retrieval.stats import fold_slices
 
 if TYPE_CHECKING:

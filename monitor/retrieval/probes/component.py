@@ -88,7 +88,7 @@ class ProbeComponent(Component):
         for probe in self.probes.values():
             try:
                 probe.on_embeddings(batch, now)
-            except Exception:  # noqa: BLE001 - one probe's hook must not starve the others
+            except Exception:  # one probe's hook must not starve the others
                 self._log.warning(f"hook:{probe.name}", "probe %s: on_embeddings failed", probe.name)
                 logger.debug("probe %s on_embeddings", probe.name, exc_info=True)
 
@@ -96,7 +96,7 @@ class ProbeComponent(Component):
         for probe in self.probes.values():
             try:
                 probe.on_interaction(event, now)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 self._log.warning(f"hook:{probe.name}", "probe %s: on_interaction failed", probe.name)
                 logger.debug("probe %s on_interaction", probe.name, exc_info=True)
 

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from monitor.config import LABEL_VALUE_RE
+from monitor.deadline import Deadline
 from monitor.retrieval.metrics import RankedResults, evaluate
 from monitor.retrieval.probes.base import ConfiguredProbe, ProbeResult, identified_rows, summarise
-from monitor.deadline import Deadline
 from monitor.retrieval.probes.deadline import ProbeError
 from monitor.retrieval.probes.http_retriever import HttpRetriever
 from monitor.retrieval.probes.knn import exact_topk
@@ -198,7 +198,7 @@ class GoldenSetProbe(ConfiguredProbe["GoldenProbeSettings"]):
             texts = [self._queries[i].text or "" for i in todo]
             deadline.check()
             encoded = self.encoder.encode(texts)
-            for i, vector in zip(todo, encoded):
+            for i, vector in zip(todo, encoded, strict=True):
                 self._vectors[i] = vector
             self._encoded = True
         return self._vectors
@@ -241,7 +241,7 @@ class GoldenSetProbe(ConfiguredProbe["GoldenProbeSettings"]):
         ranked: list[list[str] | None] = []
         errors: list[str] = []
         allowed = math.floor(self.http.settings.max_error_ratio * len(self._queries))
-        for query, vector in zip(self._queries, vectors):
+        for query, vector in zip(self._queries, vectors, strict=True):
             deadline.check()
             try:
                 ranked.append(self.http.search(query.query_id, query.text, vector, k, deadline))

@@ -51,12 +51,12 @@ class HttpRetriever:
         headers = {"Accept": "application/json", **self.settings.headers}
         if body is not None:
             headers.setdefault("Content-Type", "application/json")
-        request = urllib.request.Request(url, data=body, headers=headers, method=self.settings.method)
+        request = urllib.request.Request(url, data=body, headers=headers, method=self.settings.method)  # noqa: S310 - below
         timeout = min(self.settings.request_timeout_seconds, deadline.remaining())
         if timeout <= 0:
             deadline.check()
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - configured URL
+            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - settings allow http(s) only
                 raw = response.read(MAX_RESPONSE_BYTES + 1)
         except urllib.error.HTTPError as exc:
             exc.close()

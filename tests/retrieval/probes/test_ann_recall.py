@@ -32,18 +32,18 @@ def degrade(order: np.ndarray, rng: np.random.Generator, wrong: np.ndarray, near
     documents from the bottom half of the ranking (a broken index).
     """
     served = []
-    for row, n_wrong in zip(order, wrong):
+    for row, n_wrong in zip(order, wrong, strict=True):
         top = list(row[:K])
         positions = rng.choice(K, size=n_wrong, replace=False)
         pool = row[K : K + n_wrong] if near else rng.choice(row[len(row) // 2 :], size=n_wrong, replace=False)
-        for position, doc in zip(positions, pool):
+        for position, doc in zip(positions, pool, strict=True):
             top[position] = doc
         served.append([int(d) for d in top])
     return served
 
 
 def true_recall(order: np.ndarray, served: list[list[int]], k: int) -> np.ndarray:
-    return np.array([len(set(s[:k]) & set(row[:k].tolist())) / k for row, s in zip(order, served)])
+    return np.array([len(set(s[:k]) & set(row[:k].tolist())) / k for row, s in zip(order, served, strict=True)])
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ def test_bias_near_misses_hide_far_misses_show(corpus: tuple[np.ndarray, np.ndar
     for near in (False, True):
         served = degrade(order, rng, wrong, near=near)
         per_query = []
-        for query, served_rows in zip(queries, served):  # the sample plus this query's served documents
+        for query, served_rows in zip(queries, served, strict=True):  # the sample plus this query's served documents
             pool = sample.copy()
             pool[served_rows] = True
             rows = np.flatnonzero(pool)
@@ -127,7 +127,7 @@ def test_vector_cache_keeps_the_newest_rows_by_id() -> None:
     cache.add(["a", "c", "d"], np.array([[2, 0], [3, 3], [4, 4]], dtype=np.float32))  # a updated; b evicted
     ids, vectors = cache.snapshot()
     assert sorted(ids) == ["a", "c", "d"] and len(cache) == 3
-    assert dict(zip(ids, vectors.tolist())) == {"a": [2.0, 0.0], "c": [3.0, 3.0], "d": [4.0, 4.0]}
+    assert dict(zip(ids, vectors.tolist(), strict=True)) == {"a": [2.0, 0.0], "c": [3.0, 3.0], "d": [4.0, 4.0]}
 
 
 def test_probe_end_to_end_with_a_degraded_index(corpus: tuple[np.ndarray, np.ndarray, np.ndarray], state_dir: Path) -> None:
@@ -142,7 +142,7 @@ def test_probe_end_to_end_with_a_degraded_index(corpus: tuple[np.ndarray, np.nda
     interactions = [
         {"query_id": f"q{i}", "model": "ann-model", "query_vector": q.tolist(),
          "results": [f"d{d}" for d in s], "slice": slices[i]}
-        for i, (q, s) in enumerate(zip(queries, served))
+        for i, (q, s) in enumerate(zip(queries, served, strict=True))
     ]
     source = ListSource(json_messages("embeddings", documents) + json_messages("interactions", interactions))
     settings = load_settings(overrides={

@@ -175,7 +175,7 @@ def expected_from(events: list[dict], catalog: set[str], k: int) -> dict[str, fl
     universe = catalog | set(counts) | set(popularity)
     return {
         "mrr": ci[f"mrr@{k}"].mean, "mrr_lower": ci[f"mrr@{k}"].lower, "ndcg": ci[f"ndcg@{k}"].mean,
-        "ctr": float(np.mean([any(d in g for d in q["results"][:k]) for q, g in zip(judged, qrels)])),
+        "ctr": float(np.mean([any(d in g for d in q["results"][:k]) for q, g in zip(judged, qrels, strict=True)])),
         "zero": sum(not q["results"] for q in queries) / len(queries),
         "zero_tail": float(np.mean([not q["results"] for q in queries if q["slice"] == "tail"])),
         "coverage": len(set(counts) & catalog) / len(catalog),
