@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from monitor.canary.settings import CanarySettings
 from monitor.drift.settings import DaemonDriftSettings
@@ -25,13 +27,11 @@ from monitor.labels import LABEL_VALUE_RE
 from monitor.quality.settings import IntrinsicSettings
 from monitor.retrieval.settings import ProbeSettings
 from monitor.scaleout.settings import ScaleOutSettings
+from monitor.security import looks_secret, mask_query_secrets
+from monitor.settings_base import MAX_DURATION_SECONDS
+from monitor.settings_base import Section as _Section
 
 ENV_PREFIX = "EMBMON_"
-_SECRET_WORDS = ("password", "secret", "token", "keyfile", "key_password", "sasl_oauth")
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class KafkaSettings(_Section):
@@ -46,7 +46,7 @@ class KafkaSettings(_Section):
     auto_offset_reset: Literal["earliest", "latest"] = "latest"
     max_poll_records: int = Field(2000, ge=1, le=100_000)
     poll_timeout_seconds: float = Field(0.5, gt=0, le=30)
-    commit_interval_seconds: float = Field(30.0, gt=0)  # commits follow checkpoints (docs/operations.md)
+    commit_interval_seconds: float = Field(30.0, gt=0, le=86_400)  # commits follow checkpoints (docs/operations.md)
     default_stream: str = "default"
     options: dict[str, Any] = Field(default_factory=dict)
 
@@ -114,7 +114,7 @@ class SyntheticPhase(_Section):
     """One step of a scripted scenario: the distribution the generator draws from, for a while."""
 
     kind: Literal["healthy", "anisotropic", "collapsed", "shifted", "swapped", "topic_shift", "invalid"] = "healthy"
-    seconds: float = Field(30.0, gt=0)
+    seconds: float = Field(30.0, gt=0, le=MAX_DURATION_SECONDS)
 
 
 class SyntheticInteractions(_Section):
@@ -129,7 +129,7 @@ class SyntheticInteractions(_Section):
     rate: float = Field(20.0, gt=0, le=100_000, description="interaction events per second per model")
     catalog_size: int = Field(500, ge=20, le=100_000)
     catalog_stream: str = "catalog"
-    catalog_period_seconds: float = Field(2.0, gt=0, description="every catalog document is re-emitted this often")
+    catalog_period_seconds: float = Field(2.0, gt=0, le=86_400, description="every catalog document is re-emitted this often")
     k: int = Field(10, ge=1, le=100)
     ann_miss_ratio: float = Field(0.05, ge=0, le=1)
     zero_result_ratio: float = Field(0.02, ge=0, le=1)
@@ -147,7 +147,7 @@ class SyntheticSourceSettings(_Section):
     seed: int = 0
     interactions: SyntheticInteractions | None = None  # off: embeddings only
     canaries: int = Field(0, ge=0, le=1000, description="fixed canary items per model (ids canary-0...), 0 = none")
-    canary_period_seconds: float = Field(5.0, gt=0, description="every canary is re-sent this often")
+    canary_period_seconds: float = Field(5.0, gt=0, le=86_400, description="every canary is re-sent this often")
     ids: bool = Field(
         False, description="send the traffic as JSON events with ids (doc-N, topic-N for topic_shift's new topic), "
         "so drift explanations name exemplars; binary batches without ids otherwise",
@@ -157,7 +157,7 @@ class SyntheticSourceSettings(_Section):
 class WindowSettings(_Section):
     """The sliding window metrics are computed over (see docs/metrics.md, "Window semantics")."""
 
-    seconds: float = Field(900.0, gt=0)
+    seconds: float = Field(900.0, gt=0, le=MAX_DURATION_SECONDS)
     subwindows: int = Field(10, ge=1, le=120)
     reservoir_size: int = Field(10_000, ge=10, le=1_000_000)
     gram_precision: Literal["float64", "float32"] = Field(
@@ -202,6 +202,15 @@ class HttpSettings(_Section):
     admin_token: SecretStr | None = None  # bearer token for /admin/* routes
     admin_token_file: Path | None = None  # or a file holding it (Kubernetes secret volume)
 
+    @field_validator("admin_token", mode="before")
+    @classmethod
+    def _strip_token(cls, value: Any) -> Any:
+        # `echo token > file`, `$(cat file)` and YAML block scalars leave a newline or spaces that no
+        # client sends: kept, the right token would always get 401. read_token_file strips alike.
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        return value.strip() if isinstance(value, str) else value
+
     @model_validator(mode="after")
     def _check_security(self) -> HttpSettings:
         from monitor.security import check_password_hash_format
@@ -223,7 +232,7 @@ class HttpSettings(_Section):
         if self.admin_token is not None and self.admin_token_file is not None:
             raise ValueError("set admin_token or admin_token_file, not both")
         if self.admin_token is not None and len(self.admin_token.get_secret_value()) < 16:
-            raise ValueError("admin_token must be at least 16 characters")
+            raise ValueError("admin_token must be at least 16 characters (surrounding whitespace is stripped)")
         return self
 
 
@@ -244,7 +253,8 @@ class Settings(BaseSettings):
     """Everything the daemon can be told. See README "Configuration" for the YAML layout."""
 
     model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", validate_default=True
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", validate_default=True,
+        allow_inf_nan=False,
     )
 
     source: Literal["kafka", "file", "synthetic"] = "kafka"
@@ -308,20 +318,29 @@ def _redact(value: Any, key: str = "") -> Any:
         return {k: _redact(v, k) for k, v in value.items()}
     if isinstance(value, list):
         return [_redact(v, key) for v in value]
-    if value is not None and any(word in key.lower() for word in _SECRET_WORDS):
+    if value is not None and looks_secret(key):
         return "***"
-    return value
+    return mask_query_secrets(value) if isinstance(value, str) else value  # e.g. a URL's ?api_key=
 
 
 def parse_kafka_option(text: str) -> tuple[str, Any]:
-    """``KEY=VALUE`` from ``--kafka-option``; VALUE is read as JSON when it parses (numbers, booleans)."""
+    """``KEY=VALUE`` from ``--kafka-option``; VALUE is read as JSON when it parses (numbers, booleans),
+    except for secrets (``sasl_plain_password=12345`` stays the string kafka-python needs).
+
+    The error for a malformed option never shows what follows a secret-looking key: a typo such as
+    ``sasl_plain_password:hunter2`` would otherwise print the password to the terminal and the logs.
+    """
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
-        raise ConfigError(f"kafka.options: {text!r} is not KEY=VALUE")
+        name = re.split(r"[\s:]", text.strip(), maxsplit=1)[0] if not sep else ""
+        shown = text if name and not looks_secret(name) else f"{name or '='}..."
+        raise ConfigError(f"kafka.options: {shown!r} is not KEY=VALUE")
     key = key.strip().replace(".", "_")
+    if looks_secret(key):
+        return key, raw
     try:
         value = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         value = raw
     return key, value
 
@@ -340,20 +359,7 @@ def load_settings(
     silently ignores a missing file (a typo in ``--config`` would run on defaults) and fails with
     a bare ``TypeError`` on a top-level list, where this names the file and the problem.
     """
-    yaml_data: dict[str, Any] = {}
-    if config_path is not None:
-        path = Path(config_path)
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except OSError as exc:
-            raise ConfigError(f"config file {path}: {exc.strerror or exc}") from exc
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path}: not valid YAML: {exc}") from exc
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path}: the top level must be a mapping")
-        yaml_data = loaded
+    yaml_data = {} if config_path is None else read_config_file(Path(config_path))
     yaml_data = deep_merge(dict(defaults or {}), yaml_data)
 
     class _Loaded(Settings):
@@ -369,9 +375,96 @@ def load_settings(
             return (init_settings, env_settings, _DictSource(settings_cls, yaml_data))
 
     try:
-        return _Loaded(**dict(overrides or {}))
+        settings = _Loaded(**dict(overrides or {}))
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc)) from None
+    except (SettingsError, RecursionError) as exc:  # an EMBMON_* section, list or mapping that is not JSON
+        raise ConfigError(_environment_problem(exc)) from None
+    _check_http_files(settings.http)
+    return settings
+
+
+def _check_http_files(http: HttpSettings) -> None:
+    """Read the admin token file and load the TLS files now, so that a short, empty or binary token or
+    a file that is not PEM fails like any other setting (exit 2, one line naming the setting and the
+    file), before the daemon logs or binds anything. The daemon reads them again when it starts."""
+    from monitor.security import read_token_file, server_ssl_context
+
+    if http.admin_token_file is not None:
+        read_token_file(http.admin_token_file)
+    if http.tls_certfile is not None and http.tls_keyfile is not None:
+        server_ssl_context(http.tls_certfile, http.tls_keyfile, http.tls_client_cafile)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The YAML mapping in ``path``. Anything else raises :class:`ConfigError` naming the file, and for
+    a syntax error its line and column, never the line's text: that line may hold a password."""
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                          f"{exc.start})") from None
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        what = ": ".join(part for part in (exc.context, exc.problem) if part)
+        raise ConfigError(f"config file {path}: not valid YAML: {where}{what}") from None
+    except yaml.reader.ReaderError as exc:
+        raise ConfigError(f"config file {path}: not valid YAML: unacceptable character #x{exc.character:04x} "
+                          f"at offset {exc.position}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path}: not valid YAML ({type(exc).__name__})") from None
+    except RecursionError:  # PyYAML's composer recurses once per level: [[[[... or {a: {a: ...
+        raise ConfigError(f"config file {path}: nested too deeply to be a settings file") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {path}: the top level must be a mapping")
+    return loaded
+
+
+def _environment_problem(exc: Exception) -> str:
+    """Which EMBMON_* variable pydantic-settings could not read as JSON, by name only (the value may be
+    a secret). Its own message names the top-level field and no variable."""
+    match = re.search(r'field "([^"]+)"', str(exc))
+    field = match.group(1) if match else ""
+    names = sorted(
+        name for name, value in os.environ.items()
+        if name.upper().startswith(ENV_PREFIX + field.upper()) and _reads_as_json(name) and not _is_json(value)
+    )
+    shown = ", ".join(names) or f"{ENV_PREFIX}{field.upper()}..."
+    return f"environment: {shown}: not valid JSON (a section, list or mapping is given as JSON in the environment)"
+
+
+def _reads_as_json(variable: str) -> bool:
+    """Whether ``EMBMON_A__B`` addresses a section, list or mapping (read as JSON), not a value in one."""
+    annotation: Any = Settings
+    for part in variable.upper().removeprefix(ENV_PREFIX).lower().split("__"):
+        model = next((a for a in _alternatives(annotation) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if model is None or part not in model.model_fields:
+            return False
+        annotation = model.model_fields[part].annotation
+    return any(
+        get_origin(a) in (list, dict) or (isinstance(a, type) and issubclass(a, (BaseModel, list, dict)))
+        for a in _alternatives(annotation)
+    )
+
+
+def _alternatives(annotation: Any) -> tuple[Any, ...]:
+    """``X | Y | None`` -> (X, Y, None); anything else -> (annotation,)."""
+    return get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 class _DictSource(PydanticBaseSettingsSource):

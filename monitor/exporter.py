@@ -30,7 +30,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
-from monitor.security import BasicAuth, bearer_matches
+from monitor.security import BasicAuth, bearer_matches, mask_query_secrets
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,8 @@ class Route:
 
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        logger.debug("http: " + format, *args)
+        if logger.isEnabledFor(logging.DEBUG):  # the request line, without the value of any ?token=...
+            logger.debug("http: %s", mask_query_secrets(format % args))
 
 
 class _Server(ThreadingWSGIServer):

@@ -25,14 +25,22 @@ import binascii
 import getpass
 import hashlib
 import hmac
+import ipaddress
+import re
 import secrets
 import ssl
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from monitor.errors import ConfigError
+
 ALGORITHM = "pbkdf2_sha256"
+MIN_TOKEN_LENGTH = 16
+# parts of a name that mark its value as secret (settings keys, kafka options, headers, query parameters)
+SECRET_WORDS = ("password", "passwd", "secret", "token", "key", "credential", "authorization", "sasl_oauth")
+_QUERY_SECRET = re.compile(r"([?&;]([^=&;\s\"]+)=)[^&;\s\"]*")
 DEFAULT_ITERATIONS = 600_000  # OWASP 2023 recommendation for PBKDF2-HMAC-SHA256
 MIN_ITERATIONS = 100_000
 _CACHE_LIMIT = 64
@@ -128,23 +136,115 @@ def bearer_matches(header: str, token: str) -> bool:
     return hmac.compare_digest(presented.strip().encode(), token.encode())
 
 
-def read_token_file(path: Path) -> str:
-    """The token in ``path`` (surrounding whitespace stripped); raises ValueError when empty."""
-    token = Path(path).read_text(encoding="utf-8").strip()
-    if len(token) < 16:
-        raise ValueError(f"admin_token_file {path}: the token must be at least 16 characters")
+def looks_secret(name: str) -> bool:
+    """Whether a setting, option, header or query parameter called ``name`` holds a secret whose value
+    must never be printed or logged (``sasl_plain_password``, ``ssl_keyfile``, ``Authorization``, ...)."""
+    lowered = name.lower()
+    return any(word in lowered for word in SECRET_WORDS)
+
+
+def mask_query_secrets(text: str) -> str:
+    """``text`` with the values of secret-looking URL query parameters replaced by ``***``.
+
+    >>> mask_query_secrets('"GET /admin/x?model=m&token=abc123&api_key=k HTTP/1.1" 401 13')
+    '"GET /admin/x?model=m&token=***&api_key=*** HTTP/1.1" 401 13'
+    """
+    return _QUERY_SECRET.sub(lambda m: m.group(1) + "***" if looks_secret(m.group(2)) else m.group(0), text)
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a server bound to ``host`` is reachable from this machine only (``""`` is every interface).
+
+    >>> [is_loopback_host(h) for h in ("127.0.0.1", "::1", "localhost", "0.0.0.0", "", "10.0.0.5")]
+    [True, True, True, False, False, False]
+    """
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # "" or a host name: it may resolve to anything
+
+
+def read_token_file(path: Path, setting: str = "http.admin_token_file") -> str:
+    """The token in ``path``, surrounding whitespace stripped. Raises :class:`ConfigError` (a ValueError)
+    naming ``setting`` and the file, never showing the file's content, when it cannot be read, is not
+    UTF-8 or is shorter than :data:`MIN_TOKEN_LENGTH` characters."""
+    try:
+        token = Path(path).read_bytes().decode("utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"{setting}: {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{setting}: {path} is not UTF-8 text") from None
+    if len(token) < MIN_TOKEN_LENGTH:
+        raise ConfigError(
+            f"{setting}: {path}: the token must be at least {MIN_TOKEN_LENGTH} characters (it has {len(token)} "
+            "after stripping surrounding whitespace); python -m monitor.security token makes one"
+        )
     return token
 
 
 def server_ssl_context(certfile: Path, keyfile: Path, client_cafile: Path | None = None) -> ssl.SSLContext:
-    """A TLS 1.2+ server context; with ``client_cafile``, clients must present a certificate."""
+    """A TLS 1.2+ server context; with ``client_cafile``, clients must present a certificate.
+
+    A file OpenSSL cannot load (not PEM, the wrong kind, an encrypted key, a key that does not match
+    the certificate) raises :class:`ConfigError` naming the setting and the path; OpenSSL's own
+    message ("[SSL] PEM lib") names neither.
+    """
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(certfile=str(certfile), keyfile=str(keyfile))
+    try:
+        context.load_cert_chain(certfile=str(certfile), keyfile=str(keyfile), password=_no_key_password(keyfile))
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(_cert_chain_problem(certfile, keyfile, exc)) from None
     if client_cafile is not None:
         context.verify_mode = ssl.CERT_REQUIRED
-        context.load_verify_locations(cafile=str(client_cafile))
+        try:
+            context.load_verify_locations(cafile=str(client_cafile))
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(
+                f"http.tls_client_cafile: {client_cafile}: cannot load the CA certificates "
+                f"(PEM expected): {_ssl_reason(exc)}"
+            ) from None
     return context
+
+
+def _no_key_password(keyfile: Path) -> Callable[[], bytes]:
+    """A password callback refusing an encrypted key: OpenSSL would otherwise prompt on the terminal."""
+
+    def refuse() -> bytes:
+        raise ConfigError(f"http.tls_keyfile: {keyfile}: the private key is encrypted; give the daemon an unencrypted one")
+
+    return refuse
+
+
+def _cert_chain_problem(certfile: Path, keyfile: Path, exc: Exception) -> str:
+    """Which of the two files is at fault, as far as their PEM headers tell."""
+    reason = _ssl_reason(exc)
+    if b"-----BEGIN CERTIFICATE-----" not in _head(certfile):
+        return f"http.tls_certfile: {certfile} is not a PEM certificate: {reason}"
+    if b"PRIVATE KEY-----" not in _head(keyfile):
+        return f"http.tls_keyfile: {keyfile} is not a PEM private key: {reason}"
+    return (
+        f"http.tls_certfile {certfile} and http.tls_keyfile {keyfile}: cannot be loaded together "
+        f"(does the key belong to the certificate?): {reason}"
+    )
+
+
+def _head(path: Path) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(1 << 20)
+    except OSError:
+        return b""
+
+
+def _ssl_reason(exc: Exception) -> str:
+    if isinstance(exc, ssl.SSLError):
+        return re.sub(r"\s*\(_ssl\.c:\d+\)", "", str(exc.reason or exc.strerror or exc))
+    if isinstance(exc, OSError):
+        return str(exc.strerror or exc)
+    return str(exc)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -55,7 +55,7 @@ from monitor.scaleout.replica import (
     check_replica_settings,
     replica_source_settings,
 )
-from monitor.security import read_token_file, server_ssl_context
+from monitor.security import is_loopback_host, read_token_file, server_ssl_context
 from monitor.sources import Source, build_source
 from monitor.state.registry import StateRegistry
 from monitor.status import DaemonStatus
@@ -308,6 +308,14 @@ def http_security(settings: Settings) -> dict[str, Any]:
     context = None
     if http.tls_certfile is not None and http.tls_keyfile is not None:
         context = server_ssl_context(http.tls_certfile, http.tls_keyfile, http.tls_client_cafile)
+    credentials = [name for name, present in (("the admin token", token is not None),
+                                              ("basic-auth passwords", bool(http.basic_auth_users))) if present]
+    if credentials and context is None and not is_loopback_host(http.host):
+        logger.warning(
+            "http: %s will cross the network in clear text: http.host is %r and no TLS is configured "
+            "(set http.tls_certfile and http.tls_keyfile, or bind 127.0.0.1 behind a TLS proxy)",
+            " and ".join(credentials), http.host,
+        )
     return {
         "ssl_context": context,
         "basic_auth_users": {u: h.get_secret_value() for u, h in http.basic_auth_users.items()} or None,

@@ -21,7 +21,7 @@ class CanarySettings(BaseModel):
     ``pins_file`` pins it; every later arrival is compared with the pin by cosine similarity.
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     ids: dict[str, list[str]] = Field(default_factory=dict, description="model -> canary record ids")
     pins_file: Path | None = Field(

@@ -77,6 +77,8 @@ def parse_duration(text: str) -> float:
             f"{text!r} is not a duration: use a number with a unit s, m, h, d or w, e.g. '30d' or '12h'"
         )
     seconds = sum(float(value) * _UNIT_SECONDS[unit] for value, unit in _DURATION_PART.findall(text))
+    if not math.isfinite(seconds):  # 400 digits parse to inf
+        raise ValueError(f"{text[:40]!r}... is not a finite duration")
     if seconds <= 0:
         raise ValueError(f"{text!r} is not a positive duration")
     return seconds

@@ -11,6 +11,7 @@ parameter is noticed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -54,3 +55,6 @@ def check_detector_params(kind: str, params: Mapping[str, Any]) -> None:
     unknown = set(params) - allowed
     if unknown:
         raise ValueError(f"{kind} does not take {sorted(unknown)}; its parameters are {sorted(allowed)}")
+    for name, value in params.items():  # river checks ranges, but takes delta=inf or threshold=nan
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{kind}.{name} must be a finite number, not {value}")

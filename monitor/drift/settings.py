@@ -33,7 +33,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from monitor.drift.calibration import (
     Multiplicity,
@@ -44,6 +44,8 @@ from monitor.drift.calibration import (
     permutations_needed,
 )
 from monitor.drift.detector_kinds import DEFAULT_DETECTOR_PARAMS, DEFAULT_DETECTORS, SIGNALS, check_detector_params
+from monitor.settings_base import MAX_DURATION_SECONDS
+from monitor.settings_base import Section as _Section
 
 TEST_NAMES = ("mmd", "ks", "centroid", "classifier")
 PERMUTATION_TESTS = ("mmd", "centroid")
@@ -54,10 +56,6 @@ _NULL_HELP = (
 )
 REFERENCE_SUFFIXES = (".npz", ".npy")
 _TARGET_RE = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,129}$")  # MODEL or MODEL/STREAM (label characters)
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class MMDSettings(_Section):
@@ -142,7 +140,7 @@ class ReferenceSettings(_Section):
 
     records: int = Field(5000, ge=100, le=10_000_000, description="first N records form the reference")
     path: Path | None = None
-    lagged_seconds: float | None = Field(None, gt=0)
+    lagged_seconds: float | None = Field(None, gt=0, le=MAX_DURATION_SECONDS)
 
     @property
     def mode(self) -> Literal["pinned", "lagged", "first_records"]:
@@ -175,7 +173,7 @@ class DriftSettings(_Section):
     """Everything drift: the scheduled two-sample tests, their calibration, the online detectors."""
 
     enabled: bool = True
-    interval_seconds: float = Field(900.0, gt=0, description="test cycle: how often the two-sample tests run")
+    interval_seconds: float = Field(900.0, gt=0, le=MAX_DURATION_SECONDS, description="test cycle: how often the two-sample tests run")
     false_alarm_every: str = Field("30d", description="accepted mean time between false drift alarms, e.g. '30d'")
     multiplicity: Multiplicity = "holm"
     window_sample_size: int = Field(2000, ge=20, le=100_000, description="rows of the window sample per cycle")

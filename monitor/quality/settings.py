@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 class IntrinsicSettings(BaseModel):
     """Thresholds and budgets of the intrinsic metrics (``quality:`` in the settings file)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     dead_dimension_ratio: float = Field(
         0.01,

@@ -30,21 +30,19 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from monitor.retrieval.families import PROBE_METRIC_FAMILIES
 from monitor.retrieval.probes.ids_path import parse_ids_path
 from monitor.retrieval.probes.request_template import RequestTemplate
+from monitor.settings_base import MAX_DURATION_SECONDS
+from monitor.settings_base import Section as _Section
 
 MAX_PROBES = 32
 MAX_CUTOFFS = 5
 _LABEL = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,64}$")
 
 Similarity = Literal["cosine", "dot", "l2"]
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 def _label(value: str, what: str) -> str:
@@ -220,7 +218,7 @@ class AnnRecallProbeSettings(_ProbeBase):
     model: Label
     stream: Label = "documents"
     similarity: Similarity = "cosine"
-    window_seconds: float = Field(900.0, gt=0)
+    window_seconds: float = Field(900.0, gt=0, le=MAX_DURATION_SECONDS)
     buffer_size: int = Field(10_000, ge=1, le=1_000_000, description="interaction events held at most")
     max_queries: int = Field(2000, ge=1, le=1_000_000, description="most recent events evaluated per run")
     vector_cache_size: int = Field(
@@ -234,7 +232,7 @@ class ClickProbeSettings(_ProbeBase):
 
     kind: Literal["clicks"] = "clicks"
     model: Label | None = Field(None, description="only this model's events; None = every model, reported per model")
-    window_seconds: float = Field(3600.0, gt=0)
+    window_seconds: float = Field(3600.0, gt=0, le=MAX_DURATION_SECONDS)
     buffer_size: int = Field(100_000, ge=1, le=10_000_000)
     metrics: MetricFamilies = Field(default_factory=lambda: ["mrr", "ndcg"])
     click_grade: float = Field(1.0, gt=0, description="relevance grade of a click without an explicit grade")

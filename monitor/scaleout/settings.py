@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from monitor.settings_base import MAX_DURATION_SECONDS
+
 Role = Literal["single", "replica", "reducer"]
 _LABEL_SAFE = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,64}$")  # the replica id becomes a label value
 
@@ -28,7 +30,7 @@ class ScaleOutSettings(BaseModel):
     section did not exist.
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_default=True, allow_inf_nan=False)
 
     role: Role = "single"
     # Identifies a replica's publications; must survive restarts (a StatefulSet's pod name does)
@@ -39,11 +41,11 @@ class ScaleOutSettings(BaseModel):
     max_record_bytes: int = Field(900_000, ge=16_384, le=64 * 1024 * 1024)
     # Every sub-window is re-sent this often (default: window.seconds), so a reducer that starts
     # without a checkpoint needs to read back only twice this far.
-    full_publish_seconds: float | None = Field(None, gt=0)
+    full_publish_seconds: float | None = Field(None, gt=0, le=MAX_DURATION_SECONDS)
     publish_timeout_seconds: float = Field(30.0, gt=0, le=600)
     # Reducer: a replica whose newest publication is older than this is reported stale (its
     # partials stay merged until their sub-windows leave the window: they are still exact).
-    stale_after_seconds: float = Field(120.0, gt=0)
+    stale_after_seconds: float = Field(120.0, gt=0, le=MAX_DURATION_SECONDS)
     # Reducer: the replica label budget; publications of further replicas are not merged, counted.
     max_replicas: int = Field(32, ge=1, le=1000)
 

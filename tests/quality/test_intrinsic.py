@@ -167,7 +167,7 @@ def test_undefined_values() -> None:
         ("dead_dimension_ratio", 0.5 * 3, "relative to the mean per-dimension variance"),
         ("dead_dimension_ratio", 0.0, "relative"),
         ("uniformity_t", -1.0, "positive finite"),
-        ("alignment_alpha", float("inf"), "positive finite"),
+        ("alignment_alpha", float("inf"), "finite number"),  # every section: allow_inf_nan=False
         ("uniformity_pair_budget", 0, "at least 1"),
         ("collapse_min_records", 1, "at least 2"),
         ("collapse_dead_dimension_share", 1.5, "share between 0 and 1"),

@@ -173,3 +173,75 @@ def test_the_default_state_directory_is_per_user(monkeypatch: pytest.MonkeyPatch
     assert load_settings().state_dir == tmp_path / "embedding-monitor"
     monkeypatch.delenv("XDG_STATE_HOME")
     assert load_settings().state_dir == Path.home() / ".local" / "state" / "embedding-monitor"
+
+
+SECRET = "hunter2-never-printed"
+
+
+def _write(path: Path, content: str | bytes) -> Path:
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    return path
+
+
+def _config_case(tmp_path: Path, name: str) -> tuple[list[str], dict[str, str], list[str]]:
+    """(run arguments, environment, what stderr must name) for one broken configuration."""
+    start = ["--source", "synthetic", "--metrics-port", "0", "--state-dir", str(tmp_path / "state")]
+    config = tmp_path / "config.yaml"
+    if name == "infinite window":
+        return ["--config", str(_write(config, "window:\n  seconds: .inf\n"))], {}, ["window.seconds", "finite"]
+    if name == "nan flag":
+        return ["--refresh-seconds", "nan"], {}, ["refresh_seconds", "finite"]
+    if name == "config not UTF-8":
+        return ["--config", str(_write(config, b"kafka:\n  group_id: \xff\xfe\n"))], {}, [str(config), "not UTF-8"]
+    if name == "config nested 10,000 [":
+        return ["--config", str(_write(config, "[" * 10_000))], {}, [str(config), "nested too deeply"]
+    if name == "config nested 10,000 {":
+        return ["--config", str(_write(config, "{a: " * 10_000))], {}, [str(config), "nested too deeply"]
+    if name == "environment not JSON":
+        return [], {"EMBMON_KAFKA__OPTIONS": "{not json " + SECRET}, ["EMBMON_KAFKA__OPTIONS", "not valid JSON"]
+    if name.startswith("admin token file"):
+        content = {"admin token file short": SECRET[:8] + "\n", "admin token file empty": "",
+                   "admin token file not UTF-8": b"\xff\xfe" + SECRET.encode()}[name]
+        token = _write(tmp_path / "token", content)
+        return [*start], {"EMBMON_HTTP__ADMIN_TOKEN_FILE": str(token)}, ["http.admin_token_file", str(token)]
+    if name == "admin token short after stripping":
+        return [*start], {"EMBMON_HTTP__ADMIN_TOKEN": SECRET[:8] + " " * 12 + "\n"}, ["admin_token", "at least 16"]
+    if name == "TLS certificate not PEM":
+        cert = _write(tmp_path / "server.crt", "not a certificate\n")
+        key = _write(tmp_path / "server.key", "not a key\n")
+        env = {"EMBMON_HTTP__TLS_CERTFILE": str(cert), "EMBMON_HTTP__TLS_KEYFILE": str(key)}
+        return [*start], env, ["http.tls_certfile", str(cert), "not a PEM certificate"]
+    if name == "kafka option KEY:VALUE":
+        return [f"--kafka-option=sasl_plain_password:{SECRET}"], {}, ["kafka.options", "sasl_plain_password", "KEY=VALUE"]
+    if name == "YAML error on the password line":
+        text = f"kafka:\n  options:\n    sasl_plain_password: {SECRET}: x\n"
+        return ["--config", str(_write(config, text))], {}, [str(config), "line 3, column", "not valid YAML"]
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "infinite window", "nan flag", "config not UTF-8", "config nested 10,000 [", "config nested 10,000 {",
+        "environment not JSON", "admin token file short", "admin token file empty", "admin token file not UTF-8",
+        "admin token short after stripping", "TLS certificate not PEM", "kafka option KEY:VALUE",
+        "YAML error on the password line",
+    ],
+)
+def test_a_broken_configuration_is_one_line_naming_it_with_exit_2_and_no_secret(tmp_path: Path, case: str) -> None:
+    args, env, named = _config_case(tmp_path, case)
+    proc = subprocess.run(
+        [sys.executable, "-m", "monitor", "run", *args], env={**os.environ, **env},
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("embedding-monitor: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+    for text in named:
+        assert text in lines[0], (text, lines[0])
+    assert SECRET not in proc.stderr + proc.stdout
+    assert SECRET[:8] not in proc.stderr + proc.stdout

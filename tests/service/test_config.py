@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import math
+import re
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, get_args
 
 import pytest
 from kafka import KafkaConsumer
+from pydantic import BaseModel
 
-from monitor.config import ConfigError, load_settings, nested_override, parse_kafka_option
+from monitor.config import ConfigError, Settings, deep_merge, load_settings, nested_override, parse_kafka_option
 from monitor.kafka_options import CONSUMER_OPTIONS, RESERVED_OPTIONS
+from monitor.settings_base import MAX_DURATION_SECONDS
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -118,3 +124,163 @@ def test_nested_override_drops_unset_flags() -> None:
         "kafka": {"group_id": "g"},
         "source": "file",
     }
+
+
+# --- Non-finite and absurd numbers, unreadable files, secrets in errors (issue 22) ---------------
+
+
+def _sections(model: type[BaseModel] = Settings) -> Iterator[type[BaseModel]]:
+    """Every settings class reachable from ``Settings``: nested, optional, in lists and in mappings."""
+    seen: set[type[BaseModel]] = set()
+    todo = [model]
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        yield cls
+        for field in cls.model_fields.values():
+            todo.extend(_models_in(field.annotation))
+
+
+def _models_in(annotation: Any) -> Iterator[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield annotation
+    for arg in get_args(annotation):
+        yield from _models_in(arg)
+
+
+def _has_float(annotation: Any) -> bool:
+    return annotation is float or any(_has_float(arg) for arg in get_args(annotation))
+
+
+def _float_leaves(value: Any, path: str = "") -> Iterator[str]:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _float_leaves(item, f"{path}.{key}" if path else key)
+    elif isinstance(value, float):
+        yield path
+
+
+def test_every_settings_section_refuses_non_finite_numbers() -> None:
+    sections = list(_sections())
+    assert len(sections) > 30  # the walk reaches the feature modules' sections
+    lax = [cls.__qualname__ for cls in sections if cls.model_config.get("allow_inf_nan") is not False]
+    assert lax == [], "use monitor.settings_base.Section (or allow_inf_nan=False) for these"
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
+def test_every_float_setting_with_a_value_refuses_inf_and_nan(bad: float) -> None:
+    base = {"synthetic": {"interactions": {}}, "drift": {"online": {"detectors": {"adwin": {"delta": 1e-4}}}}}
+    dumped = load_settings(overrides=base).model_dump(mode="python")
+    paths = list(_float_leaves(dumped))
+    assert {"window.seconds", "refresh_seconds", "drift.online.detectors.adwin.delta",
+            "synthetic.interactions.rate", "quality.collapse_mean_cosine"} <= set(paths)
+    for path in paths:
+        with pytest.raises(ConfigError) as err:
+            load_settings(overrides=deep_merge(base, nested_override([(path, bad)])))
+        assert path in str(err.value).replace(": ", "."), (path, str(err.value))
+
+
+def test_infinity_is_refused_from_yaml_environment_and_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for text in ("window:\n  seconds: .inf\n", "window:\n  seconds: .nan\n"):
+        with pytest.raises(ConfigError, match=r"window\.seconds: Input should be a finite number"):
+            load_settings(write(tmp_path, text))
+    monkeypatch.setenv("EMBMON_DRIFT__INTERVAL_SECONDS", "Infinity")
+    with pytest.raises(ConfigError, match=r"drift\.interval_seconds"):
+        load_settings()
+    monkeypatch.delenv("EMBMON_DRIFT__INTERVAL_SECONDS")
+    with pytest.raises(ConfigError, match=r"drift\.false_alarm_every: .* is not a finite duration"):
+        load_settings(overrides={"drift": {"false_alarm_every": "9" * 400 + "d"}})
+
+
+def test_every_duration_has_an_upper_bound() -> None:
+    unbounded = []
+    for cls in _sections():
+        for name, field in cls.model_fields.items():
+            if not (name.endswith("seconds") and _has_float(field.annotation)):
+                continue
+            limits = [getattr(m, "le", None) or getattr(m, "lt", None) for m in field.metadata]
+            if not any(limit is not None and limit <= MAX_DURATION_SECONDS for limit in limits):
+                unbounded.append(f"{cls.__qualname__}.{name}")
+    assert unbounded == []
+    with pytest.raises(ConfigError, match=r"window\.seconds: Input should be less than or equal to 2592000"):
+        load_settings(overrides={"window": {"seconds": 1e300}})
+    assert load_settings(overrides={"window": {"seconds": MAX_DURATION_SECONDS}}).window.seconds == MAX_DURATION_SECONDS
+
+
+def test_a_config_file_that_is_not_utf8_or_nested_too_deeply_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("kafka:\n  group_id: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=rf"config file {re.escape(str(path))}: not UTF-8 text \(byte 0xe9 at offset 22\)"):
+        load_settings(path)
+    for opener in ("[", "{a: "):
+        path = write(tmp_path, opener * 10_000)
+        with pytest.raises(ConfigError, match=rf"config file {re.escape(str(path))}: nested too deeply"):
+            load_settings(path)
+    path.write_bytes(b"\xef\xbb\xbfrefresh_seconds: 7\n")  # a UTF-8 byte-order mark is fine
+    assert load_settings(path).refresh_seconds == 7
+
+
+def test_a_yaml_error_gives_line_and_column_but_never_the_lines_text(tmp_path: Path) -> None:
+    path = write(tmp_path, "kafka:\n  options:\n    sasl_plain_password: hunter2: x\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(path)
+    message = str(err.value)
+    assert message == f"config file {path}: not valid YAML: line 3, column 33: mapping values are not allowed here"
+    assert "hunter2" not in message and "\n" not in message
+    path = write(tmp_path, 'kafka:\n  options:\n    sasl_plain_password: "hunter2\n')
+    with pytest.raises(ConfigError, match="line 4, column 1: while scanning a quoted scalar") as err:
+        load_settings(path)
+    assert "hunter2" not in str(err.value)
+
+
+@pytest.mark.parametrize("value", ["{not json", "not json", "[" * 10_000])
+def test_environment_json_that_does_not_parse_names_the_variable(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("EMBMON_KAFKA__OPTIONS", value)
+    monkeypatch.setenv("EMBMON_KAFKA__GROUP_ID", "plain text is fine here")
+    with pytest.raises(ConfigError) as err:
+        load_settings()
+    assert str(err.value) == ("environment: EMBMON_KAFKA__OPTIONS: not valid JSON (a section, list or mapping "
+                              "is given as JSON in the environment)")
+
+
+def test_a_malformed_kafka_option_never_echoes_a_secret() -> None:
+    for text in ("sasl_plain_password:hunter2", "ssl_password hunter2", "=hunter2"):
+        with pytest.raises(ConfigError, match="is not KEY=VALUE") as err:
+            parse_kafka_option(text)
+        assert "hunter2" not in str(err.value), text
+    with pytest.raises(ConfigError, match="'security_protocol:SSL' is not KEY=VALUE"):
+        parse_kafka_option("security_protocol:SSL")  # nothing secret: shown whole, to help
+    assert parse_kafka_option("sasl_plain_password=12345") == ("sasl_plain_password", "12345")  # stays a string
+    assert parse_kafka_option("fetch_max_bytes=" + "[" * 10_000)[1] == "[" * 10_000
+
+
+def test_kafka_secrets_from_the_environment_merge_with_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The documented alternative to ``--kafka-option sasl_plain_password=...`` (visible in ``ps``)."""
+    monkeypatch.setenv("EMBMON_KAFKA__OPTIONS__SASL_PLAIN_USERNAME", "monitor")
+    monkeypatch.setenv("EMBMON_KAFKA__OPTIONS__SASL_PLAIN_PASSWORD", "12345")
+    flags = dict(parse_kafka_option(t) for t in ("security_protocol=SASL_SSL", "sasl_mechanism=PLAIN"))
+    s = load_settings(overrides={"kafka": {"options": flags}})
+    assert s.kafka.options == {"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN",
+                               "sasl_plain_username": "monitor", "sasl_plain_password": "12345"}
+    assert s.redacted()["kafka"]["options"]["sasl_plain_password"] == "***"
+
+
+def test_redacted_settings_hide_secret_headers_and_query_parameters(tmp_path: Path) -> None:
+    (tmp_path / "golden.jsonl").write_text("")
+    golden = {"name": "g", "file": str(tmp_path / "golden.jsonl"), "model": "m", "retriever": {
+        "kind": "http", "url": "https://search.example/q?api_key=abc123&k=10", "method": "GET",
+        "headers": {"Authorization": "Bearer xyz789", "X-Request-Source": "monitor"}, "ids_path": "ids"}}
+    redacted = str(load_settings(overrides={"probes": {"golden": [golden]}}).redacted())
+    assert "abc123" not in redacted and "xyz789" not in redacted
+    assert "k=10" in redacted and "'X-Request-Source': 'monitor'" in redacted
+
+
+def test_the_admin_token_is_stripped_and_then_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    token = "admin-token-0123456789-abcdef"
+    monkeypatch.setenv("EMBMON_HTTP__ADMIN_TOKEN", f" {token}\n")
+    assert load_settings().http.admin_token.get_secret_value() == token  # type: ignore[union-attr]
+    monkeypatch.setenv("EMBMON_HTTP__ADMIN_TOKEN", "short-token" + " " * 10 + "\n")
+    with pytest.raises(ConfigError, match=r"http: admin_token must be at least 16 characters"):
+        load_settings()

@@ -123,6 +123,7 @@ def test_importing_the_probe_settings_loads_only_the_light_probe_modules() -> No
         "monitor.retrieval.probes.deadline",
         "monitor.retrieval.probes.ids_path",
         "monitor.retrieval.probes.request_template",
+        "monitor.settings_base",
     }
 
 

@@ -4,8 +4,10 @@ kept out of logs and /metrics, Kafka SSL/SASL validation, and the container's no
 from __future__ import annotations
 
 import base64
+import logging
 import re
 import ssl
+import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -15,7 +17,7 @@ import yaml
 
 from monitor.config import ConfigError, load_settings
 from monitor.security import hash_password, verify_password
-from monitor.service import Monitor
+from monitor.service import Monitor, http_security
 from tests.support import daemons
 from tests.support.paths import K8S, REPO
 from tests.support.tls import self_signed
@@ -221,3 +223,67 @@ def test_container_runs_as_non_root_with_a_read_only_root_filesystem() -> None:
                 assert state is not None and not state.get("readOnly", False), path.name
                 checked += 1
     assert checked >= 2
+
+
+def test_tls_files_openssl_cannot_load_are_named_with_their_setting(tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path, "server")
+    other_cert, other_key = self_signed(tmp_path, "other")
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not PEM at all\n")
+    encrypted = tmp_path / "encrypted.key"
+    subprocess.run(["openssl", "pkey", "-in", str(key), "-aes256", "-passout", "pass:pw", "-out", str(encrypted)],
+                   check=True, capture_output=True)
+    cases = [
+        ({"tls_certfile": junk, "tls_keyfile": key}, f"http.tls_certfile: {junk} is not a PEM certificate"),
+        ({"tls_certfile": key, "tls_keyfile": cert}, f"http.tls_certfile: {key} is not a PEM certificate"),
+        ({"tls_certfile": cert, "tls_keyfile": junk}, f"http.tls_keyfile: {junk} is not a PEM private key"),
+        ({"tls_certfile": cert, "tls_keyfile": other_key},
+         f"http.tls_certfile {cert} and http.tls_keyfile {other_key}: cannot be loaded together"),
+        ({"tls_certfile": cert, "tls_keyfile": encrypted}, f"http.tls_keyfile: {encrypted}: the private key is encrypted"),
+        ({"tls_certfile": cert, "tls_keyfile": key, "tls_client_cafile": junk},
+         f"http.tls_client_cafile: {junk}: cannot load the CA certificates"),
+    ]
+    for http, message in cases:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_settings(overrides={"http": {k: str(v) for k, v in http.items()}})
+    assert load_settings(overrides={"http": {"tls_certfile": str(other_cert), "tls_keyfile": str(other_key)}})
+
+
+def test_admin_token_from_the_environment_with_a_trailing_newline_still_matches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EMBMON_HTTP__ADMIN_TOKEN", TOKEN + " \n")  # as `export T=$(cat file)` or a YAML `|` leaves it
+    with daemons.running(synthetic_monitor(tmp_path)) as monitor:
+        url = f"http://127.0.0.1:{monitor.http.port}/admin/ping"
+        assert request(url, {"Authorization": f"Bearer {TOKEN}"}) == 200
+
+
+def test_credentials_on_plain_http_beyond_loopback_are_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="monitor.service"):
+        with daemons.running(synthetic_monitor(tmp_path, host="0.0.0.0", admin_token=TOKEN)):
+            pass
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("the admin token will cross the network in clear text: http.host is '0.0.0.0'" in w for w in warnings)
+    assert all(TOKEN not in w for w in warnings)
+    caplog.clear()
+    cert, key = self_signed(tmp_path)
+    for quiet in ({"host": "127.0.0.1", "admin_token": TOKEN}, {"admin_token": TOKEN, "tls_certfile": str(cert),
+                                           "tls_keyfile": str(key)}):
+        with caplog.at_level(logging.WARNING, logger="monitor.service"):
+            http_security(load_settings(overrides={"http": quiet}))  # what both daemons call at start
+    assert "clear text" not in caplog.text
+
+
+def test_a_token_in_the_query_string_is_masked_in_the_request_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.DEBUG, logger="monitor.exporter"):
+        with daemons.running(synthetic_monitor(tmp_path, admin_token=TOKEN)) as monitor:
+            url = f"http://127.0.0.1:{monitor.http.port}/admin/ping?model=m&token={TOKEN}&api_key=k-{PASSWORD}"
+            assert request(url) == 401
+            wait_until(lambda: "/admin/ping?" in caplog.text, timeout=10, message="the request line is logged")
+    line = next(r.getMessage() for r in caplog.records if "/admin/ping?" in r.getMessage())
+    assert "/admin/ping?model=m&token=***&api_key=*** HTTP/1.1" in line and " 401 " in line
+    assert TOKEN not in caplog.text and PASSWORD not in caplog.text
