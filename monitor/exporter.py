@@ -11,26 +11,29 @@ Access control (docs/operations.md, "Security"):
 * ``/admin/*`` routes (and any route registered with a ``bearer_token``) need
   ``Authorization: Bearer <token>`` instead, compared in constant time; with no admin token
   configured they answer 403;
-* with TLS configured, the handshake runs in the request's own thread (a slow or hostile client
-  cannot stall the accept loop).
+* basic-auth failures are cheap to refuse: remembered results, a back-off per client address (429)
+  and a bound on concurrent PBKDF2 checks (``security.BasicAuth``).
+
+Connections are served by :class:`monitor.http_server.BoundedHttpServer`: one I/O thread and a small
+worker pool, with a connection cap, read/idle/write timeouts and a bound on header bytes (TLS
+handshakes run non-blocking in the I/O thread).
 """
 
 from __future__ import annotations
 
 import logging
-import socket
+import math
 import ssl
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.exposition import ThreadingWSGIServer
 
-from monitor.security import BasicAuth, bearer_matches, mask_query_secrets
+from monitor.http_server import BoundedHttpServer, ConnectionLimits
+from monitor.security import AuthLimits, BasicAuth, bearer_matches, mask_query_secrets
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +50,7 @@ _STATUS = {
     404: "404 Not Found",
     405: "405 Method Not Allowed",
     409: "409 Conflict",
+    429: "429 Too Many Requests",
     500: "500 Internal Server Error",
     503: "503 Service Unavailable",
 }
@@ -60,33 +64,9 @@ class Route:
     bearer_token: str | None = None  # required "Authorization: Bearer <token>" when set
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        if logger.isEnabledFor(logging.DEBUG):  # the request line, without the value of any ?token=...
-            logger.debug("http: %s", mask_query_secrets(format % args))
-
-
-class _Server(ThreadingWSGIServer):
-    """ThreadingWSGIServer that, with TLS, wraps each connection in its handler thread."""
-
-    ssl_context: ssl.SSLContext | None = None
-    handshake_timeout = 10.0
-
-    def finish_request(self, request: socket.socket, client_address: Any) -> None:  # type: ignore[override]
-        if self.ssl_context is None:
-            super().finish_request(request, client_address)
-            return
-        request.settimeout(self.handshake_timeout)
-        try:
-            tls = self.ssl_context.wrap_socket(request, server_side=True)
-        except (ssl.SSLError, OSError) as exc:
-            logger.debug("TLS handshake with %s failed: %s", client_address, exc)
-            return
-        try:
-            tls.settimeout(None)
-            super().finish_request(tls, client_address)  # type: ignore[arg-type]
-        finally:
-            tls.close()
+def _access_log(line: str) -> None:
+    if logger.isEnabledFor(logging.DEBUG):  # the request line, without the value of any ?token=...
+        logger.debug("http: %s", mask_query_secrets(line))
 
 
 class HttpServer:
@@ -99,6 +79,8 @@ class HttpServer:
         port: int,
         health: Callable[[], tuple[bool, str]],
         readiness: Callable[[], tuple[bool, str]],
+        limits: ConnectionLimits,
+        auth_limits: AuthLimits,
         ssl_context: ssl.SSLContext | None = None,
         basic_auth_users: dict[str, str] | None = None,
         admin_token: str | None = None,
@@ -107,42 +89,35 @@ class HttpServer:
         self._routes: dict[str, Route] = {}
         self._health = health
         self._readiness = readiness
-        self._basic = BasicAuth(basic_auth_users) if basic_auth_users else None
+        self._basic = BasicAuth(basic_auth_users, auth_limits) if basic_auth_users else None
         self._admin_token = admin_token
         self._auth_failures: Counter[str] = Counter()
         self._auth_lock = threading.Lock()
         self.tls = ssl_context is not None
         self.add_route("/healthz", lambda env: _probe(self._health()), methods=("GET", "HEAD"))
         self.add_route("/readyz", lambda env: _probe(self._readiness()), methods=("GET", "HEAD"))
-        self._host = host
-        self._port = port
-        self._ssl_context = ssl_context
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
-        self._bound_port: int | None = None
+        self._server = BoundedHttpServer(self._app, host, port, limits, ssl_context, access_log=_access_log)
+        self._started = False
 
     @property
     def port(self) -> int:
         """The bound port once started (the configured one before; 0 means "any free port")."""
-        return self._bound_port if self._bound_port is not None else self._port
+        return self._server.port
+
+    @property
+    def server(self) -> BoundedHttpServer:
+        """The connection-level server (its limits and counts)."""
+        return self._server
 
     def start(self) -> None:
-        """Bind the port and serve in a thread. Raises OSError when the port cannot be bound."""
-        server = make_server(self._host, self._port, self._app, _Server, handler_class=_QuietHandler)
-        server.ssl_context = self._ssl_context
-        self._server = server
-        self._bound_port = int(server.server_address[1])
-        self._thread = threading.Thread(target=server.serve_forever, name="embmon-http", daemon=True)
-        self._thread.start()
+        """Bind the port and serve in threads. Raises OSError when the port cannot be bound."""
+        self._server.start()
+        self._started = True
 
     def stop(self) -> None:
-        if self._server is None:
-            return
-        if self._thread is not None and self._thread.is_alive():
-            self._server.shutdown()
-            self._thread.join(timeout=5)
-        self._server.server_close()
-        self._server = None
+        if self._started:
+            self._started = False
+            self._server.stop()
 
     def add_route(
         self, path: str, handler: Handler, methods: Iterable[str] = ("GET",), bearer_token: str | None = None
@@ -161,8 +136,15 @@ class HttpServer:
         headers = [("WWW-Authenticate", scheme)] if status == 401 else []
         return _respond(start_response, status, "text/plain", body, headers)
 
+    def _throttle(self, kind: str, start_response: StartResponse, retry_after: float) -> list[bytes]:
+        with self._auth_lock:
+            self._auth_failures[kind] += 1
+        body = b"too many failed or concurrent authentication attempts\n"
+        return _respond(start_response, 429, "text/plain", body, [("Retry-After", str(math.ceil(retry_after)))])
+
     def _app(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
+        route: Route | None
         if path in ("/healthz", "/readyz"):
             route = self._routes[path]
         else:
@@ -176,9 +158,13 @@ class HttpServer:
             if token is not None:
                 if not bearer_matches(header, token):
                     return self._deny("admin", start_response, 401, "Bearer")
-            elif self._basic is not None and not self._basic.check(header):
+            elif self._basic is not None:
+                verdict = self._basic.check(header, environ.get("REMOTE_ADDR", ""))
                 kind = "metrics" if path == "/metrics" else "other"
-                return self._deny(kind, start_response, 401, 'Basic realm="embedding-monitor", charset="UTF-8"')
+                if verdict.retry_after > 0:
+                    return self._throttle(kind, start_response, verdict.retry_after)
+                if not verdict.ok:
+                    return self._deny(kind, start_response, 401, 'Basic realm="embedding-monitor", charset="UTF-8"')
             if path == "/metrics":
                 return self._metrics_app(environ, start_response)
         if route is None:
@@ -187,7 +173,7 @@ class HttpServer:
             return _respond(start_response, 405, "text/plain", b"method not allowed\n")
         try:
             status, content_type, body = route.handler(environ)
-        except Exception:  # noqa: BLE001 - a handler bug must not take the server down
+        except Exception:  # a handler bug must not take the server down
             logger.exception("handler for %s failed", path)
             status, content_type, body = 500, "text/plain", b"internal error\n"
         return _respond(start_response, status, content_type, body)

@@ -31,8 +31,12 @@ import secrets
 import ssl
 import sys
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from monitor.errors import ConfigError
 
@@ -43,7 +47,9 @@ SECRET_WORDS = ("password", "passwd", "secret", "token", "key", "credential", "a
 _QUERY_SECRET = re.compile(r"([?&;]([^=&;\s\"]+)=)[^&;\s\"]*")
 DEFAULT_ITERATIONS = 600_000  # OWASP 2023 recommendation for PBKDF2-HMAC-SHA256
 MIN_ITERATIONS = 100_000
-_CACHE_LIMIT = 64
+_CACHE_LIMIT = 64  # remembered credentials that passed
+_REFUSED_LIMIT = 256  # and that failed
+_ADDRESS_LIMIT = 4096  # client addresses whose failures are counted
 
 
 def hash_password(password: str, salt: str | None = None, iterations: int = DEFAULT_ITERATIONS) -> str:
@@ -85,47 +91,113 @@ def verify_password(password: str, hashed: str) -> bool:
     return hmac.compare_digest(key, expected)
 
 
-class BasicAuth:
-    """Checks ``Authorization: Basic`` headers against ``{user: hash}``.
+@dataclass(frozen=True)
+class AuthLimits:
+    """How failed basic-auth guesses are refused (settings ``http.auth_*``, docs/operations.md)."""
 
-    PBKDF2 is deliberately slow (~0.1-0.5 s), so credentials that verified once are remembered
-    (as a keyed digest, never in clear) and a scrape every 15 s costs one hash at start-up only.
-    Unknown users still cost one hash, so response timing does not reveal which users exist.
+    failures_before_backoff: int  # PBKDF2-checked failures from one address before it waits; 0: never
+    backoff_seconds: float  # how long it then waits (429 without a hash)
+    concurrent_verifications: int  # PBKDF2 checks running at once; more get 429 at once
+
+
+class Verdict(NamedTuple):
+    """What :meth:`BasicAuth.check` decided: ``ok``, else refused; ``retry_after`` > 0: not even checked
+    (the address is backing off, or the verifications are all busy): answer 429 with Retry-After."""
+
+    ok: bool
+    retry_after: float = 0.0
+
+
+class BasicAuth:
+    """Checks ``Authorization: Basic`` headers against ``{user: hash}``, cheaply for what it saw before.
+
+    * Unknown users are checked against a dummy hash with the users' iteration count (the largest,
+      should they differ), so the answer's timing does not tell which user names exist.
+    * Every PBKDF2 result is remembered under a keyed digest of the header and the stored hash (as
+      Prometheus' exporter-toolkit caches its bcrypt results): a scrape every 15 s costs one hash
+      per process, a scraper with a wrong password one hash in all. Successes and failures are
+      kept apart, so a flood of distinct guesses cannot push a working credential out.
+    * After ``failures_before_backoff`` failures from one client address (within
+      ``backoff_seconds`` of each other), that address gets 429 for ``backoff_seconds`` without a
+      hash being run; remembered credentials still pass (the scraper may share the address).
+    * At most ``concurrent_verifications`` hashes run at once (hashlib releases the GIL: one hash
+      is one core); one more gets 429 at once instead of waiting, so a flood cannot take every
+      core or every HTTP worker.
     """
 
-    def __init__(self, users: Mapping[str, str]):
+    def __init__(self, users: Mapping[str, str], limits: AuthLimits, clock: Callable[[], float] = time.monotonic):
         self._users = dict(users)
+        self._limits = limits
+        self._clock = clock
         self._key = secrets.token_bytes(32)
-        self._verified: set[bytes] = set()
+        self._passed: OrderedDict[bytes, None] = OrderedDict()
+        self._refused: OrderedDict[bytes, None] = OrderedDict()
+        self._failures: OrderedDict[str, tuple[int, float, float]] = OrderedDict()  # address -> count, last, until
         self._lock = threading.Lock()
-        self._dummy = hash_password(secrets.token_hex(8), iterations=MIN_ITERATIONS)
+        self._hashing = threading.BoundedSemaphore(limits.concurrent_verifications)
+        iterations = max((int(h.split("$")[1]) for h in self._users.values() if check_password_hash_format(h) is None),
+                         default=DEFAULT_ITERATIONS)
+        self._dummy = hash_password(secrets.token_hex(8), iterations=iterations)
 
-    def check(self, header: str) -> bool:
+    def check(self, header: str, client: str = "") -> Verdict:
+        """Whether ``header`` (an ``Authorization`` value) holds a configured user's password."""
         scheme, _, encoded = header.partition(" ")
         if scheme.lower() != "basic" or not encoded:
-            return False
+            return Verdict(False)
         try:
             decoded = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
         except (binascii.Error, ValueError, UnicodeDecodeError):
-            return False
+            return Verdict(False)
         user, sep, password = decoded.partition(":")
         if not sep:
-            return False
-        digest = hmac.new(self._key, decoded.encode(), hashlib.sha256).digest()
-        with self._lock:
-            if digest in self._verified:
-                return True
+            return Verdict(False)
         hashed = self._users.get(user)
-        if hashed is None:
-            verify_password(password, self._dummy)  # same cost as a real check
-            return False
-        if not verify_password(password, hashed):
-            return False
+        stored = self._dummy if hashed is None else hashed
+        digest = hmac.new(self._key, f"{decoded}\0{stored}".encode(), hashlib.sha256).digest()
+        now = self._clock()
         with self._lock:
-            if len(self._verified) >= _CACHE_LIMIT:
-                self._verified.clear()
-            self._verified.add(digest)
-        return True
+            for seen, ok in ((self._passed, True), (self._refused, False)):
+                if digest in seen:
+                    seen.move_to_end(digest)
+                    return Verdict(ok)
+            wait = self._backing_off(client, now)
+        if wait > 0:
+            return Verdict(False, wait)
+        if not self._hashing.acquire(blocking=False):
+            return Verdict(False, 1.0)
+        try:
+            ok = verify_password(password, stored) and hashed is not None
+        finally:
+            self._hashing.release()
+        with self._lock:
+            _remember(self._passed if ok else self._refused, digest, _CACHE_LIMIT if ok else _REFUSED_LIMIT)
+            self._count(client, ok, self._clock())
+        return Verdict(ok)
+
+    def _backing_off(self, client: str, now: float) -> float:
+        until = self._failures.get(client, (0, 0.0, 0.0))[2]
+        return until - now if until > now else 0.0
+
+    def _count(self, client: str, ok: bool, now: float) -> None:
+        limit = self._limits.failures_before_backoff
+        if ok or limit == 0:
+            self._failures.pop(client, None)
+            return
+        count, last, until = self._failures.pop(client, (0, 0.0, 0.0))
+        if 0 < until <= now or now - last > self._limits.backoff_seconds:
+            count = 0  # a served back-off, or failures long ago, start the count again
+        count += 1
+        until = now + self._limits.backoff_seconds if count >= limit else 0.0
+        self._failures[client] = (count, now, until)
+        while len(self._failures) > _ADDRESS_LIMIT:
+            self._failures.popitem(last=False)
+
+
+def _remember(seen: OrderedDict[bytes, None], digest: bytes, limit: int) -> None:
+    seen[digest] = None
+    seen.move_to_end(digest)
+    while len(seen) > limit:
+        seen.popitem(last=False)
 
 
 def bearer_matches(header: str, token: str) -> bool:

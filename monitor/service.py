@@ -41,6 +41,7 @@ from monitor.config import Settings
 from monitor.counters import InternalErrors
 from monitor.decoding import Decoder
 from monitor.exporter import HttpServer
+from monitor.http_server import ConnectionLimits
 from monitor.ingest import IngestPipeline
 from monitor.jobs import JobRunner
 from monitor.lifecycle import StartUp, StopRequest, capture_signals
@@ -55,7 +56,7 @@ from monitor.scaleout.replica import (
     check_replica_settings,
     replica_source_settings,
 )
-from monitor.security import is_loopback_host, read_token_file, server_ssl_context
+from monitor.security import AuthLimits, is_loopback_host, read_token_file, server_ssl_context
 from monitor.sources import Source, build_source
 from monitor.state.registry import StateRegistry
 from monitor.status import DaemonStatus
@@ -205,6 +206,7 @@ class Monitor(Daemon):
             health=self.health,
             readiness=self.readiness,
             **http_security(settings),
+            **http_limits(settings),
         )
         self.context = MonitorContext(
             settings=settings,
@@ -320,6 +322,22 @@ def http_security(settings: Settings) -> dict[str, Any]:
         "ssl_context": context,
         "basic_auth_users": {u: h.get_secret_value() for u, h in http.basic_auth_users.items()} or None,
         "admin_token": token,
+    }
+
+
+def http_limits(settings: Settings) -> dict[str, Any]:
+    """What one HTTP client may hold and how failed basic-auth guesses are refused, from the settings."""
+    http = settings.http
+    return {
+        "limits": ConnectionLimits(
+            max_connections=http.max_connections, max_header_bytes=http.max_header_bytes,
+            read_timeout=http.read_timeout_seconds, idle_timeout=http.idle_timeout_seconds,
+            write_timeout=http.write_timeout_seconds, workers=http.workers,
+        ),
+        "auth_limits": AuthLimits(
+            failures_before_backoff=http.auth_failures_before_backoff, backoff_seconds=http.auth_backoff_seconds,
+            concurrent_verifications=http.auth_concurrent_verifications,
+        ),
     }
 
 

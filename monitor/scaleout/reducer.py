@@ -38,7 +38,7 @@ from monitor.refresh import Published, Refresher
 from monitor.scaleout.export import ReducerCollector
 from monitor.scaleout.intake import PartialsReader
 from monitor.scaleout.table import MergeTable
-from monitor.service import Daemon, daemon_metrics_registry, http_security
+from monitor.service import Daemon, daemon_metrics_registry, http_limits, http_security
 from monitor.status import DaemonStatus, StreamCounts
 
 logger = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ class Reducer(Daemon):
         self.refresher = Refresher(settings, self.table, self.errors, self.metrics_registry, clock)  # type: ignore
         self.jobs = JobRunner(self.metrics_registry)
         self.http = HttpServer(self.metrics_registry, settings.http.host, settings.http.port, health=self.health,
-                               readiness=self.readiness, **http_security(settings))
+                               readiness=self.readiness, **http_security(settings), **http_limits(settings))
         self.context = MonitorContext(
             settings=settings, registry=self.table, clock=clock, state_dir=settings.state_dir,  # type: ignore[arg-type]
             latest_windows=lambda: self.refresher.published.windows, add_route=self.http.add_route,
