@@ -75,9 +75,12 @@ def bench_stats(rng: np.random.Generator, devices: list[str], rows: int, dim: in
             reports[device] = report_from_stats(stats)
         diff = "-"
         if "cuda" in reports:
-            fields = [f.name for f in dataclasses.fields(reports["cpu"]) if isinstance(getattr(reports["cpu"], f.name), float)]
+            fields = [
+                f.name for f in dataclasses.fields(reports["cpu"]) if isinstance(getattr(reports["cpu"], f.name), float)
+            ]
             worst = max(fields, key=lambda f: relative(getattr(reports["cuda"], f), getattr(reports["cpu"], f)))
-            diff = (f"max rel. diff of any metric {relative(getattr(reports['cuda'], worst), getattr(reports['cpu'], worst)):.1e}"
+            worst_diff = relative(getattr(reports["cuda"], worst), getattr(reports["cpu"], worst))
+            diff = (f"max rel. diff of any metric {worst_diff:.1e}"
                     f" ({worst}); host CPU time {host['cuda']:.2f} s vs {host['cpu']:.2f} s")
         row(f"window statistics, {rows:,} x {dim}, {precision}", seconds["cpu"], seconds.get("cuda"), diff)
 
@@ -87,7 +90,8 @@ def bench_uniformity(rng: np.random.Generator, devices: list[str], rows: int, di
     pairs = rows * (rows - 1) // 2
     out = {d: timed(lambda d=d: uniformity(sample, pair_budget=pairs, device=d), d) for d in devices}
     diff = f"rel. diff {relative(out['cuda'][0][0], out['cpu'][0][0]):.1e}" if "cuda" in out else "-"
-    row(f"uniformity, {rows:,} x {dim} ({pairs / 1e6:,.0f} M pairs)", out["cpu"][1], out.get("cuda", (0, None))[1], diff)
+    row(f"uniformity, {rows:,} x {dim} ({pairs / 1e6:,.0f} M pairs)", out["cpu"][1], out.get("cuda", (0, None))[1],
+        diff)
 
 
 def bench_mmd(rng: np.random.Generator, devices: list[str], rows: int, dim: int, permutations: int) -> None:
@@ -95,13 +99,16 @@ def bench_mmd(rng: np.random.Generator, devices: list[str], rows: int, dim: int,
     y = (rng.standard_normal((rows, dim)) + 0.01).astype(np.float32)
     out = {}
     for d in devices:
-        result, seconds = timed_once(lambda d=d: mmd_test(x, y, permutations=permutations, stop_after=None, seed=1, device=d))
+        result, seconds = timed_once(
+            lambda d=d: mmd_test(x, y, permutations=permutations, stop_after=None, seed=1, device=d)
+        )
         out[d] = (result, seconds)
     diff = "-"
     if "cuda" in out:
         c, g = out["cpu"][0], out["cuda"][0]
         diff = f"MMD² rel. diff {relative(g.statistic, c.statistic):.1e}, p-values {c.p_value:.3g} / {g.p_value:.3g}"
-    row(f"MMD test, {rows:,} x {dim} per side, {permutations} permutations", out["cpu"][1], out.get("cuda", (0, None))[1], diff)
+    row(f"MMD test, {rows:,} x {dim} per side, {permutations} permutations", out["cpu"][1],
+        out.get("cuda", (0, None))[1], diff)
 
 
 def timed_once(fn: Callable[[], Any]) -> tuple[Any, float]:

@@ -271,8 +271,10 @@ def calibration(args: argparse.Namespace) -> dict[str, object]:
         settings = DriftSettings(interval_seconds=interval, false_alarm_every="30d", window_sample_size=rows,
                                  reference_sample_size=rows, threads=1)
         alarms, _ = null_cycles(settings, cycles)
-        line = (f"knob {interval:g}s: alpha {settings.cycle_alpha:.2g}, null {settings.null_for('mmd')}: {alarms} false "
-                f"alarms in {cycles} null cycles (rate < {upper(alarms, cycles):.3g} at 95%)")
+        line = (
+            f"knob {interval:g}s: alpha {settings.cycle_alpha:.2g}, null {settings.null_for('mmd')}: {alarms} false "
+            f"alarms in {cycles} null cycles (rate < {upper(alarms, cycles):.3g} at 95%)"
+        )
         out[f"null_{interval:g}s"] = line
         print(line, flush=True)
     for null in ("heldout", "permutation"):

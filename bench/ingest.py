@@ -63,11 +63,18 @@ def produce(broker: Broker, topic: str, fmt: str, dim: int, rows: int, rng: np.r
     elif fmt == "json":
         for i in range(rows):
             row = block[i % ROWS_PER_BINARY_MESSAGE]
-            producer.send(topic, orjson.dumps({"id": f"d{i}", "model": "bench", "vector": row.tolist(), "stream": "docs"}))
+            producer.send(
+                topic, orjson.dumps({"id": f"d{i}", "model": "bench", "vector": row.tolist(), "stream": "docs"})
+            )
     else:  # json-array: JSON events batched JSON_EVENTS_PER_MESSAGE to a message
         for start in range(0, rows, JSON_EVENTS_PER_MESSAGE):
             events = [
-                {"id": f"d{i}", "model": "bench", "vector": block[i % ROWS_PER_BINARY_MESSAGE].tolist(), "stream": "docs"}
+                {
+                    "id": f"d{i}",
+                    "model": "bench",
+                    "vector": block[i % ROWS_PER_BINARY_MESSAGE].tolist(),
+                    "stream": "docs",
+                }
                 for i in range(start, start + JSON_EVENTS_PER_MESSAGE)
             ]
             producer.send(topic, orjson.dumps(events))
@@ -353,11 +360,14 @@ def main() -> None:
                 with tempfile.TemporaryDirectory() as tmp:
                     ours = daemon_rate(with_broker, topic, rows, Path(tmp), precision, options)
                 results.append((fmt, dim, rows, precision, bare, ours))
-                print(f"{fmt:>10} d={dim:<4} {precision} rows={rows:<7} bare={bare.rows_per_second:>10,.0f}/s "
-                      f"daemon={ours.rows_per_second:>10,.0f}/s ratio={ours.rows_per_second / bare.rows_per_second:.2f} "
-                      f"cpu/row bare={bare.cpu_per_row * 1e6:.1f}us daemon={ours.cpu_per_row * 1e6:.1f}us "
-                      f"broker={ours.broker_cpu_per_row * 1e6:.1f}us cores busy bare={bare.cores:.2f} "
-                      f"daemon={ours.cores:.2f} paused={ours.paused_share:.0%}", flush=True)
+                print(
+                    f"{fmt:>10} d={dim:<4} {precision} rows={rows:<7} bare={bare.rows_per_second:>10,.0f}/s "
+                    f"daemon={ours.rows_per_second:>10,.0f}/s ratio={ours.rows_per_second / bare.rows_per_second:.2f} "
+                    f"cpu/row bare={bare.cpu_per_row * 1e6:.1f}us daemon={ours.cpu_per_row * 1e6:.1f}us "
+                    f"broker={ours.broker_cpu_per_row * 1e6:.1f}us cores busy bare={bare.cores:.2f} "
+                    f"daemon={ours.cores:.2f} paused={ours.paused_share:.0%}",
+                    flush=True,
+                )
                 threading.Event().wait(0.5)
     finally:
         with_broker.stop()

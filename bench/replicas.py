@@ -203,9 +203,13 @@ def main() -> None:
             for dim in (384, 768):
                 out = partials_run(broker, dim, seconds, 300.0, tmp)
                 partials.append(out)
-                print(f"partials d={dim}: {out['bytes_per_second'] / 1e3:,.1f} kB/s measured over {out['seconds']:.0f} s, "
-                      f"sub-window {out['subwindow_bytes'] / 1e6:.2f} MB, model {out['incremental_model'] / 1e3:,.1f} "
-                      f"kB/s ({out['steady_model'] / 1e3:,.1f} with full re-sends)", flush=True)
+                print(
+                    f"partials d={dim}: {out['bytes_per_second'] / 1e3:,.1f} kB/s "
+                    f"measured over {out['seconds']:.0f} s, "
+                    f"sub-window {out['subwindow_bytes'] / 1e6:.2f} MB, model {out['incremental_model'] / 1e3:,.1f} "
+                    f"kB/s ({out['steady_model'] / 1e3:,.1f} with full re-sends)",
+                    flush=True,
+                )
     finally:
         broker.stop()
     print(f"\nload average at the end: {os.getloadavg()}")

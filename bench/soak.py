@@ -61,7 +61,9 @@ def main() -> int:
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--window-seconds", type=float, default=300)
     parser.add_argument("--tolerance", type=float, default=0.05)
-    parser.add_argument("--state-dir", help="checkpoint directory (default: a fresh temporary one, so no run restores another's state)")
+    parser.add_argument(
+        "--state-dir", help="checkpoint directory (default: a fresh temporary one, so no run restores another's state)"
+    )
     args = parser.parse_args()
     if args.state_dir is None:
         args.state_dir = tempfile.mkdtemp(prefix="embmon-soak-")
@@ -75,8 +77,13 @@ def main() -> int:
         broker.create_topics(topic)
         writer = threading.Thread(target=produce, args=(broker, topic, args.rate, args.dim, stop), daemon=True)
         writer.start()
-        env = dict(os.environ, EMBMON_KAFKA__AUTO_OFFSET_RESET="earliest", EMBMON_WINDOW__SECONDS=str(args.window_seconds),
-                   EMBMON_CHECKPOINT__INTERVAL_SECONDS="30", EMBMON_KAFKA__COMMIT_INTERVAL_SECONDS="30")
+        env = dict(
+            os.environ,
+            EMBMON_KAFKA__AUTO_OFFSET_RESET="earliest",
+            EMBMON_WINDOW__SECONDS=str(args.window_seconds),
+            EMBMON_CHECKPOINT__INTERVAL_SECONDS="30",
+            EMBMON_KAFKA__COMMIT_INTERVAL_SECONDS="30",
+        )
         options = [f"--kafka-option={k}={v}" for k, v in FAST_GROUP_OPTIONS.items()]
         proc = subprocess.Popen(
             [sys.executable, "-m", "monitor", "run", "--bootstrap-servers", broker.bootstrap, "--embeddings-topic",
@@ -106,7 +113,9 @@ def main() -> int:
             return 0
         growth = (half[-1] - half[0]) / half[0]
         verdict = "flat" if growth < args.tolerance else "GROWING"
-        print(f"verdict: {verdict} (second-half RSS change {growth * 100:+.1f} %, tolerance {args.tolerance * 100:.0f} %)")
+        print(
+            f"verdict: {verdict} (second-half RSS change {growth * 100:+.1f} %, tolerance {args.tolerance * 100:.0f} %)"
+        )
         return 0 if verdict == "flat" else 1
     finally:
         stop.set()

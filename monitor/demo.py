@@ -85,7 +85,9 @@ DEMO_SETTINGS: dict[str, Any] = {
     },
     "probes": {
         "statistics": {"resamples": 200},
-        "ann_recall": [{"name": "ann", "model": "minilm-demo", "stream": "catalog", "k": [10], "interval_seconds": 5.0}],
+        "ann_recall": [
+            {"name": "ann", "model": "minilm-demo", "stream": "catalog", "k": [10], "interval_seconds": 5.0}
+        ],
         "clicks": [{"name": "clicks", "k": [5, 10], "catalog_stream": "catalog", "interval_seconds": 5.0}],
     },
 }
@@ -126,7 +128,8 @@ def run_demo(
             f"embedding-monitor demo: metrics at http://127.0.0.1:{port}/metrics; Ctrl-C stops\n"
             f"script: {script_text(settings)}\n"
             f"drift every {settings.drift.interval_seconds:g}s against each stream's first "
-            f"{settings.drift.reference.records} records; canaries every {settings.synthetic.canary_period_seconds:g}s\n"
+            f"{settings.drift.reference.records} records; "
+            f"canaries every {settings.synthetic.canary_period_seconds:g}s\n"
             f"state directory: {settings.state_dir}\n"
             f"log: {log_file if log_file is not None else 'stderr'}",
             file=out,

@@ -235,8 +235,10 @@ def render(status: DemoStatus) -> RenderableType:
     for column in ("model", "canary (lowest cosine to pin)", "ANN recall (95% CI)", "nDCG (95% CI)"):
         models.add_column(column)
     for model in status.models:
-        canary = Text(canary_text(model).removeprefix("canary "),
-                      style="bold red" if model.canary_changed else "dim" if model.canary_cosine_min is None else "green")
+        canary = Text(
+            canary_text(model).removeprefix("canary "),
+            style="bold red" if model.canary_changed else "dim" if model.canary_cosine_min is None else "green",
+        )
         models.add_row(model.model, canary, estimate_text("", model.ann_recall).strip(),
                        estimate_text("", model.ndcg).strip())
     notes = [Text(note, style="dim") for note in status.notes]

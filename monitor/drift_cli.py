@@ -88,9 +88,11 @@ def format_explanation(entry: dict[str, Any]) -> str:
     regions = entry.get("regions")
     if regions is not None:
         novel = ", ".join(regions["novel_exemplars"]) or "-"
-        lines.append(f"novel: {100 * regions['novel_share']:.1f}% of the window "
-                     f"(reference {100 * regions['novel_reference_share']:.1f}%), p (BH) {regions['novel_p_adjusted']:.2g}, "
-                     f"shifted: {'yes' if regions['novel_shifted'] else 'no'}; window exemplars: {novel}")
+        lines.append(
+            f"novel: {100 * regions['novel_share']:.1f}% of the window "
+            f"(reference {100 * regions['novel_reference_share']:.1f}%), p (BH) {regions['novel_p_adjusted']:.2g}, "
+            f"shifted: {'yes' if regions['novel_shifted'] else 'no'}; window exemplars: {novel}"
+        )
         lines.append("region  reference  window  change  p (BH)   shifted  exemplars: reference / window")
         for r in regions["ranked"]:
             exemplars = f"{', '.join(r['reference_exemplars']) or '-'} / {', '.join(r['window_exemplars']) or '-'}"

@@ -285,7 +285,9 @@ def _no_key_password(keyfile: Path) -> Callable[[], bytes]:
     """A password callback refusing an encrypted key: OpenSSL would otherwise prompt on the terminal."""
 
     def refuse() -> bytes:
-        raise ConfigError(f"http.tls_keyfile: {keyfile}: the private key is encrypted; give the daemon an unencrypted one")
+        raise ConfigError(
+            f"http.tls_keyfile: {keyfile}: the private key is encrypted; give the daemon an unencrypted one"
+        )
 
     return refuse
 

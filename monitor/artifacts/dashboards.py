@@ -2,8 +2,9 @@
 
 Overview (start here), intrinsic health against each model's own baseline (and the canaries: did
 the model change?), drift (and what moved: regions of the reference), retrieval quality with
-confidence bands, and the monitor's own health (and, scaled out, the replicas and the reducer). The JSON they are built into, with
-the variables and annotations every board shares, is :mod:`monitor.artifacts.panels`.
+confidence bands, and the monitor's own health (and, scaled out, the replicas and the reducer). The
+JSON they are built into, with the variables and annotations every board shares, is
+:mod:`monitor.artifacts.panels`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ PER_STREAM = "{{model}} / {{stream}}"  # the legend of a per-(model, stream) ser
 # off by default, and in the shipped ServiceMonitor and PodMonitor).
 SCHEDULED_JOB = "exported_job"
 
-_OK_BAD = [{"type": "value", "options": {"0": {"text": "OK", "color": "green"}, "1": {"text": "FIRING", "color": "red"}}}]
+_OK_BAD = [
+    {"type": "value", "options": {"0": {"text": "OK", "color": "green"}, "1": {"text": "FIRING", "color": "red"}}}
+]
 _RED_ABOVE_0 = [(None, "green"), (0.5, "red")]
 
 
@@ -83,7 +86,8 @@ def overview(rules: RuleSet) -> dict[str, Any]:
               thresholds=[(None, "green"), (0.05, "red")]),
         Panel("Collapse / drift / model-change verdict per model", "none",
               [Target(f"max by (model, stream) ({_ms('embmon_collapse_detected')})", "collapse {{model}} / {{stream}}"),
-               Target(f"max by (model, stream) ({_ms('embmon_drift_detected', SUITE)})", "drift {{model}} / {{stream}}"),
+               Target(f"max by (model, stream) ({_ms('embmon_drift_detected', SUITE)})",
+                      "drift {{model}} / {{stream}}"),
                Target(f"max by (model) ({_canary_mismatched()})", "model changed {{model}}")],
               "1 means the daemon's collapse check or the combined drift verdict flags the model, or one of its "
               "canaries mismatched its pinned vector in the last 10 minutes (the model changed).",
@@ -119,8 +123,8 @@ def intrinsic(rules: RuleSet) -> dict[str, Any]:
 
     panels = [
         with_baseline("Partition isotropy", "embmon_partition_isotropy", "none",
-                      "d·λmin/Σλ of the covariance eigenvalues: the smallest eigenvalue over the mean one (1 = isotropic). "
-                      "Dashed: the model's median baseline."),
+                      "d·λmin/Σλ of the covariance eigenvalues: the smallest eigenvalue over the mean one "
+                      "(1 = isotropic). Dashed: the model's median baseline."),
         with_baseline("Effective-dimension ratio", "embmon_effective_dimension_ratio", "percentunit",
                       "Participation ratio of the covariance spectrum over the dimension. Dashed: baseline."),
         with_baseline("Mean cosine similarity", "embmon_mean_cosine_similarity", "none",
@@ -287,8 +291,10 @@ def _band(metric: str, title: str, desc: str) -> Panel:
 def retrieval(rules: RuleSet) -> dict[str, Any]:
     del rules
     titles = {metric: f"{RETRIEVAL_TITLES[metric]}@k" for metric in PROBE_METRIC_FAMILIES}
-    panels = [_band(f"embmon_retrieval_{metric}", titles[metric], f"{titles[metric]} from the probe's labelled queries.")
-              for metric in PROBE_METRIC_FAMILIES]
+    panels = [
+        _band(f"embmon_retrieval_{metric}", titles[metric], f"{titles[metric]} from the probe's labelled queries.")
+        for metric in PROBE_METRIC_FAMILIES
+    ]
     panels.append(_band("embmon_retrieval_ann_recall", "ANN recall@k",
                         "Share of the exact k nearest neighbours the ANN index returns (targets 0.90-0.95)."))
     pm = 'probe=~"$probe", model=~"$model"'
@@ -300,14 +306,16 @@ def retrieval(rules: RuleSet) -> dict[str, Any]:
               [Target(f"{m('embmon_retrieval_click_through_rate')}{{{RET}}}", "{{probe}} {{model}} {{slice}} @{{k}}")],
               "Clicks per impression at k, from interaction events.", min=0, max=1),
         Panel("Zero-result queries", "percentunit",
-              [Target(f'{m("embmon_retrieval_zero_result_ratio")}{{{pm}, slice=~"$slice"}}', "{{probe}} {{model}} {{slice}}")],
+              [Target(f'{m("embmon_retrieval_zero_result_ratio")}{{{pm}, slice=~"$slice"}}',
+                      "{{probe}} {{model}} {{slice}}")],
               "Share of queries that returned nothing.", min=0, max=1),
         Panel("Catalog coverage", "percentunit",
               [Target(f"{m('embmon_retrieval_catalog_coverage_ratio')}{{{pm}}}", "{{probe}} {{model}}")],
               "Share of the catalog that appears in any result list.", min=0, max=1),
         Panel("Exposure Gini", "none", [Target(f"{m('embmon_retrieval_gini')}{{{pm}}}", "{{probe}} {{model}}")],
               "Inequality of item exposure (0 = even, 1 = one item gets everything).", min=0, max=1),
-        Panel("Popularity bias", "none", [Target(f"{m('embmon_retrieval_popularity_bias')}{{{pm}}}", "{{probe}} {{model}}")],
+        Panel("Popularity bias", "none",
+              [Target(f"{m('embmon_retrieval_popularity_bias')}{{{pm}}}", "{{probe}} {{model}}")],
               "Mean popularity of recommended items relative to the catalog."),
     ]
     return dashboard("embmon-retrieval", "Embedding monitor / Retrieval quality",
@@ -322,7 +330,8 @@ def monitor_health(rules: RuleSet) -> dict[str, Any]:
         Panel("Records / s", "cps", [Target(_records_rate("model, stream"), PER_STREAM)],
               "Valid records ingested per second."),
         Panel("Invalid records / s by reason", "cps",
-              [Target(f'sum by (stream, reason) (rate({m("embmon_records_invalid_total")}{{stream=~"$stream"}}[$__rate_interval]))',
+              [Target(f'sum by (stream, reason) '
+                      f'(rate({m("embmon_records_invalid_total")}{{stream=~"$stream"}}[$__rate_interval]))',
                       "{{stream}} {{reason}}")],
               "Rejected records per second, by rejection reason."),
         Panel("Invalid-record ratio", "percentunit",
@@ -333,16 +342,19 @@ def monitor_health(rules: RuleSet) -> dict[str, Any]:
               "Records behind the end of each topic."),
         Panel("Source up", "none", [Target(f"{m('embmon_source_up')}", "{{instance}}")],
               "1 while the source (Kafka, file, synthetic) is readable.", mappings=[
-                  {"type": "value", "options": {"0": {"text": "DOWN", "color": "red"}, "1": {"text": "UP", "color": "green"}}}],
+                  {"type": "value",
+                   "options": {"0": {"text": "DOWN", "color": "red"}, "1": {"text": "UP", "color": "green"}}}],
               min=0, max=1),
         Panel("Scrape targets up", "none", [Target(f'up{{job="{job}"}}', "{{instance}}")],
               "Prometheus' view of the monitor targets.", min=0, max=1),
         Panel("Refresh duration", "s", [
-            Target(f"histogram_quantile(0.5, sum by (le) (rate({m('embmon_refresh_duration_seconds_bucket')}[$__rate_interval])))", "p50"),
-            Target(f"histogram_quantile(0.99, sum by (le) (rate({m('embmon_refresh_duration_seconds_bucket')}[$__rate_interval])))", "p99"),
+            Target(f"histogram_quantile({q}, sum by (le) "
+                   f"(rate({m('embmon_refresh_duration_seconds_bucket')}[$__rate_interval])))", name)
+            for q, name in (("0.5", "p50"), ("0.99", "p99"))
         ], "Time to recompute the intrinsic metrics of all windows."),
         Panel("Metrics age", "s",
-              [Target(f"time() - max by (model, stream) ({_ms('embmon_metrics_last_update_timestamp_seconds')})", PER_STREAM)],
+              [Target(f"time() - max by (model, stream) ({_ms('embmon_metrics_last_update_timestamp_seconds')})",
+                      PER_STREAM)],
               "Seconds since the last refresh published metrics."),
         Panel("Job runs / s by outcome", "cps",
               [Target(f"sum by ({SCHEDULED_JOB}, outcome) (rate({m('embmon_job_runs_total')}[$__rate_interval]))",

@@ -10,6 +10,7 @@ board shows is in :mod:`monitor.artifacts.dashboards`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,7 +145,13 @@ def _panel_json(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
             "steps": [{"color": color, "value": value} for value, color in panel.thresholds],
         }
     if panel.kind == "timeseries":
-        defaults["custom"] = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 0, "showPoints": "never", "spanNulls": False}
+        defaults["custom"] = {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 0,
+            "showPoints": "never",
+            "spanNulls": False,
+        }
     options: dict[str, Any] = {}
     if panel.kind == "timeseries":
         options = {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
@@ -184,7 +191,7 @@ def _row_json(row: Row, pid: int, y: int) -> dict[str, Any]:
             "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}}
 
 
-def dashboard(uid: str, title: str, description: str, panels: list[Panel | Row], *, retrieval: bool = False,
+def dashboard(uid: str, title: str, description: str, panels: Sequence[Panel | Row], *, retrieval: bool = False,
               tags: tuple[str, ...] = ()) -> dict[str, Any]:
     laid: list[dict[str, Any]] = []
     x = y = row_h = 0

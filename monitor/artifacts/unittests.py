@@ -123,7 +123,9 @@ def recording_test_file(rules: RuleSet) -> dict[str, Any]:
     exprs.append(_expect(INVALID_RECORDS_RATIO, "20m", ({"stream": "broken"}, 1), ({"stream": "queries"}, 0.25)))
     # probe runs: 1 failure + 1 timeout per minute against 2 successes -> 0.5
     for outcome, rate in (("success", 2), ("failure", 1), ("timeout", 1)):
-        series.append(_input("embmon_probe_runs_total", {**base, "probe": "golden", "outcome": outcome}, f"0+{rate}x60"))
+        series.append(
+            _input("embmon_probe_runs_total", {**base, "probe": "golden", "outcome": outcome}, f"0+{rate}x60")
+        )
     exprs.append(_expect(PROBE_FAILED_RATIO, "45m", ({"probe": "golden"}, 0.5)))
     # retrieval: the hourly average of two instances' probe results
     for metric in rules.thresholds.retrieval_objectives:

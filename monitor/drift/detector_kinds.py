@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 Signal = Literal["cosine", "norm"]
 SIGNALS: tuple[Signal, ...] = ("cosine", "norm")  # computed in monitor.drift.signals
@@ -38,7 +38,12 @@ DEFAULT_DETECTOR_PARAMS: dict[str, dict[str, Any]] = {
     "kswin": {"alpha": 1e-6, "window_size": 300, "stat_size": 60, "seed": 0},
 }
 # KSWIN runs a scipy KS test per update (~0.3 ms); it is opt-in.
-DEFAULT_DETECTORS: tuple[str, ...] = ("adwin", "page_hinkley")
+DEFAULT_DETECTORS: tuple[DetectorKind, ...] = ("adwin", "page_hinkley")
+
+
+def is_detector_kind(name: str) -> TypeGuard[DetectorKind]:
+    """Whether ``name`` is a detector kind we build (for names read from a stored state)."""
+    return name in DETECTOR_PARAMETERS
 
 
 def check_detector_params(kind: str, params: Mapping[str, Any]) -> None:

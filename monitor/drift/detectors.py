@@ -30,7 +30,13 @@ from typing import Any
 import numpy as np
 from river import base, drift
 
-from monitor.drift.detector_kinds import DEFAULT_DETECTOR_PARAMS, DEFAULT_DETECTORS, SIGNALS, check_detector_params
+from monitor.drift.detector_kinds import (
+    DEFAULT_DETECTOR_PARAMS,
+    DEFAULT_DETECTORS,
+    SIGNALS,
+    DetectorKind,
+    check_detector_params,
+)
 from monitor.drift.signals import SignalBaseline, record_signals
 
 logger = logging.getLogger(__name__)
@@ -106,7 +112,7 @@ class OnlineDriftMonitor:
     def __init__(
         self,
         baseline: SignalBaseline,
-        detectors: Mapping[str, Mapping[str, Any]] | None = None,
+        detectors: Mapping[DetectorKind, Mapping[str, Any]] | None = None,
         *,
         signals: Sequence[str] = SIGNALS,
         aggregate: int = DEFAULT_AGGREGATE,
@@ -126,7 +132,7 @@ class OnlineDriftMonitor:
         self.signals = tuple(signals)
         self.aggregate = aggregate
         self.detector_params = {kind: dict(params) for kind, params in specs.items()}
-        self._detectors = {
+        self._detectors: dict[tuple[str, str], base.DriftDetector] = {
             (signal, kind): build_detector(kind, params) for signal in self.signals for kind, params in specs.items()
         }
         self._status = {key: DetectorStatus(0, None, None) for key in self._detectors}

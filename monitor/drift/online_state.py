@@ -33,6 +33,7 @@ import numpy as np
 from river import stats as river_stats
 from river._river_rust.drift import AdaptiveWindowing
 
+from monitor.drift.detector_kinds import DetectorKind, is_detector_kind
 from monitor.drift.detectors import ChangePoint, DetectorStatus, OnlineDriftMonitor, build_detector
 from monitor.drift.signals import SignalBaseline
 
@@ -91,8 +92,8 @@ def _dec(value: Any) -> Any:
         rng.setstate(_dec(value["random"]))
         return rng
     if "rust" in value:
-        cls = _RUST[str(value["rust"])]
-        obj = cls.__new__(cls)
+        rust_type = _RUST[str(value["rust"])]
+        obj = rust_type.__new__(rust_type)
         try:
             obj.__setstate__(np.asarray(value["state"], dtype=np.uint8).tobytes())
         except (KeyboardInterrupt, SystemExit):
@@ -101,10 +102,10 @@ def _dec(value: Any) -> Any:
             raise ValueError(f"cannot restore {value['rust']}: {exc}") from None
         return obj
     if "object" in value:
-        cls = _PLAIN[str(value["object"])]
-        obj = cls.__new__(cls)
-        obj.__dict__.update(_dec(value["attrs"]))
-        return obj
+        plain_type = _PLAIN[str(value["object"])]
+        plain = plain_type.__new__(plain_type)
+        plain.__dict__.update(_dec(value["attrs"]))
+        return plain
     raise ValueError(f"unexpected keys in a detector state: {sorted(value)}")
 
 
@@ -159,18 +160,24 @@ def decode_monitor(state: dict[str, Any]) -> OnlineDriftMonitor:
         means={str(k): float(v) for k, v in dict(b["means"]).items()},
         stds={str(k): float(v) for k, v in dict(b["stds"]).items()},
     )
-    params = {str(k): dict(v) for k, v in dict(state["detector_params"]).items()}
+    params: dict[DetectorKind, dict[str, Any]] = {}
+    for key, value in dict(state["detector_params"]).items():
+        kind = str(key)
+        if not is_detector_kind(kind):
+            raise ValueError(f"unknown detector {kind!r} in an online detector state")
+        params[kind] = dict(value)
     monitor = OnlineDriftMonitor(
         baseline, params, signals=[str(s) for s in state["signals"]], aggregate=int(state["aggregate"]),
         history=int(state["history"]) if state.get("history") is not None else 100,
     )
     inner = monitor.__getstate__()
     detectors = {}
-    for signal, kind, det_state in state["detectors"]:
-        key = (str(signal), str(kind))
-        if key not in inner["_detectors"]:
+    for signal, stored_kind, det_state in state["detectors"]:
+        kind = str(stored_kind)
+        key = (str(signal), kind)
+        if key not in inner["_detectors"] or not is_detector_kind(kind):
             raise ValueError(f"detector {key} is not configured")
-        detectors[key] = decode_detector(key[1], params[key[1]], dict(det_state))
+        detectors[key] = decode_detector(kind, params[kind], dict(det_state))
     if set(detectors) != set(inner["_detectors"]):
         raise ValueError("the stored detectors differ from the configured ones")
     pending = np.asarray(state["pending"], dtype=np.float64).reshape(len(monitor.signals), -1)

@@ -169,7 +169,9 @@ def compare_regions(
     if novel.any() and window_ids is not None:
         novel_rows = np.flatnonzero(novel)
         centre = window[novel_rows].mean(axis=0, keepdims=True)
-        novel_exemplars = exemplar_ids(window[novel_rows], [window_ids[i] for i in novel_rows], centre, exemplars)[0]
+        novel_exemplars = exemplar_ids(
+            window[novel_rows], [window_ids[i] for i in novel_rows.tolist()], centre, exemplars
+        )[0]
     reference_shares = regions.reference_shares
     shifts = tuple(
         RegionShift(

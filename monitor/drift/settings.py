@@ -43,7 +43,13 @@ from monitor.drift.calibration import (
     per_test_alpha,
     permutations_needed,
 )
-from monitor.drift.detector_kinds import DEFAULT_DETECTOR_PARAMS, DEFAULT_DETECTORS, SIGNALS, check_detector_params
+from monitor.drift.detector_kinds import (
+    DEFAULT_DETECTOR_PARAMS,
+    DEFAULT_DETECTORS,
+    SIGNALS,
+    DetectorKind,
+    check_detector_params,
+)
 from monitor.settings_base import MAX_DURATION_SECONDS
 from monitor.settings_base import Section as _Section
 
@@ -117,7 +123,7 @@ class OnlineSettings(_Section):
     enabled: bool = True
     signals: list[Literal["cosine", "norm"]] = Field(default_factory=lambda: list(SIGNALS), min_length=1)
     aggregate: int = Field(64, ge=1, le=1_000_000, description="records per detector update (mini-batch mean)")
-    detectors: dict[Literal["adwin", "page_hinkley", "kswin"], dict[str, Any]] = Field(
+    detectors: dict[DetectorKind, dict[str, Any]] = Field(
         default_factory=lambda: {kind: dict(DEFAULT_DETECTOR_PARAMS[kind]) for kind in DEFAULT_DETECTORS},
         min_length=1,
     )
@@ -173,7 +179,9 @@ class DriftSettings(_Section):
     """Everything drift: the scheduled two-sample tests, their calibration, the online detectors."""
 
     enabled: bool = True
-    interval_seconds: float = Field(900.0, gt=0, le=MAX_DURATION_SECONDS, description="test cycle: how often the two-sample tests run")
+    interval_seconds: float = Field(
+        900.0, gt=0, le=MAX_DURATION_SECONDS, description="test cycle: how often the two-sample tests run"
+    )
     false_alarm_every: str = Field("30d", description="accepted mean time between false drift alarms, e.g. '30d'")
     multiplicity: Multiplicity = "holm"
     window_sample_size: int = Field(2000, ge=20, le=100_000, description="rows of the window sample per cycle")
@@ -274,7 +282,7 @@ class DriftSettings(_Section):
         """
         section = getattr(self, test)
         if section.null != "auto":
-            return section.null  # type: ignore[no-any-return]
+            return section.null
         if section.permutations is not None or self.permutations_for(test) <= self.max_permutations:
             return "permutation"
         return "heldout"

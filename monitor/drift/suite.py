@@ -129,8 +129,9 @@ def apply_multiplicity(
         decisions = holm_reject(p, alpha)
     else:
         raise ValueError(f"unknown multiplicity correction {method!r}; use 'bonferroni' or 'holm'")
-    return tuple(
-        replace(r, threshold=float(t), detected=bool(d)) for r, t, d in zip(results, thresholds, decisions, strict=True)
+    return tuple(  # the missing tests' thresholds and decisions (the tail of both) are dropped
+        replace(r, threshold=float(t), detected=bool(d))
+        for r, t, d in zip(results, thresholds, decisions, strict=False)
     )
 
 

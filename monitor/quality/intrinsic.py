@@ -150,11 +150,12 @@ def report_from_matrix(
         if len(pair_ids) != n:
             raise ValueError(f"got {len(pair_ids)} pair ids for {n} rows")
         rows = [i for i, pair_id in enumerate(pair_ids) if pair_id is not None]
+        ids = [pair_id for pair_id in pair_ids if pair_id is not None]
         if rows:
             paired = np.asarray(x[rows], dtype=np.float64)
             units = paired / np.linalg.norm(paired, axis=1, keepdims=True)
             matcher = PositivePairMatcher(max_pending=len(rows), alpha=settings.alignment_alpha)
-            alignment = matcher.match(units, [pair_ids[i] for i in rows])
+            alignment = matcher.match(units, ids)
     return report_from_stats(stats, sample=sample, alignment=alignment, settings=settings, device=device)
 
 

@@ -192,7 +192,7 @@ def _format_table(report: dict[str, Any]) -> str:
     run_metrics = report["run"]["metrics"]
     if "compare" not in report:
         lines.append(f"run: {report['run']['path']}")
-        rows = [("metric", "mean", "ci_lower", "ci_upper", "queries")]
+        rows: list[tuple[str, ...]] = [("metric", "mean", "ci_lower", "ci_upper", "queries")]
         rows += [
             (name, f"{m['mean']:.4f}", f"{m['ci_lower']:.4f}", f"{m['ci_upper']:.4f}", str(m["n_queries"]))
             for name, m in run_metrics.items()

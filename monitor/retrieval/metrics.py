@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import chain
 from operator import itemgetter
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 
@@ -50,6 +50,7 @@ Gain = Literal["linear", "exponential"]
 
 Run = Mapping[str, Mapping[str, float]]
 Qrels = Mapping[str, Mapping[str, float]]
+_Id = TypeVar("_Id", bound=Hashable)  # a document id: str from files and probes, any hashable in from_lists
 
 # How each family treats a cutoff: "required" (precision@k), "optional" (no cutoff = the whole
 # ranking, as trec_eval's map / ndcg / recip_rank), "none" (r_precision: its cutoff is R itself).
@@ -210,8 +211,8 @@ class RankedResults:
     @classmethod
     def from_lists(
         cls,
-        ranked_ids: Sequence[Sequence[Hashable]],
-        qrels: Sequence[Mapping[Hashable, float]],
+        ranked_ids: Sequence[Sequence[_Id]],
+        qrels: Sequence[Mapping[_Id, float]],
         query_ids: Sequence[str] | None = None,
     ) -> RankedResults:
         """Rankings already in order (best first), each with its own judgments.
@@ -360,7 +361,7 @@ def _safe_divide(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
 
 
 def _precision(s: _RankingSums, k: int | None) -> np.ndarray:
-    return s.at(s.hits, k) / k  # type: ignore[operator]
+    return s.at(s.hits, k) / k
 
 
 def _recall(s: _RankingSums, k: int | None) -> np.ndarray:
@@ -475,7 +476,7 @@ def _grades_in_trec_order(
     return grades
 
 
-def _ideal_matrix(judgments: Sequence[Mapping[Hashable, float]]) -> np.ndarray:
+def _ideal_matrix(judgments: Sequence[Mapping[_Id, float]]) -> np.ndarray:
     positive = [[g for g in judged.values() if g > 0] for judged in judgments]
     return _rows_to_matrix([g for row in positive for g in row], [len(row) for row in positive])
 

@@ -27,7 +27,7 @@ import math
 import os
 from collections.abc import Iterator, Mapping
 from operator import itemgetter
-from typing import IO
+from typing import IO, Literal
 
 __all__ = ["TrecFormatError", "read_qrels", "read_run", "write_qrels", "write_run"]
 
@@ -144,9 +144,9 @@ def _fields(path: PathLike, *, expected: int, layout: str, extra_ok: bool) -> It
             yield line_number, fields
 
 
-def _open(path: PathLike, mode: str) -> IO[str]:
+def _open(path: PathLike, mode: Literal["r", "w"]) -> IO[str]:
     if os.fspath(path).endswith(".gz"):
-        return gzip.open(path, mode + "t", encoding="utf-8")
+        return gzip.open(path, "rt" if mode == "r" else "wt", encoding="utf-8")
     return open(path, mode, encoding="utf-8")
 
 

@@ -80,7 +80,7 @@ class _ModelGenerator:
 
     def embed_marked(self, kind: str, z: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`embed`, and the mask of rows drawn from the new topic (all False outside topic_shift)."""
-        n = z.shape[0]
+        n: int = z.shape[0]
         new = np.zeros(n, dtype=bool)
         scales, mean = self.scales, self.mean
         if kind == "anisotropic":
@@ -274,8 +274,15 @@ class SyntheticSource(Source):
             broken = rows[: max(1, n // 10)].copy()
             broken[:, 0] = np.nan
             out.append(SourceMessage(broken.tobytes(), headers, "embeddings"))
-            out.append(SourceMessage(b'{"id": "x", "model": "' + model.name.encode() + b'", "vector": [0.1,', (), "embeddings"))
-            event = {"id": "short", "model": model.name, "vector": [0.5] * (model.dim // 2), "stream": self.settings.stream}
+            out.append(
+                SourceMessage(b'{"id": "x", "model": "' + model.name.encode() + b'", "vector": [0.1,', (), "embeddings")
+            )
+            event = {
+                "id": "short",
+                "model": model.name,
+                "vector": [0.5] * (model.dim // 2),
+                "stream": self.settings.stream,
+            }
             out.append(SourceMessage(orjson.dumps(event), (), "embeddings"))
         return out
 

@@ -72,12 +72,20 @@ def test_the_service_monitor_scrapes_replicas_and_reducer_under_the_alerts_job()
         assert port in {p["name"] for p in monitor_container(workload(role))["ports"]}
     # the central deployment's Service does not pick these pods up (deploy one or the other)
     central = [d for d in yaml.safe_load_all((K8S / "central.yaml").read_text()) if d and d["kind"] == "Service"][0]
-    assert not central["spec"]["selector"].items() <= workload("replica")["spec"]["template"]["metadata"]["labels"].items()
+    assert (
+        not central["spec"]["selector"].items() <= workload("replica")["spec"]["template"]["metadata"]["labels"].items()
+    )
 
 
 def test_the_two_workloads_do_not_select_each_others_pods() -> None:
     replica, reducer = workload("replica"), workload("reducer")
-    assert not replica["spec"]["selector"]["matchLabels"].items() <= reducer["spec"]["template"]["metadata"]["labels"].items()
-    assert not reducer["spec"]["selector"]["matchLabels"].items() <= replica["spec"]["template"]["metadata"]["labels"].items()
+    assert (
+        not replica["spec"]["selector"]["matchLabels"].items()
+        <= reducer["spec"]["template"]["metadata"]["labels"].items()
+    )
+    assert (
+        not reducer["spec"]["selector"]["matchLabels"].items()
+        <= replica["spec"]["template"]["metadata"]["labels"].items()
+    )
     pdb = objects()[("PodDisruptionBudget", "embedding-monitor-replica")]
     assert pdb["spec"]["selector"]["matchLabels"] == replica["spec"]["selector"]["matchLabels"]

@@ -32,4 +32,6 @@ def test_an_error_it_does_not_retry_fails_at_once_and_a_timeout_adds_the_diagnos
     with pytest.raises(KeyError):
         wait_until(lambda: {}["missing"], timeout=5)
     with pytest.raises(AssertionError, match="waiting for the log line: last=None\n--- log tail ---"):
-        wait_until(lambda: None, timeout=0.1, interval=0.05, message="the log line", on_timeout=lambda: "--- log tail ---")
+        wait_until(
+            lambda: None, timeout=0.1, interval=0.05, message="the log line", on_timeout=lambda: "--- log tail ---"
+        )

@@ -41,7 +41,9 @@ def test_whitespace_blank_lines_and_ignored_columns(tmp_path):
 def test_comment_lines_are_skipped_but_a_hash_inside_a_line_is_data(tmp_path):
     # trec_eval skips lines starting with '#' (after blanks, in run files); ids like 'doc#13' are common
     run = tmp_path / "run.txt"
-    run.write_text("# run: bm25\n  # indented comment\nq1 Q0 doc#13 1 2.5 tag\n#q1 Q0 d9 2 9.0 tag\nq#2 Q0 d2 1 1 tag\n")
+    run.write_text(
+        "# run: bm25\n  # indented comment\nq1 Q0 doc#13 1 2.5 tag\n#q1 Q0 d9 2 9.0 tag\nq#2 Q0 d2 1 1 tag\n"
+    )
     assert read_run(run) == {"q1": {"doc#13": 2.5}, "q#2": {"d2": 1.0}}
     qrels = tmp_path / "qrels.txt"
     qrels.write_text("# qid iter docid grade\n\nq1 0 doc#13 2\n# q1 0 d9 3\n\t\nq1 0 d2 0\n")

@@ -212,7 +212,9 @@ def test_every_duration_has_an_upper_bound() -> None:
 def test_a_config_file_that_is_not_utf8_or_nested_too_deeply_names_the_file(tmp_path: Path) -> None:
     path = tmp_path / "latin1.yaml"
     path.write_bytes("kafka:\n  group_id: caf\xe9\n".encode("latin-1"))
-    with pytest.raises(ConfigError, match=rf"config file {re.escape(str(path))}: not UTF-8 text \(byte 0xe9 at offset 22\)"):
+    with pytest.raises(
+        ConfigError, match=rf"config file {re.escape(str(path))}: not UTF-8 text \(byte 0xe9 at offset 22\)"
+    ):
         load_settings(path)
     for opener in ("[", "{a: "):
         path = write(tmp_path, opener * 10_000)

@@ -30,15 +30,23 @@ QUIET = DriftView(detected=False, p_value=0.61, threshold=3.9e-6, tests=(), top_
 
 def status(**changes: object) -> DemoStatus:
     base = DemoStatus(
-        elapsed=212.4, phase="topic_shift", phase_left=17.6,
+        elapsed=212.4,
+        phase="topic_shift",
+        phase_left=17.6,
         streams=(
             StreamView("minilm-demo", "documents", 15000, 0.2641, 345.04, False, TOPIC),
             StreamView("mpnet-demo", "documents", 15000, 0.2270, 681.7, False, QUIET),
             StreamView("mpnet-demo", "catalog", 120, math.nan, math.nan, False, None, "capturing its reference"),
         ),
         models=(
-            ModelView("minilm-demo", 0.0312, True, 16, Estimate("ann_recall", "minilm-demo", "all", 10, 0.948, 0.943, 0.953),
-                      Estimate("ndcg", "minilm-demo", "all", 10, 0.63, 0.6, 0.66)),
+            ModelView(
+                "minilm-demo",
+                0.0312,
+                True,
+                16,
+                Estimate("ann_recall", "minilm-demo", "all", 10, 0.948, 0.943, 0.953),
+                Estimate("ndcg", "minilm-demo", "all", 10, 0.63, 0.6, 0.66),
+            ),
             ModelView("mpnet-demo", None, False, 0, None, None),
         ),
         invalid={"non_finite": 40, "decode_error": 2, "wrong_dimension": 0},

@@ -107,7 +107,10 @@ def test_auto_without_torch_runs_on_the_cpu_without_a_warning(tmp_path: Path) ->
     starts, serves metrics and stops cleanly; the log says once, at INFO, that the CPU runs everything."""
     driver = tmp_path / "nvidia-version"
     driver.write_text("NVRM version: fake\n")
-    prelude = without(*EXTRA_PACKAGES) + f"from monitor import devices\ndevices._NVIDIA_DRIVER = devices.Path({str(driver)!r})\n"
+    prelude = (
+        without(*EXTRA_PACKAGES)
+        + f"from monitor import devices\ndevices._NVIDIA_DRIVER = devices.Path({str(driver)!r})\n"
+    )
     path = config(tmp_path, {"refresh_seconds": 0.5, "http": {"host": "127.0.0.1"}})
     with daemons.process("--config", str(path), log=tmp_path / "daemon.log", prelude=prelude) as daemon:
         wait_until(lambda: http_status(daemon.port, "/readyz") == 200, timeout=90, message="ready",

@@ -108,7 +108,9 @@ def codec_run(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Itera
     producer after the other, so the batches decompressed while each is read are its own."""
     topic = "codecs"
     broker.create_topics(topic)
-    settings = load_settings(overrides=kafka_daemon_overrides(broker, topic, "codecs-group", tmp_path_factory.mktemp("state")))
+    settings = load_settings(
+        overrides=kafka_daemon_overrides(broker, topic, "codecs-group", tmp_path_factory.mktemp("state"))
+    )
     result: dict[str, Any] = {"decompressed": {}}
     with pytest.MonkeyPatch.context() as monkeypatch, daemons.monitor(settings) as monitor:
         batches = DecompressedBatches(monkeypatch)

@@ -30,7 +30,11 @@ json_scalars = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=80),
 )
-json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=10), inner, max_size=6), max_leaves=25)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=10), inner, max_size=6),
+    max_leaves=25,
+)
 labels = st.one_of(st.sampled_from(["m1", "m2", "docs", "q"]), st.text(max_size=70))
 vectors = st.one_of(
     st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32), min_size=0, max_size=20),
@@ -69,8 +73,12 @@ def expected_min_records(value: bytes | None, headers: list[tuple[str, bytes]]) 
     return len(doc) if isinstance(doc, list) else 1
 
 
-def check(decoder: Decoder, messages: list[tuple[bytes | None, list[tuple[str, bytes]]]], interactions: bool = False) -> None:
-    result: DecodeResult = (decoder.decode_interactions(messages) if interactions else decoder.decode_embeddings(messages))
+def check(
+    decoder: Decoder, messages: list[tuple[bytes | None, list[tuple[str, bytes]]]], interactions: bool = False
+) -> None:
+    result: DecodeResult = (
+        decoder.decode_interactions(messages) if interactions else decoder.decode_embeddings(messages)
+    )
     assert set(reason for _, reason in result.rejected) <= set(REASONS)
     accepted = len(result.interactions) if interactions else sum(b.size for b in result.batches)
     # every record is either accepted or counted under a reason: nothing is silently dropped
@@ -102,7 +110,9 @@ def mutate(rng: random.Random, seed: bytes) -> bytes:
         if op == 0 and data:
             data[min(pos, len(data) - 1)] = rng.randrange(256)
         elif op == 1:
-            data[pos:pos] = rng.choice([b"[", b"]", b"{", b"}", b",", b":", b'"', b"NaN", b"-1e999", b"\\u0000", b"null"])
+            data[pos:pos] = rng.choice(
+                [b"[", b"]", b"{", b"}", b",", b":", b'"', b"NaN", b"-1e999", b"\\u0000", b"null"]
+            )
         elif op == 2:
             del data[pos : pos + rng.randint(1, 8)]
         elif op == 3:

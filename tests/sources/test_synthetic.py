@@ -108,11 +108,17 @@ def test_with_ids_the_traffic_is_json_events_and_the_new_topic_says_so_in_its_id
 def test_phase_left_counts_down_and_wraps_with_the_loop() -> None:
     clock = Clock()
     settings = SyntheticSourceSettings(
-        models=[{"name": "m", "dim": DIM}], phases=[{"kind": "healthy", "seconds": 10}, {"kind": "swapped", "seconds": 5}],
+        models=[{"name": "m", "dim": DIM}],
+        phases=[{"kind": "healthy", "seconds": 10}, {"kind": "swapped", "seconds": 5}],
     )
     src = SyntheticSource(settings, clock=clock)
     src.start()
-    for now, kind, left in ((0.0, "healthy", 10.0), (7.5, "healthy", 2.5), (12.0, "swapped", 3.0), (16.0, "healthy", 9.0)):
+    for now, kind, left in (
+        (0.0, "healthy", 10.0),
+        (7.5, "healthy", 2.5),
+        (12.0, "swapped", 3.0),
+        (16.0, "healthy", 9.0),
+    ):
         clock.now = now
         assert (src.current_phase.kind, src.phase_left(), src.elapsed) == (kind, pytest.approx(left), now)
 

@@ -314,7 +314,9 @@ def test_state_dict_version_and_shape_are_checked() -> None:
     snapshot_every=st.integers(1, 4),
     seed=st.integers(0, 2**16),
 )
-def test_sharing_rows_with_published_samples_changes_nothing(traffic: list[int], snapshot_every: int, seed: int) -> None:
+def test_sharing_rows_with_published_samples_changes_nothing(
+    traffic: list[int], snapshot_every: int, seed: int
+) -> None:
     """A window that publishes snapshots (and so shares closed sub-windows' rows with them) holds
     and samples exactly what an unobserved window does, and checkpoints identically."""
     observed = SlidingWindow(dim=3, window_seconds=40, subwindows=4, reservoir_size=24, seed=seed)

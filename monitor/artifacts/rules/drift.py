@@ -31,11 +31,10 @@ def alerts(th: Thresholds) -> list[Alert]:
             severity="warning",
             for_="6h",
             summary="Embeddings have stayed drifted from the reference for hours.",
-            description=f"The drift suite has flagged {MODEL_STREAM} for $VALUE of the last hour, and has kept doing so.",
+            description=f"The drift suite has flagged {MODEL_STREAM} for $VALUE of the last hour, "
+            "and has kept doing so.",
             value_format="percent",
-            condition=Condition(
-                f'avg by (model, stream) (avg_over_time({detected}{{test="suite"}}[1h]))', ">", 0.5
-            ),
+            condition=Condition(f'avg by (model, stream) (avg_over_time({detected}{{test="suite"}}[1h]))', ">", 0.5),
             scenario_builder=_sustained_scenario(job),
         ),
     ]

@@ -242,7 +242,7 @@ class ClickFeedbackProbe(ConfiguredProbe["ClickProbeSettings"]):
             return [], [(model, ALL, 0)], []
         raw_slices = slice_labels(q.slice for q in judged)
         sliced = any(label is not None for label in raw_slices)
-        folded: list[str | None] = [None] * len(judged)
+        folded: list[str] = []  # the slice label of each query, when sliced
         dropped: tuple[str, ...] = ()
         if sliced:  # one fold for every number of this model, so their slice labels agree
             labels_array, dropped = fold_slices(raw_slices, max_slices=stats.max_slices)
@@ -268,7 +268,7 @@ class ClickFeedbackProbe(ConfiguredProbe["ClickProbeSettings"]):
                 [judged[i].results for i in with_results], [qrels[i] for i in with_results]
             )
             per_query = evaluate(ranked, self.metrics, relevance_threshold=_threshold(qrels), gain=self.spec.gain)
-            subset = [folded[i] for i in with_results] if sliced else [None] * len(with_results)
+            subset: list[str | None] = [folded[i] for i in with_results] if sliced else [None] * len(with_results)
             summary = summarise(per_query, subset, probe=self.name, model=model, stats=stats,
                                 folded_upstream=bool(dropped))
             estimates, summary_queries = summary.estimates, summary.queries

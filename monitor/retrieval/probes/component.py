@@ -59,7 +59,7 @@ def build_probes(settings: ProbeSettings, context: MonitorContext) -> list[Probe
     probes: list[Probe] = []
     for spec in settings.all_probes():
         try:
-            probes.append(kinds[spec.kind](spec, context, settings))  # type: ignore[arg-type]
+            probes.append(kinds[spec.kind](spec, context, settings))
         except (OSError, ValueError) as exc:
             raise ConfigError(f"probes.{spec.kind} {spec.name!r}: {exc}") from None
     return probes

@@ -214,7 +214,7 @@ class GoldenSetProbe(ConfiguredProbe["GoldenProbeSettings"]):
         deadline.check()
         kept = [i for i, ids in enumerate(ranked) if ids is not None]
         results = RankedResults.from_lists(
-            [ranked[i] for i in kept],  # type: ignore[misc]
+            [ids for ids in ranked if ids is not None],
             [self._queries[i].qrels for i in kept],
             [self._queries[i].query_id for i in kept],
         )

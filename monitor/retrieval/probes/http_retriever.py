@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from monitor.deadline import Deadline
@@ -37,7 +37,7 @@ class HttpRetriever:
         )
 
     def search(
-        self, query_id: str, text: str | None, vector: Sequence[float] | None, k: int, deadline: Deadline
+        self, query_id: str, text: str | None, vector: Iterable[float] | None, k: int, deadline: Deadline
     ) -> list[str]:
         """The top ``k`` ids the endpoint returns for one query."""
         values = {

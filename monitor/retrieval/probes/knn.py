@@ -71,7 +71,7 @@ def prepare(vectors: np.ndarray, similarity: str) -> np.ndarray:
     """float32 C-contiguous rows, L2-normalised for ``cosine``."""
     if similarity not in ("cosine", "dot", "l2"):
         raise ValueError(f"similarity must be cosine, dot or l2, got {similarity!r}")
-    out = np.ascontiguousarray(vectors, dtype=np.float32)
+    out: np.ndarray = np.ascontiguousarray(vectors, dtype=np.float32)
     if out.ndim != 2:
         raise ValueError(f"expected a 2-D matrix, got shape {out.shape}")
     if similarity == "cosine" and out.size:

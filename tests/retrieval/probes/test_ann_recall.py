@@ -130,7 +130,9 @@ def test_vector_cache_keeps_the_newest_rows_by_id() -> None:
     assert dict(zip(ids, vectors.tolist(), strict=True)) == {"a": [2.0, 0.0], "c": [3.0, 3.0], "d": [4.0, 4.0]}
 
 
-def test_probe_end_to_end_with_a_degraded_index(corpus: tuple[np.ndarray, np.ndarray, np.ndarray], state_dir: Path) -> None:
+def test_probe_end_to_end_with_a_degraded_index(
+    corpus: tuple[np.ndarray, np.ndarray, np.ndarray], state_dir: Path
+) -> None:
     """Documents and interaction events through the daemon (decoding, window, probe job, /metrics)."""
     docs, queries, order = corpus
     rng = np.random.default_rng(4)

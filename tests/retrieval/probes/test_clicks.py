@@ -220,15 +220,22 @@ def test_click_feedback_through_the_broker(broker: Broker, tmp_path: Path) -> No
                    and value(scrape(port), "embmon_records_total", model="rec", stream="documents") == n_items,
                    timeout=60, message="documents and interactions consumed")
         runs = value(scrape(port), "embmon_probe_runs_total", probe="clicks", outcome="success") or 0
-        wait_until(lambda: value(scrape(port), "embmon_probe_runs_total", probe="clicks", outcome="success") >= runs + 2,
-                   timeout=30, message="two probe runs over the complete window")
+        wait_until(
+            lambda: value(scrape(port), "embmon_probe_runs_total", probe="clicks", outcome="success") >= runs + 2,
+            timeout=30,
+            message="two probe runs over the complete window",
+        )
         s = scrape(port)
     labels = {"probe": "clicks", "model": "rec", "slice": "all"}
     assert value(s, "embmon_retrieval_queries", **labels) == expected["judged"]
     assert value(s, "embmon_retrieval_mrr", **labels, k="10") == pytest.approx(expected["mrr"], abs=1e-12)
-    assert value(s, "embmon_retrieval_mrr_ci_lower", **labels, k="10") == pytest.approx(expected["mrr_lower"], abs=1e-12)
+    assert value(s, "embmon_retrieval_mrr_ci_lower", **labels, k="10") == pytest.approx(
+        expected["mrr_lower"], abs=1e-12
+    )
     assert value(s, "embmon_retrieval_ndcg", **labels, k="10") == pytest.approx(expected["ndcg"], abs=1e-12)
-    assert value(s, "embmon_retrieval_click_through_rate", **labels, k="10") == pytest.approx(expected["ctr"], abs=1e-12)
+    assert value(s, "embmon_retrieval_click_through_rate", **labels, k="10") == pytest.approx(
+        expected["ctr"], abs=1e-12
+    )
     assert value(s, "embmon_retrieval_zero_result_ratio", **labels) == pytest.approx(expected["zero"], abs=1e-12)
     assert value(s, "embmon_retrieval_zero_result_ratio", **{**labels, "slice": "tail"}) == pytest.approx(
         expected["zero_tail"], abs=1e-12)
@@ -249,8 +256,10 @@ def test_slices_past_the_cap_fold_into_other_for_every_number(tmp_path: Path) ->
     # head x4, tail x3, then three rare slices: the cap keeps head and tail, the rest is "other"
     for n, slice_ in enumerate(["head"] * 4 + ["tail"] * 3 + ["rare1", "rare2", "rare3"]):
         results = () if slice_ == "rare3" else ("a", "b")
-        comp.on_interaction(InteractionEvent(model="m", query_id=str(n), results=results, clicks=("a",) if n % 2 else (),
-                                             slice=slice_), now=5.0)
+        comp.on_interaction(
+            InteractionEvent(model="m", query_id=str(n), results=results, clicks=("a",) if n % 2 else (), slice=slice_),
+            now=5.0,
+        )
     comp.run_probe("c")
     s = collect(comp)
     labels = {"probe": "c", "model": "m"}

@@ -101,7 +101,9 @@ def every_exported_family() -> dict[str, list[str]]:
     result = ProbeResult(
         estimates=tuple(Estimate(f, "m", "all", 10, 0.5, 0.4, 0.6) for f in ESTIMATE_HELP),
         queries=(("m", "all", 3),),
-        samples=tuple(sample(name, 1.0, **{label: "x" for label in labels}) for name, (_, labels) in SAMPLE_SCHEMA.items()),
+        samples=tuple(
+            sample(name, 1.0, **{label: "x" for label in labels}) for name, (_, labels) in SAMPLE_SCHEMA.items()
+        ),
     )
     snapshot = ProbeSnapshot(results={"p": result}, runs={("p", "success"): 1}, durations={"p": 0.1},
                              last_success={"p": 1.0})
