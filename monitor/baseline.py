@@ -5,7 +5,8 @@
 * ``baseline capture --from vectors.npy --model M --stream S --state-dir DIR``: store a reference
   from an (n, d) matrix in a state directory (a daemon on DIR uses it from its next start), or
   ``--out FILE`` to write a reference file for ``run --reference``;
-* ``baseline show --state-dir DIR [--json]``: the stored references and lagged snapshots;
+* ``baseline show --state-dir DIR [--json]``: the stored references and lagged snapshots, and
+  any stored reference that cannot be read, with the reason (the daemon sets those aside);
 * ``baseline clear --state-dir DIR --model M [--stream S]``: delete stored references (with the
   daemon stopped; it then falls back to its configured source at the next start).
 
@@ -132,6 +133,8 @@ def _capture_offline(args: argparse.Namespace, stdout: TextIO) -> int:
             matrix, max_rows=args.max_rows, captured_at=time.time(), source=f"file {path.name}",
             rng=np.random.default_rng(args.seed),
         )
+    except EOFError:
+        raise _Usage(f"{path}: empty file, not an .npy matrix") from None
     except (OSError, ValueError) as exc:
         raise _Usage(str(exc)) from None
     if args.out:
@@ -151,7 +154,9 @@ def _show(state_dir: Path, as_json: bool, stdout: TextIO) -> int:
     from monitor.drift.lagged import LAGGED_DIR, list_snapshots
     from monitor.drift.store import ReferenceStore
 
-    refs = [r.describe() for r in ReferenceStore(state_dir).load_all().values()]
+    readable, unreadable = ReferenceStore(state_dir).scan()
+    refs = [r.describe() for r in readable.values()]
+    problems = [{"path": str(path), "unreadable": reason} for path, reason in unreadable.items()]
     lagged = []
     snapshots, _ = list_snapshots(state_dir / LAGGED_DIR)  # leftovers are the daemon's to remove
     for (model, stream), snaps in snapshots.items():
@@ -162,12 +167,14 @@ def _show(state_dir: Path, as_json: bool, stdout: TextIO) -> int:
                 "bytes": sum(s.path.stat().st_size for s in snaps),
             })
     if as_json:
-        print(json.dumps({"references": refs, "lagged": lagged}, indent=2), file=stdout)
+        print(json.dumps({"references": refs, "unreadable": problems, "lagged": lagged}, indent=2), file=stdout)
         return 0
-    if not refs and not lagged:
+    if not refs and not lagged and not problems:
         print(f"no references stored in {state_dir}", file=stdout)
     for ref in refs:
         print(_line(ref), file=stdout)
+    for problem in problems:  # the daemon sets these aside at its next start
+        print(f"{problem['path']}: unreadable ({problem['unreadable']})", file=stdout)
     for entry in lagged:
         print(
             f"{entry['model']}/{entry['stream']}: {entry['snapshots']} lagged snapshots from "

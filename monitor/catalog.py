@@ -139,6 +139,9 @@ def _spec_rows() -> Iterable[MetricSpec]:
          (), "seconds"),
         ("embmon_http_auth_failures_total", "counter",
          "HTTP requests rejected for missing or wrong credentials, by endpoint kind.", ("endpoint",), ""),
+        ("embmon_state_files_rejected_total", "counter",
+         "Files of the state directory found unusable at start-up (a stored drift reference, the canary pins) "
+         "and moved aside, by file. 0 when healthy.", ("file",), ""),
     ]
     for name, kind, help_text, labels, unit in operations:
         yield MetricSpec(name, kind, help_text, labels, unit, "operations")

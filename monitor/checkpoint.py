@@ -15,23 +15,30 @@ The archive holds ``meta`` (UTF-8 JSON as a uint8 array) and one ``a<k>`` member
 of the state; in the JSON tree an array is ``{"__nd__": k}``. Nothing is pickled: arrays are read
 with ``allow_pickle=False``, so a hostile or corrupt file can fail to load but cannot run code.
 
-Writing is crash-safe: the bytes go to a temporary file in the same directory, which is fsynced,
-then the current checkpoint is renamed to ``.prev`` and the temporary file renamed over the
-current one (both atomic), and the directory is fsynced. A crash at any instant leaves at least
-one complete, verifiable checkpoint.
+Writing is crash-safe: the bytes go to a new temporary file in the same directory (an
+unpredictable name created exclusively, never through a symlink: monitor/files.py), which is
+fsynced, then the current checkpoint is renamed to ``.prev`` and the temporary file renamed over
+the current one (both atomic), and the directory is fsynced. A crash at any instant leaves at
+least one complete, verifiable checkpoint; a failed write removes its temporary file.
+
+Reading checks before it allocates: the file's size against ``checkpoint.max_bytes``, the header
+against the file's size, the sha256 over the payload, then every archive member's declared shape
+and dtype (monitor/archives.py). A file that fails anything, or whose state the caller refuses, is
+renamed aside (``checkpoint.embmon.rejected-<UTC time>``; the newest three are kept) and the
+previous one is tried: the rotation can then never push a good ``.prev`` out with a file that was
+not restored.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import io
 import json
 import logging
 import os
+import stat
 import struct
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +46,8 @@ from typing import Any
 
 import numpy as np
 
-from monitor.files import fsync_directory
+from monitor.archives import ArchiveError, Member, read_npz
+from monitor.files import fsync_directory, move_aside, remove_stale_temporaries, replace_with, write_temporary
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +56,7 @@ FORMAT_VERSION = 1
 _HEADER = struct.Struct("<8sHHQ32s")
 CURRENT = "checkpoint.embmon"
 PREVIOUS = "checkpoint.prev.embmon"
-REJECTED = "checkpoint.rejected.embmon"
-_TMP_PREFIX = ".checkpoint.tmp-"
+DEFAULT_MAX_BYTES = 16 * 2**30  # checkpoint.max_bytes: a bigger file is refused unread
 # The `reason` label of embmon_checkpoint_restore_failures_total.
 RESTORE_FAILURE_REASONS = ("unreadable", "corrupt", "incompatible", "invalid")
 _TAGS = ("__nd__", "__bytes__", "__items__")
@@ -134,29 +141,82 @@ def encode(tree: Any, arrays: list[np.ndarray]) -> bytes:
 
 def decode(data: bytes) -> Any:
     """Verify and decode a checkpoint file's bytes; raises :class:`CheckpointError`."""
-    if len(data) < _HEADER.size:
-        raise CheckpointError("corrupt", f"{len(data)} bytes is shorter than the header")
-    magic, version, _flags, length, digest = _HEADER.unpack_from(data)
+    digest, length = _check_header(bytes(data[: _HEADER.size]), len(data))
+    return _decode_payload(memoryview(data)[_HEADER.size :], digest)
+
+
+def read_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
+    """Verify and decode a checkpoint file, reading no more of it than its checks allow (a file over
+    ``max_bytes``, or whose header disagrees with its size, is refused before its payload is read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise CheckpointError("unreadable", exc.strerror or str(exc)) from None
+    with open(fd, "rb") as handle:
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise CheckpointError("unreadable", "not a regular file")
+            if info.st_size > max_bytes:
+                raise CheckpointError("unreadable", f"{info.st_size} bytes, over checkpoint.max_bytes ({max_bytes})")
+            digest, length = _check_header(handle.read(_HEADER.size), info.st_size)
+            _verify(handle, length, digest)  # in 1 MiB pieces: a bad file of any size costs no memory
+            handle.seek(_HEADER.size)
+            payload = handle.read(length)
+        except OSError as exc:
+            raise CheckpointError("unreadable", exc.strerror or str(exc)) from None
+    if len(payload) != length:
+        raise CheckpointError("corrupt", f"payload is {len(payload)} bytes, header says {length} (truncated?)")
+    return _decode_payload(payload, None)  # verified above, through the same open file
+
+
+def _verify(handle: Any, length: int, digest: bytes) -> None:
+    sha, buffer = hashlib.sha256(), memoryview(bytearray(1 << 20))
+    left = length
+    while left:
+        read = handle.readinto(buffer[: min(left, len(buffer))])
+        if not read:
+            raise CheckpointError("corrupt", f"the payload ends {left} bytes early")
+        sha.update(buffer[:read])
+        left -= read
+    if sha.digest() != digest:
+        raise CheckpointError("corrupt", "sha256 mismatch")
+
+
+def _check_header(header: bytes, size: int) -> tuple[bytes, int]:
+    """(sha256, payload length) of a header that describes a file of ``size`` bytes."""
+    if len(header) < _HEADER.size:
+        raise CheckpointError("corrupt", f"{size} bytes is shorter than the header")
+    magic, version, _flags, length, digest = _HEADER.unpack(header)
     if magic != MAGIC:
         raise CheckpointError("corrupt", "not an embedding-monitor checkpoint (bad magic)")
     if version != FORMAT_VERSION:
         raise CheckpointError("incompatible", f"checkpoint format {version}, this build reads {FORMAT_VERSION}")
-    payload = data[_HEADER.size :]
-    if len(payload) != length:
-        raise CheckpointError("corrupt", f"payload is {len(payload)} bytes, header says {length} (truncated?)")
-    if hashlib.sha256(payload).digest() != digest:
+    if length != size - _HEADER.size:
+        raise CheckpointError("corrupt", f"payload is {size - _HEADER.size} bytes, header says {length} (truncated?)")
+    return digest, length
+
+
+def _decode_payload(payload: bytes | memoryview, digest: bytes | None) -> Any:
+    """The state in a payload (its sha256 checked against ``digest`` unless already verified)."""
+    if digest is not None and hashlib.sha256(payload).digest() != digest:
         raise CheckpointError("corrupt", "sha256 mismatch")
     try:
-        with np.load(io.BytesIO(payload), allow_pickle=False) as archive:
-            names = archive.files
-            arrays = [archive[f"a{k}"] for k in range(len(names) - 1)]
-            tree = json.loads(bytes(archive["meta"]).decode())
-    except (ValueError, KeyError, OSError, zipfile.BadZipFile, UnicodeDecodeError, EOFError) as exc:
-        raise CheckpointError("corrupt", f"payload does not decode: {type(exc).__name__}: {exc}") from None
+        members = read_npz(io.BytesIO(payload), {"meta": Member(1, "u")}, others=Member(None, "biufcU"),
+                           max_bytes=len(payload), stored_only=True)
+    except ArchiveError as exc:
+        raise CheckpointError("corrupt", f"payload does not decode: {exc}") from None
+    count = len(members) - 1
+    if set(members) != {"meta", *(f"a{k}" for k in range(count))}:
+        raise CheckpointError("corrupt", f"payload members {sorted(members)} are not meta, a0 ... a{count - 1}")
     try:
-        return unflatten(tree, arrays)
-    except (IndexError, KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise CheckpointError("corrupt", f"state tree does not decode: {exc}") from None
+        tree = json.loads(members["meta"].tobytes().decode())
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise CheckpointError("corrupt", f"state tree is not JSON: {exc}") from None
+    try:
+        return unflatten(tree, [members[f"a{k}"] for k in range(count)])
+    except (IndexError, KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
+        raise CheckpointError("corrupt", f"state tree does not decode: {type(exc).__name__}: {exc}") from None
 
 
 # ------------------------------------------------------------------------------ files
@@ -169,8 +229,10 @@ class Written:
 class CheckpointStore:
     """The checkpoint files of one state directory."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, max_bytes: int = DEFAULT_MAX_BYTES):
         self.directory = Path(directory)
+        self.max_bytes = int(max_bytes)
+        self._not_set_aside: list[Path] = []  # rejected files the rename could not move yet
 
     @property
     def current(self) -> Path:
@@ -184,24 +246,18 @@ class CheckpointStore:
         """Atomically replace the current checkpoint, keeping the one before as ``.prev``."""
         data = encode(tree, arrays)
         self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self.directory / f"{_TMP_PREFIX}{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            if self.current.exists():
+        for rejected in list(self._not_set_aside):  # never rotate a rejected file into .prev
+            if _exists(rejected):
+                move_aside(rejected)
+            self._not_set_aside.remove(rejected)
+        temporary = write_temporary(self.current, lambda handle: handle.write(data))
+        if _exists(self.current):
+            try:
                 os.replace(self.current, self.previous)
-            os.replace(tmp, self.current)
-        except OSError:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
+            except BaseException:
+                temporary.unlink(missing_ok=True)
+                raise
+        replace_with(self.current, temporary)
         fsync_directory(self.directory)
         return Written(self.current, len(data))
 
@@ -210,38 +266,43 @@ class CheckpointStore:
     ) -> Path | None:
         """Decode the newest usable checkpoint and hand it to ``restore``; returns its path.
 
-        ``restore`` raises :class:`CheckpointError` (or ValueError/KeyError/TypeError, read as
-        "invalid") to reject a checkpoint; it must not have changed anything when it does. Each
-        rejected file is reported through ``on_failure(reason, path, message)`` and the next older
-        one is tried; a rejected current checkpoint is moved aside (``checkpoint.rejected.embmon``)
-        so the next write cannot push the good previous one out. None when nothing was usable.
+        ``restore`` raises (a :class:`CheckpointError`, or anything else, read as "invalid") to
+        reject a checkpoint; it must not have changed anything when it does. Any failure to read
+        or decode a file is "corrupt" unless it says otherwise. Each rejected file is reported
+        through ``on_failure(reason, path, message)``, moved aside and the next older one tried.
+        None when nothing was usable.
         """
-        self._remove_stale_temporaries()
+        remove_stale_temporaries(self.directory, CURRENT)
         for path in (self.current, self.previous):
-            if not path.exists():
+            if not _exists(path):
                 continue
             try:
                 try:
-                    data = path.read_bytes()
-                except OSError as exc:
-                    raise CheckpointError("unreadable", f"{exc.strerror or exc}") from None
-                state = decode(data)
+                    state = read_file(path, self.max_bytes)
+                except CheckpointError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - whatever a bad file does, it is a bad file
+                    raise CheckpointError("corrupt", f"{type(exc).__name__}: {exc}") from None
                 try:
                     restore(state)
-                except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+                except CheckpointError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - a state that does not fit is refused
                     raise CheckpointError("invalid", f"{type(exc).__name__}: {exc}") from None
             except CheckpointError as exc:
-                on_failure(exc.reason, path, str(exc))
-                if path == self.current:
-                    with contextlib.suppress(OSError):
-                        os.replace(path, self.directory / REJECTED)
+                on_failure(exc.reason, path, f"{exc}; {self._set_aside(path)}")
                 continue
             return path
         return None
 
-    def _remove_stale_temporaries(self) -> None:
-        if not self.directory.is_dir():
-            return
-        for stale in self.directory.glob(f"{_TMP_PREFIX}*"):
-            with contextlib.suppress(OSError):
-                stale.unlink()
+    def _set_aside(self, path: Path) -> str:
+        """Move a rejected file out of the rotation (retried before the next write if it fails)."""
+        try:
+            return f"moved aside to {move_aside(path).name}"
+        except OSError as exc:
+            self._not_set_aside.append(path)
+            return f"could not be moved aside ({exc.strerror or exc}), retried before the next write"
+
+
+def _exists(path: Path) -> bool:
+    return path.exists() or path.is_symlink()

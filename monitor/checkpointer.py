@@ -4,8 +4,12 @@ A checkpoint (file format: :mod:`monitor.checkpoint`) holds every stream's windo
 each component's state and the source offsets all of that reflects, taken together on the apply
 thread between two batches, so they always agree. Once a checkpoint is on disk its offsets become
 durable and may be committed (:mod:`monitor.offsets`). Restore rebuilds everything from the
-newest usable file, or changes nothing; a bad file is counted by reason and the previous one (or
-empty state) is used: a checkpoint can never put the daemon in a crash loop.
+newest usable file, or changes nothing; a bad file is counted by reason, moved aside, and the
+previous one (or empty state) is used: a checkpoint can never put the daemon in a crash loop.
+Values are checked before anything is installed (monitor/state/checks.py): counters non-negative,
+sums finite, every array of its stream's dimension and every stream of its model's, offsets of
+real partitions. Whether an offset lies within its partition's log is for the source to tell once
+it is assigned; here only what a checkpoint alone can show is checked.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from monitor.ingest import IngestPipeline
 from monitor.logs import RateLimitedLog
 from monitor.offsets import OffsetTracker
 from monitor.sources import Source
+from monitor.state import checks
 from monitor.state.registry import StateRegistry
 
 logger = logging.getLogger(__name__)
@@ -102,7 +107,7 @@ class Checkpointer:
         self.components = components
         self.offsets = offsets
         self.errors = errors
-        self.store = ckpt.CheckpointStore(settings.state_dir)
+        self.store = ckpt.CheckpointStore(settings.state_dir, settings.checkpoint.max_bytes)
         self.restored_from: str | None = None
         self.write_failures: Tally[str] = Tally()
         self.restore_failures: Tally[str] = Tally()
@@ -214,18 +219,24 @@ class Checkpointer:
         self.restore_failures.add(reason)
         # a replica's checkpoint that was never published is the expected trace of a crash
         level = logging.WARNING if reason == "unpublished" else logging.ERROR
-        logger.log(level, "checkpoint %s is unusable (%s): %s; trying the previous one", path, reason, message)
+        logger.log(level, "checkpoint %s is unusable (%s): %s", path, reason, message)
 
     def _install(self, state: Any) -> None:
         """Rebuild everything from a decoded checkpoint; raises (changing nothing) if it does not fit."""
         self._check_compatible(state)
         dims = {str(k): int(v) for k, v in dict(state["dims"]).items()}
-        offsets = {(str(t), int(p)): int(o) for t, p, o in state["offsets"]}
-        invalid = {(str(s), str(r)): int(n) for s, r, n in state["counters"]["invalid"]}
-        interactions = {str(m): int(n) for m, n in dict(state["counters"]["interactions"]).items()}
+        offsets = _offsets(state["offsets"])
+        invalid = {
+            (str(s), str(r)): checks.count(n, f"invalid records of {s}/{r}") for s, r, n in state["counters"]["invalid"]
+        }
+        interactions = {
+            str(m): checks.count(n, f"interactions of {m}") for m, n in dict(state["counters"]["interactions"]).items()
+        }
         # Counters parsed; the registry validates every window before it installs any.
         try:
-            self.registry.load_state_dict({"streams": state["streams"], "labels": state["labels"]})
+            self.registry.load_state_dict({"streams": state["streams"], "labels": state["labels"], "dims": dims})
+        except checks.InvalidState as exc:
+            raise ckpt.CheckpointError("invalid", str(exc)) from None
         except ValueError as exc:
             raise ckpt.CheckpointError("incompatible", str(exc)) from None
         for model, dim in dims.items():
@@ -239,7 +250,7 @@ class Checkpointer:
                 try:
                     component.load_state_dict(saved[component.name])
                 except Exception:  # noqa: BLE001 - one component's state must not discard the rest
-                    self._unusable("invalid", f"component {component.name}", "load_state_dict raised")
+                    self._unusable("invalid", f"component {component.name}", "load_state_dict raised; it starts empty")
                     logger.debug("component restore failure", exc_info=True)
 
     def _check_compatible(self, state: Any) -> None:
@@ -251,10 +262,29 @@ class Checkpointer:
             )
         if self.settings.source == "kafka" and state.get("group_id") != self.settings.kafka.group_id:
             raise ckpt.CheckpointError("incompatible", f"written for consumer group {state.get('group_id')!r}")
-        dims = {str(k): int(v) for k, v in dict(state["dims"]).items()}
+        limit = self.settings.limits.max_dimension
+        dims = {str(k): checks.integer(v, f"dimension of model {k}", 1, limit) for k, v in dict(state["dims"]).items()}
         for model, m in self.settings.models.items():
             if m.dim and model in dims and dims[model] != m.dim:
                 raise ckpt.CheckpointError("incompatible", f"model {model} has dim {dims[model]}, configured {m.dim}")
         if self.observer is not None:
             self.observer.check(state)
 
+
+# A Kafka offset is an int64 and the position after the last one read must be one too; -1 is "none
+# read yet" (a partition assigned at its start). Topic names: Kafka's own limit of 249 characters.
+_LAST_OFFSET = 2**63 - 2
+_MAX_PARTITION = 2**31 - 1
+
+
+def _offsets(entries: Any) -> dict[tuple[str, int], int]:
+    """The checkpoint's offsets, each (topic, partition) once, each a possible Kafka offset."""
+    offsets: dict[tuple[str, int], int] = {}
+    for topic, partition, offset in entries:
+        if not isinstance(topic, str) or not 0 < len(topic) <= 249:
+            raise checks.InvalidState(f"offsets: {topic!r} is not a topic name")
+        key = (topic, checks.integer(partition, f"offsets: partition of {topic}", 0, _MAX_PARTITION))
+        if key in offsets:
+            raise checks.InvalidState(f"offsets: {topic}[{key[1]}] appears twice")
+        offsets[key] = checks.integer(offset, f"offsets: {topic}[{key[1]}]", -1, _LAST_OFFSET)
+    return offsets

@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 from monitor import __version__, catalog
 from monitor.checkpoint import RESTORE_FAILURE_REASONS
 from monitor.checkpointer import WRITE_STAGES
+from monitor.files import REJECTED_FILE_KINDS
 
 if TYPE_CHECKING:
     from monitor.checkpointer import CheckpointStatus
@@ -111,6 +112,8 @@ class OperationsCollector(Collector):
             fresh.add_metric([], lag_updated)
             yield fresh
         yield by_label(catalog.counter("embmon_http_auth_failures_total"), m.auth_failure_counts(), AUTH_ENDPOINTS)
+        yield by_label(catalog.counter("embmon_state_files_rejected_total"), m.rejected_file_counts(),
+                       REJECTED_FILE_KINDS)
 
 
 def _checkpoint_families(m: DaemonStatus, status: CheckpointStatus) -> Iterable[Metric]:

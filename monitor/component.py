@@ -8,12 +8,13 @@ components from each other: a hook or job that raises is counted and logged, nev
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.metrics_core import Metric
 
+from monitor.files import RejectedFiles
 from monitor.records import EmbeddingBatch, InteractionEvent
 
 if TYPE_CHECKING:
@@ -45,6 +46,8 @@ class MonitorContext:
     # Register an HTTP route on the daemon's port: (path, handler, methods, bearer_token).
     # handler(environ) -> (status, content type, body); see monitor/exporter.py.
     add_route: Callable[..., None] | None = None
+    # Where a component sets aside a file of the state directory it cannot use (counted, logged).
+    rejected_files: RejectedFiles = field(default_factory=RejectedFiles)
 
 
 class Component:

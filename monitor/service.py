@@ -247,6 +247,7 @@ class Monitor(Daemon):
             http=self.http,
             started_at=time.time(),
             wall_clock=time.time,
+            rejected_files=self.context.rejected_files,
         )
         self.metrics_registry.register(CoreCollector(self.status))
         self.metrics_registry.register(ComponentCollector(self.components, self.errors))

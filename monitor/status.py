@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from monitor.checkpointer import Checkpointer, CheckpointStatus
     from monitor.counters import InternalErrors
     from monitor.exporter import HttpServer
+    from monitor.files import RejectedFiles
     from monitor.ingest import IngestPipeline
     from monitor.jobs import JobRunner
     from monitor.refresh import Published, Refresher
@@ -45,6 +46,7 @@ class DaemonStatus:
         http: HttpServer,
         started_at: float,
         wall_clock: Callable[[], float],
+        rejected_files: RejectedFiles | None = None,
     ):
         self._source = source
         self._registry = registry
@@ -56,6 +58,7 @@ class DaemonStatus:
         self._http = http
         self.started_at = started_at
         self.wall_clock = wall_clock
+        self._rejected_files = rejected_files
 
     @property
     def published(self) -> Published:
@@ -104,3 +107,6 @@ class DaemonStatus:
 
     def auth_failure_counts(self) -> dict[str, int]:
         return self._http.auth_failure_counts()
+
+    def rejected_file_counts(self) -> dict[str, int]:
+        return {} if self._rejected_files is None else self._rejected_files.counts.snapshot()

@@ -49,10 +49,12 @@ def run_canary(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr
         return 0
     from monitor.canary.pins import PinStore
 
+    store = PinStore(Path(args.state_dir))
     try:
-        pins = PinStore(Path(args.state_dir)).load()
+        pins = store.load()
     except ValueError as exc:
-        print(f"embedding-monitor canary: {exc}", file=stderr)
+        print(f"embedding-monitor canary: canary pins {store.path} are unusable ({exc}); the daemon sets them "
+              "aside at its next start", file=stderr)
         return 2
     listing = {model: sorted(ids) for model, ids in sorted(pins.items())}
     if args.json:

@@ -28,6 +28,7 @@ from monitor.component import Component, MonitorContext, ScheduledJob
 from monitor.config import ConfigError
 from monitor.logs import RateLimitedLog
 from monitor.records import EmbeddingBatch
+from monitor.state import checks
 
 logger = logging.getLogger(__name__)
 
@@ -55,11 +56,17 @@ class CanaryComponent(Component):
         self.window_seconds = float(context.settings.window.seconds)
         self._ids = {model: frozenset(ids) for model, ids in self.settings.ids.items()}
         self._store = PinStore(context.state_dir)
+        self._store.remove_stale_temporaries()
         try:
-            stored = self._store.load()
             file_pins = self.settings.file_pins()
         except ValueError as exc:
             raise ConfigError(f"canaries: {exc}") from None
+        declared = {name: m.dim for name, m in context.settings.models.items() if m.dim}
+        for model, ident, vector in file_pins:
+            if declared.get(model, len(vector)) != len(vector):
+                raise ConfigError(f"canaries.pins_file: {model}/{ident} is pinned with a {len(vector)}-d vector, "
+                                  f"model {model} is {declared[model]}-d (models.{model}.dim)")
+        stored = self._stored_pins(declared)
         self._fixed = {(model, ident) for model, ident, _ in file_pins}
         self._pins: Pins = {model: dict(ids) for model, ids in stored.items() if model in self._ids}
         for model, ident, vector in file_pins:
@@ -75,6 +82,21 @@ class CanaryComponent(Component):
         self.publish()
         if context.add_route is not None:
             context.add_route(REPIN_PATH, self.handle_repin, methods=("POST",))
+
+    def _stored_pins(self, declared: Mapping[str, int]) -> Pins:
+        """The pins of ``canary-pins.json``; a file that cannot be used is set aside (the pins form
+        again from the next arrivals) rather than stopping the daemon at every start."""
+        try:
+            stored = self._store.load()
+            for model, ids in stored.items():
+                dims = {len(v) for v in ids.values()}
+                if model in declared and dims - {declared[model]}:
+                    raise ValueError(f"the pins of model {model} are {dims.pop()}-d, models.{model}.dim is "
+                                     f"{declared[model]}")
+        except ValueError as exc:
+            self.context.rejected_files.set_aside("canary_pins", self._store.path, str(exc))
+            return {}
+        return stored
 
     # ------------------------------------------------------------------ ingest hook
     def on_embeddings(self, batch: EmbeddingBatch, now: float) -> None:
@@ -92,13 +114,24 @@ class CanaryComponent(Component):
                 self._latest.setdefault(batch.model, {})[ident] = vector
                 self._last_seen[batch.model] = now
                 pin = pins.get(ident)
-                if pin is None or pin.shape != vector.shape:
+                if pin is None:
                     pins[ident] = vector
                     pinned_now = True
                     logger.info("canary %s/%s: pinned at its first sighting", batch.model, ident)
                     continue
-                cosine = float(np.dot(vector, pin))
                 self._checked[batch.model] += 1
+                if pin.shape != vector.shape:  # never re-pinned silently: a model swap, or a wrong pins_file
+                    self._mismatches[batch.model] += 1
+                    self._log.warning(
+                        f"dimension:{batch.model}",
+                        "canary %s/%s: a %d-d vector, pinned %d-d (%s): model %s changed; if intended, re-pin with "
+                        "`embedding-monitor canary repin --model %s`",
+                        batch.model, ident, vector.shape[0], pin.shape[0],
+                        "canaries.pins_file" if (batch.model, ident) in self._fixed else "canary-pins.json",
+                        batch.model, batch.model,
+                    )
+                    continue
+                cosine = float(np.dot(vector, pin))
                 self._recent.setdefault(batch.model, deque(maxlen=MAX_RECENT)).append((now, cosine))
                 if cosine < 1.0 - self.settings.tolerance:
                     self._mismatches[batch.model] += 1
@@ -206,12 +239,16 @@ class CanaryComponent(Component):
             }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        checked = Counter({str(m): checks.count(n, f"canary checks of {m}") for m, n in state["checked"].items()})
+        mismatches = Counter({str(m): checks.count(n, f"mismatches of {m}") for m, n in state["mismatches"].items()})
+        recent = {
+            str(m): deque(
+                ((checks.finite(t, "canary time"), checks.finite(c, "canary cosine", -1.01)) for t, c in rows),
+                maxlen=MAX_RECENT,
+            )
+            for m, rows in state["recent"].items()
+        }
+        last_seen = {str(m): checks.finite(t, f"last canary of {m}") for m, t in dict(state["last_seen"]).items()}
         with self._lock:
-            self._checked = Counter({str(m): int(n) for m, n in dict(state["checked"]).items()})
-            self._mismatches = Counter({str(m): int(n) for m, n in dict(state["mismatches"]).items()})
-            self._recent = {
-                str(m): deque(((float(t), float(c)) for t, c in rows), maxlen=MAX_RECENT)
-                for m, rows in dict(state["recent"]).items()
-            }
-            self._last_seen = {str(m): float(t) for m, t in dict(state["last_seen"]).items()}
+            self._checked, self._mismatches, self._recent, self._last_seen = checked, mismatches, recent, last_seen
         self.publish()

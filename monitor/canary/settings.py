@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -68,6 +69,7 @@ class CanarySettings(BaseModel):
         if self.pins_file is None:
             return []
         pins = []
+        dims: dict[str, int] = {}  # every pin of a model has the model's one dimension
         for number, line in enumerate(Path(self.pins_file).read_text().splitlines(), start=1):
             if not line.strip():
                 continue
@@ -78,12 +80,27 @@ class CanarySettings(BaseModel):
                 raise ValueError(f"{where}: not JSON") from None
             if not isinstance(row, dict) or set(row) != {"model", "id", "vector"}:
                 raise ValueError(f"{where}: expected exactly the keys model, id, vector")
-            vector = row["vector"]
-            if (
-                not isinstance(vector, list) or len(vector) < 2
-                or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in vector)
-                or not any(vector)
-            ):
-                raise ValueError(f"{where}: vector must be a list of finite numbers, not all zero")
-            pins.append((str(row["model"]), str(row["id"]), [float(v) for v in vector]))
+            vector, model = row["vector"], str(row["model"])
+            problem = pin_problem(vector)
+            if problem is not None:
+                raise ValueError(f"{where}: {problem}")
+            if dims.setdefault(model, len(vector)) != len(vector):
+                raise ValueError(f"{where}: a {len(vector)}-d vector; model {model}'s pins above are {dims[model]}-d")
+            pins.append((model, str(row["id"]), [float(v) for v in vector]))
         return pins
+
+
+def pin_problem(vector: Any) -> str | None:
+    """Why ``vector`` cannot be a canary's pin (a zero or non-finite one would disable it), or None."""
+    if not isinstance(vector, list) or len(vector) < 2 or not all(_finite(v) for v in vector) or not any(vector):
+        return "vector must be a list of at least 2 finite numbers, not all zero"
+    return None
+
+
+def _finite(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer beyond float range
+        return False

@@ -111,7 +111,10 @@ class DriftComponent(Component):
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="embmon-drift-store")
         # regions of references that do not store them (lagged ones): (the profile, its regions)
         self._fitted: dict[StreamKey, tuple[ReferenceProfile, Regions | None]] = {}
-        self._stored = self.store.load_all()
+        self.store.remove_stale_temporaries()
+        self._stored, unreadable = self.store.scan()
+        for path, reason in unreadable.items():  # a restart must not crash on it again: set it aside
+            context.rejected_files.set_aside("reference", path, reason)
         for key, ref in sorted(self._stored.items()):
             self._init_stream(key, ref.profile.dim)
         if context.add_route is not None:

@@ -33,8 +33,8 @@ def load_reference_file(path: Path, *, max_rows: int, rng: np.random.Generator) 
     if path.suffix == ".npz":
         try:
             profile = ReferenceProfile.from_npz(path)
-        except KeyError as exc:
-            raise ValueError(f"{path}: not a reference archive (missing {exc}); write one with "
+        except ValueError as exc:
+            raise ValueError(f"{path}: not a usable reference archive ({exc}); write one with "
                              "`embedding-monitor baseline capture --from vectors.npy --out FILE`") from None
         check_matrix(profile.sample, str(path))
         if len(profile.sample) > max_rows:

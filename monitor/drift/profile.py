@@ -8,17 +8,20 @@ use it without loading torch or scikit-learn.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from monitor.drift.regions import Regions
+from monitor.archives import Member, read_npz
+from monitor.drift.regions import REGION_MEMBERS, Regions
 from monitor.drift.signals import SignalBaseline
 from monitor.files import atomic_savez
 
 _NPZ_FORMAT_VERSION = 1
+_LATEST_TIME = 1e11  # unix seconds (year 5138): a captured_at beyond is no time
 
 
 @dataclass(frozen=True)
@@ -138,20 +141,57 @@ class ReferenceProfile:
 
     @classmethod
     def from_npz(cls, source: str | os.PathLike[str] | Any) -> ReferenceProfile:
-        """Read what :meth:`to_npz` wrote; a file from another format version is refused."""
-        with np.load(source, allow_pickle=False) as data:
-            version = int(data["format_version"]) if "format_version" in data else None
-            if version != _NPZ_FORMAT_VERSION:
-                raise ValueError(f"unsupported reference format version {version}; expected {_NPZ_FORMAT_VERSION}")
-            return cls(
-                sample=data["sample"],
-                centroid=data["centroid"],
-                count=int(data["count"]),
-                captured_at=float(data["captured_at"]),
-                source=str(data["source"]),
-                sample_ids=tuple(str(i) for i in data["sample_ids"]) if "sample_ids" in data else None,
-                regions=Regions.from_arrays(data),
-            )
+        """Read what :meth:`to_npz` wrote; anything else (another format version, a damaged or
+        oversized archive, a member of the wrong shape or type) is a one-line ``ValueError``."""
+        return cls.from_arrays(read_reference_arrays(source))
+
+    @classmethod
+    def from_arrays(cls, data: Mapping[str, np.ndarray]) -> ReferenceProfile:
+        """A profile from the members :func:`read_reference_arrays` checked."""
+        version = int(data["format_version"]) if "format_version" in data else None
+        if version != _NPZ_FORMAT_VERSION:
+            raise ValueError(f"unsupported reference format version {version}; expected {_NPZ_FORMAT_VERSION}")
+        missing = [name for name in ("sample", "centroid", "count", "captured_at", "source") if name not in data]
+        if missing:
+            raise ValueError(f"no {missing[0]!r} member: not a reference archive")
+        captured_at = float(data["captured_at"])
+        if not 0 <= captured_at < _LATEST_TIME:
+            raise ValueError(f"captured_at {captured_at} is not a time")
+        try:
+            regions = Regions.from_arrays(data)
+        except KeyError as exc:
+            raise ValueError(f"regions without their {exc} member") from None
+        return cls(
+            sample=data["sample"],
+            centroid=data["centroid"],
+            count=int(data["count"]),
+            captured_at=captured_at,
+            source=str(data["source"]),
+            sample_ids=tuple(str(i) for i in data["sample_ids"]) if "sample_ids" in data else None,
+            regions=regions,
+        )
+
+
+REFERENCE_MAX_BYTES = 2**30
+"""A reference archive larger than this (its file, or its arrays uncompressed) is refused unread: 1 GiB
+is 350,000 rows at d = 768; the daemon keeps 2 × ``drift.reference_sample_size`` rows (20,000 by default)."""
+
+# every one optional here: ReferenceProfile.from_arrays checks the format version first
+_REFERENCE_MEMBERS = {
+    name: Member(ndim, kinds, required=False)
+    for name, ndim, kinds in (
+        ("format_version", 0, "iu"), ("sample", 2, "fiu"), ("centroid", 1, "fiu"), ("count", 0, "iu"),
+        ("captured_at", 0, "fiu"), ("source", 0, "U"), ("sample_ids", 1, "U"), *REGION_MEMBERS,
+    )
+}
+
+
+def read_reference_arrays(
+    source: str | os.PathLike[str] | Any, extra: Mapping[str, Member] | None = None
+) -> dict[str, np.ndarray]:
+    """The members of a reference archive (and ``extra`` ones), each checked before it is read
+    (monitor/archives.py); members this build does not know are left unread."""
+    return read_npz(source, {**_REFERENCE_MEMBERS, **(extra or {})}, max_bytes=REFERENCE_MAX_BYTES)
 
 
 def uniform_subsample(sample: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:

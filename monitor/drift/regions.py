@@ -40,8 +40,11 @@ import numpy as np
 MIN_ROWS_PER_REGION = 50  # held-out reference rows per region: k = min(max_regions, held-out rows / 50)
 NOVEL_QUANTILE = 0.99
 _ITERATIONS = 100
-_MEMBERS = ("regions_centres", "regions_reference_counts", "regions_novel_radius", "regions_exemplar_ids",
-            "regions_novel_reference_count")
+# The .npz members of regions: (name, number of dimensions, dtype kinds: monitor/archives.py)
+REGION_MEMBERS = (("regions_centres", 2, "fiu"), ("regions_reference_counts", 1, "iu"),
+                  ("regions_novel_radius", 0, "fiu"), ("regions_exemplar_ids", (1, 2), "U"),
+                  ("regions_novel_reference_count", 0, "iu"))
+_MEMBERS = tuple(name for name, _, _ in REGION_MEMBERS)
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,8 @@ class Regions:
         counts = np.asarray(self.reference_counts, dtype=np.int64)
         if centres.ndim != 2 or len(centres) < 2 or counts.shape != (len(centres),) or counts.sum() < 1:
             raise ValueError(f"regions need (k >= 2, d) centres and k counts; got {centres.shape}, {counts.shape}")
+        if not np.isfinite(centres).all() or (counts < 0).any():
+            raise ValueError("regions need finite centres and non-negative counts")
         if len(self.exemplar_ids) != len(centres) or not np.isfinite(self.novel_radius):
             raise ValueError("regions need one exemplar list per centre and a finite novelty radius")
         object.__setattr__(self, "centres", centres)

@@ -5,13 +5,13 @@ references live in :mod:`monitor.drift.lagged`), a stream's reference is stored 
 ``ReferenceProfile`` archive (readable by ``ReferenceProfile.from_npz``, so it can be pinned
 elsewhere) plus one ``embmon_meta`` member (JSON: origin, pinned-file hash). Every write is
 atomic (temporary file, fsync, rename, directory fsync). At start the stored references are
-reloaded, so a restart never re-captures.
+reloaded, so a restart never re-captures; one that cannot be read (damaged, oversized, of the wrong
+shape: monitor/archives.py) is reported by :meth:`ReferenceStore.scan` for the daemon to set aside.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +19,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from monitor.drift.profile import ReferenceProfile
-from monitor.files import atomic_savez, fsync_directory, safe_name
+from monitor.archives import Member
+from monitor.drift.profile import ReferenceProfile, read_reference_arrays
+from monitor.files import atomic_savez, fsync_directory, remove_stale_temporaries, safe_name
 from monitor.records import StreamKey
-
-logger = logging.getLogger(__name__)
 
 REFERENCES_DIR = "references"
 META_KEY = "embmon_meta"
@@ -83,38 +82,51 @@ class ReferenceStore:
         return path
 
     def load(self, path: Path) -> StoredReference:
-        profile = ReferenceProfile.from_npz(path)
-        with np.load(path, allow_pickle=False) as data:
-            if META_KEY not in data.files:
-                raise ValueError("no embmon_meta member: not written by the daemon")
-            meta = json.loads(str(data[META_KEY]))
+        """The stored reference in ``path``; ``ValueError`` (one line) for anything unusable."""
+        try:
+            data = read_reference_arrays(path, {META_KEY: Member(0, "U", required=False)})
+        except OSError as exc:
+            raise ValueError(exc.strerror or str(exc)) from None
+        if META_KEY not in data:
+            raise ValueError("no embmon_meta member: not written by the daemon")
+        profile = ReferenceProfile.from_arrays(data)
+        meta = json.loads(str(data[META_KEY]))
+        if not isinstance(meta, dict) or not all(isinstance(meta.get(k), str) for k in ("model", "stream")):
+            raise ValueError("embmon_meta does not name a model and a stream")
         origin = str(meta.get("origin"))
         if origin not in ORIGINS:
             raise ValueError(f"unknown origin {origin!r}")
-        model, stream = str(meta["model"]), str(meta["stream"])
+        model, stream = meta["model"], meta["stream"]
         if self.path(model, stream) != path:
             raise ValueError(f"names {model}/{stream}, which belongs in {self.path(model, stream)}")
         pin = meta.get("pin_sha256")
         return StoredReference(model, stream, profile, origin, None if pin is None else str(pin), path)
 
-    def load_all(self) -> dict[StreamKey, StoredReference]:
-        """Every readable stored reference; unreadable files are logged and skipped, stale temporaries removed."""
+    def remove_stale_temporaries(self) -> None:
+        """Remove the temporary files of interrupted writes (the previous file is intact): the daemon
+        at start, never a reader beside a running daemon."""
+        if self.root.is_dir():
+            for model_dir in self.root.iterdir():
+                remove_stale_temporaries(model_dir)
+
+    def scan(self) -> tuple[dict[StreamKey, StoredReference], dict[Path, str]]:
+        """Every readable stored reference, and every unreadable one with the reason."""
         out: dict[StreamKey, StoredReference] = {}
+        unreadable: dict[Path, str] = {}
         if not self.root.is_dir():
-            return out
-        for path in sorted(self.root.glob("*/*")):
-            if path.name.startswith(".") and path.name.endswith(".tmp"):
-                path.unlink(missing_ok=True)  # an interrupted write; the previous file is intact
-                continue
-            if path.suffix != ".npz":
-                continue
+            return out, unreadable
+        for path in sorted(self.root.glob("*/*.npz")):
             try:
                 ref = self.load(path)
-            except (OSError, ValueError, KeyError) as exc:
-                logger.error("ignoring unreadable reference %s: %s", path, exc)
+            except ValueError as exc:
+                unreadable[path] = str(exc)
                 continue
             out[(ref.model, ref.stream)] = ref
-        return out
+        return out, unreadable
+
+    def load_all(self) -> dict[StreamKey, StoredReference]:
+        """Every readable stored reference (:meth:`scan` without the unreadable ones)."""
+        return self.scan()[0]
 
     def delete(self, model: str, stream: str) -> bool:
         path = self.path(model, stream)

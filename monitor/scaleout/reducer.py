@@ -107,7 +107,7 @@ class Reducer(Daemon):
         self.status = ReducerStatus(
             source=self.intake, registry=self.table, refresher=self.refresher, pipeline=self.intake,  # type: ignore
             jobs=self.jobs, errors=self.errors, checkpointer=self.checkpointer, http=self.http,
-            started_at=time.time(), wall_clock=time.time,
+            started_at=time.time(), wall_clock=time.time, rejected_files=self.context.rejected_files,
         )
         for collector in (CoreCollector(self.status), ComponentCollector(self.components, self.errors),
                           OperationsCollector(self.status), ReducerCollector(self.table, time.time)):

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from monitor.state import checks
+
 __all__ = ["PositivePairMatcher"]
 
 
@@ -95,14 +97,17 @@ class PositivePairMatcher:
         }
 
     @classmethod
-    def from_state_dict(cls, state: dict[str, Any]) -> PositivePairMatcher:
-        matcher = cls(int(state["max_pending"]), float(state["alpha"]))
-        matcher.evicted = int(state["evicted"])
+    def from_state_dict(cls, state: dict[str, Any], dim: int | None = None) -> PositivePairMatcher:
+        """Rebuild from ``state_dict()`` output; waiting halves must be finite ``dim``-vectors (any
+        one dimension when ``dim`` is None). ``ValueError`` names what does not fit."""
+        matcher = cls(checks.count(state["max_pending"], "max_pending_pairs"), checks.finite(state["alpha"], "alpha"))
+        matcher.evicted = checks.count(state["evicted"], "evicted pair halves")
         ids = list(state["ids"])
-        vectors = state["vectors"]
+        if not all(isinstance(i, str) for i in ids) or len(set(ids)) != len(ids) or len(ids) > matcher.max_pending:
+            raise checks.InvalidState(f"{len(ids)} pending pair ids are not distinct strings within max_pending_pairs")
         if ids:
-            vectors = np.asarray(vectors, dtype=np.float32)
-            if vectors.ndim != 2 or vectors.shape[0] != len(ids):
-                raise ValueError("pending pair state has mismatched ids and vectors")
+            vectors = state["vectors"]
+            width = getattr(vectors, "shape", (0, 0))[-1] if dim is None else dim
+            vectors = checks.finite_array(vectors, (len(ids), width), "pending pair vectors", np.float32)
             matcher._pending = {pair_id: vectors[i].copy() for i, pair_id in enumerate(ids)}
         return matcher

@@ -16,6 +16,7 @@ from typing import Any
 from monitor.config import Settings
 from monitor.devices import use_cuda
 from monitor.records import EmbeddingBatch, StreamKey
+from monitor.state import checks
 from monitor.state.window import SlidingWindow, WindowSnapshot
 
 
@@ -159,27 +160,39 @@ class StateRegistry:
         """Install what ``state_dict`` returned into an empty registry.
 
         Raises ``ValueError`` and changes nothing when a saved window was built with other window
-        settings than the running ones (its sums would not mean what the settings say).
+        settings than the running ones (its sums would not mean what the settings say), holds a
+        value no run produces (monitor/state/checks.py), or has another dimension than ``dims``
+        (the checkpoint's learned model dimensions, when given) says for its model.
         """
-        rebuilt: list[StreamState] = []
+        dims: dict[str, int] | None = state.get("dims")
+        rebuilt: dict[tuple[str, str], StreamState] = {}
         for entry in state["streams"]:
-            model, stream = str(entry["model"]), str(entry["stream"])
-            window = SlidingWindow.from_state_dict(entry["window"])
-            fresh = self._window_factory(model, stream, window.dim)
+            model, stream = entry["model"], entry["stream"]
+            if not (isinstance(model, str) and isinstance(stream, str)) or (model, stream) in rebuilt:
+                raise checks.InvalidState(f"stream {model!r}/{stream!r} is not a pair of names, or appears twice")
+            saved = entry["window"]
+            dim = checks.integer(saved["dim"], f"{model}/{stream}: dim", 1, self.settings.limits.max_dimension)
+            if dims is not None and dims.get(model) != dim:
+                raise checks.InvalidState(
+                    f"{model}/{stream}: window of dim {dim}, the model's dimension is {dims.get(model)}"
+                )
+            fresh = self._window_factory(model, stream, dim)
             for attr in ("window_seconds", "subwindows", "reservoir_size", "seed", "alignment_alpha"):
-                if getattr(fresh, attr) != getattr(window, attr):
+                if getattr(fresh, attr) != saved[attr]:
                     raise ValueError(
-                        f"{model}/{stream}: window {attr} is {getattr(window, attr)!r} in the checkpoint, "
+                        f"{model}/{stream}: window {attr} is {saved[attr]!r} in the checkpoint, "
                         f"{getattr(fresh, attr)!r} configured"
                     )
+            window = SlidingWindow.from_state_dict(saved)
             window.use_arithmetic(fresh.gram_precision, fresh.device)
             last = entry.get("last_record_time")
-            rebuilt.append(
-                StreamState(model, stream, window, int(entry["records_total"]), None if last is None else float(last))
+            rebuilt[(model, stream)] = StreamState(
+                model, stream, window, checks.count(entry["records_total"], f"{model}/{stream}: records_total"),
+                None if last is None else checks.finite(last, f"{model}/{stream}: last_record_time"),
             )
         labels = {str(m): {str(s) for s in streams} for m, streams in dict(state["labels"]).items()}
         with self._lock:
-            for stream_state in rebuilt:
+            for stream_state in rebuilt.values():
                 self._states[(stream_state.model, stream_state.stream)] = stream_state
                 labels.setdefault(stream_state.model, set()).add(stream_state.stream)
             for model, streams in labels.items():

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from monitor.state import checks
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["Reservoir", "generator_from_state", "uniform_sample"]
@@ -188,14 +190,16 @@ class Reservoir:
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> Reservoir:
-        """Rebuild from ``state_dict()`` output."""
-        reservoir = cls(int(state["capacity"]), int(state["dim"]), generator_from_state(state["rng_state"]))
-        seen = int(state["seen"])
-        vectors = np.asarray(state["vectors"], dtype=np.float32)
-        ids = list(state["ids"])
+        """Rebuild from ``state_dict()`` output (``ValueError`` on a value that does not fit)."""
+        capacity = checks.count(state["capacity"], "reservoir capacity")
+        dim = checks.integer(state["dim"], "reservoir dim", 1)
+        reservoir = cls(capacity, dim, generator_from_state(state["rng_state"]))
+        seen = checks.count(state["seen"], "reservoir seen")
         size = min(seen, reservoir.capacity)
-        if seen < 0 or vectors.shape != (size, reservoir.dim) or len(ids) != size:
-            raise ValueError("reservoir state is inconsistent with its capacity, dim and seen")
+        vectors = checks.finite_array(state["vectors"], (size, reservoir.dim), "reservoir vectors", np.float32)
+        ids = list(state["ids"])
+        if len(ids) != size or not all(i is None or isinstance(i, str) for i in ids):
+            raise checks.InvalidState(f"reservoir holds {len(ids)} ids for {size} rows, or ids that are not strings")
         reservoir.seen = seen
         reservoir._vectors[:size] = vectors
         reservoir._ids[:size] = ids if size else None

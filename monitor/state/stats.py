@@ -25,6 +25,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from monitor.state import checks
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["GRAM_PRECISIONS", "GramPrecision", "SufficientStats", "check_precision"]
@@ -321,38 +323,34 @@ class SufficientStats:
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> SufficientStats:
-        """Rebuild from ``state_dict()`` output, validating shapes.
+        """Rebuild from ``state_dict()`` output, validating shapes and values (``ValueError``:
+        monitor/state/checks.py).
 
         A state without a centre (written before shifting existed) holds the raw XᵀX, which is
         the moment about c = 0: it loads as such. A state without ``norm_m2`` (written before the
         norms' moment was kept about their mean) gets it from the raw sums, as it was computed then.
         """
-        stats = cls(int(state["dim"]), state.get("precision", "float64"))
+        stats = cls(checks.integer(state["dim"], "stats dim", 1), state.get("precision", "float64"))
         d = stats.dim
-        vector_sum = np.asarray(state["vector_sum"], dtype=np.float64)
+        vector_sum = checks.finite_array(state["vector_sum"], (d,), "vector_sum")
         if "centre" in state:
-            packed = np.asarray(state["moment_packed"], dtype=np.float64)
-            centre = np.asarray(state["centre"], dtype=np.float64)
-            shifted_sum = np.asarray(state["shifted_sum"], dtype=np.float64)
+            packed = checks.finite_array(state["moment_packed"], (_packed_size(d),), "moment_packed")
+            centre = checks.finite_array(state["centre"], (d,), "centre")
+            shifted_sum = checks.finite_array(state["shifted_sum"], (d,), "shifted_sum")
         else:
-            packed = np.asarray(state["gram_packed"], dtype=np.float64)
+            packed = checks.finite_array(state["gram_packed"], (_packed_size(d),), "gram_packed")
             centre = np.zeros(d)
             shifted_sum = vector_sum
-        unit_sum = np.asarray(state["unit_sum"], dtype=np.float64)
-        if packed.shape != (_packed_size(d),) or any(v.shape != (d,) for v in (vector_sum, unit_sum, centre, shifted_sum)):
-            raise ValueError(f"state arrays do not match dim {d}")
-        count = int(state["count"])
-        if count < 0:
-            raise ValueError(f"count must be non-negative, got {count}")
         stats._moment_packed = packed.copy()
         stats.centre = centre.copy()
         stats._shifted_sum = shifted_sum.copy()
         stats.vector_sum = vector_sum.copy()
-        stats.unit_sum = unit_sum.copy()
-        stats.norm_sum = float(state["norm_sum"])
-        stats.sq_norm_sum = float(state["sq_norm_sum"])
+        stats.unit_sum = checks.finite_array(state["unit_sum"], (d,), "unit_sum").copy()
+        stats.norm_sum = checks.finite(state["norm_sum"], "norm_sum", low=0.0)
+        stats.sq_norm_sum = checks.finite(state["sq_norm_sum"], "sq_norm_sum", low=0.0)
+        count = checks.count(state["count"], "stats count")
         if "norm_m2" in state:
-            stats.norm_m2 = float(state["norm_m2"])
+            stats.norm_m2 = checks.finite(state["norm_m2"], "norm_m2")  # may round a hair below 0
         elif count:
             stats.norm_m2 = max(0.0, stats.sq_norm_sum - stats.norm_sum * stats.norm_sum / count)
         stats.count = count

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from monitor.records import EmbeddingBatch
+from monitor.state import checks
 from monitor.state.pairs import PositivePairMatcher
 from monitor.state.reservoir import Reservoir, uniform_sample
 from monitor.state.stats import GramPrecision, SufficientStats, check_precision
@@ -96,14 +97,21 @@ class _SubWindow:
         }
 
     @classmethod
-    def from_state_dict(cls, state: dict[str, Any]) -> _SubWindow:
-        return cls(
-            index=int(state["index"]),
+    def from_state_dict(cls, state: dict[str, Any], window: SlidingWindow) -> _SubWindow:
+        """Rebuild one of ``window``'s sub-windows; its sizes are checked before anything is allocated."""
+        reservoir = state["reservoir"]
+        if reservoir["capacity"] != window.subwindow_capacity or reservoir["dim"] != window.dim:
+            raise checks.InvalidState("sub-window state does not match the window configuration")
+        sub = cls(
+            index=checks.integer(state["index"], "sub-window index", -checks.INT64_MAX),
             stats=SufficientStats.from_state_dict(state["stats"]),
-            reservoir=Reservoir.from_state_dict(state["reservoir"]),
-            alignment_sum=float(state["alignment_sum"]),
-            alignment_pairs=int(state["alignment_pairs"]),
+            reservoir=Reservoir.from_state_dict(reservoir),
+            alignment_sum=checks.finite(state["alignment_sum"], "alignment_sum", low=0.0),
+            alignment_pairs=checks.count(state["alignment_pairs"], "alignment_pairs"),
         )
+        if sub.stats.dim != window.dim:
+            raise checks.InvalidState(f"sub-window statistics of dim {sub.stats.dim} in a window of dim {window.dim}")
+        return sub
 
 
 class SlidingWindow:
@@ -331,26 +339,32 @@ class SlidingWindow:
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> SlidingWindow:
-        """Rebuild a window from ``state_dict()`` output."""
+        """Rebuild a window from ``state_dict()`` output; ``ValueError`` names what does not fit
+        (monitor/state/checks.py)."""
         if state.get("version") != _STATE_VERSION:
             raise ValueError(f"unsupported window state version {state.get('version')!r}")
         window = cls(
-            dim=state["dim"],
-            window_seconds=state["window_seconds"],
-            subwindows=state["subwindows"],
-            reservoir_size=state["reservoir_size"],
-            seed=state["seed"],
-            alignment_alpha=state["alignment_alpha"],
-            max_pending_pairs=state["max_pending_pairs"],
+            dim=checks.integer(state["dim"], "window dim", 1),
+            window_seconds=checks.finite(state["window_seconds"], "window_seconds"),
+            subwindows=checks.integer(state["subwindows"], "subwindows", 1),
+            reservoir_size=checks.count(state["reservoir_size"], "reservoir_size"),
+            seed=checks.count(state["seed"], "seed"),
+            alignment_alpha=checks.finite(state["alignment_alpha"], "alignment_alpha"),
+            max_pending_pairs=checks.count(state["max_pending_pairs"], "max_pending_pairs"),
         )
-        window._head = None if state["head"] is None else int(state["head"])
-        window._records_total = int(state["records_total"])
+        head = state["head"]
+        window._head = None if head is None else checks.integer(head, "head", -checks.INT64_MAX)
+        window._records_total = checks.count(state["records_total"], "window records_total")
+        if len(state["live"]) > window.subwindows:
+            raise checks.InvalidState("window state holds more sub-windows than configured")
         for sub_state in state["live"]:
-            sub = _SubWindow.from_state_dict(sub_state)
-            if sub.stats.dim != window.dim or sub.reservoir.capacity != window.subwindow_capacity:
-                raise ValueError("sub-window state does not match the window configuration")
+            sub = _SubWindow.from_state_dict(sub_state, window)
+            if window._head is None or sub.index > window._head or sub.index in window._live:
+                raise checks.InvalidState(f"sub-window {sub.index} repeated or after the window's head {window._head}")
             window._live[sub.index] = sub
-        window._pairs = PositivePairMatcher.from_state_dict(state["pairs"])
-        if len(window._live) > window.subwindows:
-            raise ValueError("window state holds more sub-windows than configured")
+        if sum(sub.stats.count for sub in window._live.values()) > window._records_total:
+            raise checks.InvalidState(
+                f"the sub-windows hold more records than the window's total {window._records_total}"
+            )
+        window._pairs = PositivePairMatcher.from_state_dict(state["pairs"], window.dim)
         return window

@@ -48,12 +48,13 @@ def monitors() -> Iterator[list[Monitor]]:
         m.stop()
 
 
-def daemon(made: list[Monitor], state_dir: Path, clock: Clock | None = None, **canaries: Any) -> Monitor:
+def daemon(made: list[Monitor], state_dir: Path, clock: Clock | None = None, models: dict | None = None,
+           **canaries: Any) -> Monitor:
     settings = load_settings(overrides={
         "source": "synthetic", "state_dir": str(state_dir), "http": {"host": "127.0.0.1", "port": 0,
                                                                       "admin_token": TOKEN},
         "drift": {"enabled": False}, "window": {"seconds": 600, "subwindows": 6},
-        "canaries": {"ids": {MODEL: CANARIES}, **canaries},
+        "canaries": {"ids": {MODEL: CANARIES}, **canaries}, "models": models or {},
     })
     monitor = Monitor(settings, clock=clock or Clock())
     made.append(monitor)
@@ -170,3 +171,70 @@ def test_repin_through_the_admin_endpoint_accepts_the_new_model_and_is_logged(
     assert after["embmon_canary_mismatches_total"] == 5 and after["embmon_canary_cosine_min"] > 1 - 1e-6
     assert main(["canary", "repin", "--url", f"http://127.0.0.1:{monitor.http.port}", "--token-file", str(token),
                  "--model", "unknown"]) == 1
+
+
+# -- pins that would disable the canaries ------------------------------------------------------------
+
+
+def _pins_json(vectors: dict[str, list[float]]) -> str:
+    return json.dumps({MODEL: vectors})
+
+
+@pytest.mark.parametrize(("content", "reason", "declared"), [
+    ("{not json", "not JSON", None),
+    (_pins_json({"canary-0": [1.0] * 384, "canary-1": [1.0] * 8}), "the pins of model minilm differ in dimension",
+     None),
+    (_pins_json({"canary-0": [0.0] * 384}), "minilm/canary-0: vector must be a list of at least 2 finite numbers",
+     None),
+    ('{"minilm": {"canary-0": [NaN, 1.0, 2.0]}}', "minilm/canary-0: vector must be", None),
+    (_pins_json({"canary-0": [1.0] * 8}), "the pins of model minilm are 8-d, models.minilm.dim is 384", 384),
+], ids=["not-json", "ragged", "zero", "nan", "8-d-for-a-384-d-model"])
+def test_stored_pins_that_cannot_be_used_are_set_aside_and_the_canaries_still_catch_a_swap(
+    tmp_path: Path, vectors: np.ndarray, monitors: list[Monitor], caplog: pytest.LogCaptureFixture,
+    content: str, reason: str, declared: int | None, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from monitor.cli import main
+
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "canary-pins.json").write_text(content)
+    # `canary show` reads no settings: only the declared dimension's mismatch is the daemon's to see
+    assert main(["canary", "show", "--state-dir", str(state)]) == (0 if declared else 2)
+    assert (reason in capsys.readouterr().err) is not bool(declared)
+    monitor = daemon(monitors, state, models={MODEL: {"dim": declared}} if declared else {})
+    [line] = [r.getMessage() for r in caplog.records if "is unusable" in r.getMessage()]
+    assert reason in line and "moved aside to canary-pins.json.rejected-" in line
+    assert not (state / "canary-pins.json").exists() and len(list(state.glob("canary-pins.json.rejected-*"))) == 1
+    text = generate_latest(monitor.metrics_registry).decode()
+    assert 'embmon_state_files_rejected_total{file="canary_pins"} 1.0' in text
+    send(monitor, vectors[:5], CANARIES)  # pinned afresh
+    rotated = (vectors[:5] @ random_rotation(vectors.shape[1], seed=5)).astype(np.float32)
+    send(monitor, rotated, CANARIES)  # before: cosine_min NaN and no mismatch with a zero or NaN pin
+    caught = samples(monitor)
+    assert caught["embmon_canary_mismatches_total"] == 5 and caught["embmon_canary_cosine_min"] < 0.5
+
+
+def test_a_pins_file_of_another_dimension_is_refused_naming_the_model_or_never_replaced(
+    tmp_path: Path, vectors: np.ndarray, monitors: list[Monitor], caplog: pytest.LogCaptureFixture
+) -> None:
+    pins = tmp_path / "pins.jsonl"
+    pins.write_text(json.dumps({"model": MODEL, "id": CANARIES[0], "vector": [0.5] * 8}) + "\n")
+    with pytest.raises(ConfigError, match=r"canaries.pins_file: minilm/canary-0 is pinned with a 8-d vector, "
+                                          r"model minilm is 384-d \(models.minilm.dim\)"):
+        daemon(monitors, tmp_path / "declared", pins_file=str(pins), models={MODEL: {"dim": 384}})
+    # undeclared, the model's dimension shows with its first record: the pin is kept, every arrival mismatches
+    monitor = daemon(monitors, tmp_path / "state", pins_file=str(pins))
+    for _ in range(2):
+        send(monitor, vectors[:1], CANARIES[:1])
+    got = samples(monitor)
+    assert got["embmon_canary_mismatches_total"] == 2 and got["embmon_canary_records_total"] == 2
+    [line] = [r.getMessage() for r in caplog.records if "pinned 8-d" in r.getMessage()]
+    assert "canary minilm/canary-0: a 384-d vector, pinned 8-d (canaries.pins_file): model minilm changed" in line
+
+
+def test_a_ragged_pins_file_is_a_configuration_error(tmp_path: Path) -> None:
+    pins = tmp_path / "pins.jsonl"
+    pins.write_text("\n".join(json.dumps({"model": MODEL, "id": i, "vector": [1.0] * n})
+                              for i, n in ((CANARIES[0], 384), (CANARIES[1], 8))) + "\n")
+    with pytest.raises(ConfigError, match="pins_file line 2: a 8-d vector; model minilm's pins above are 384-d"):
+        load_settings(overrides={"canaries": {"ids": {MODEL: CANARIES}, "pins_file": str(pins)}})

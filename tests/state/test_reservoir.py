@@ -118,7 +118,7 @@ def test_inconsistent_state_is_rejected() -> None:
     res.add(_rows(0, 10))
     state = res.state_dict()
     state["vectors"] = state["vectors"][:2]
-    with pytest.raises(ValueError, match="inconsistent"):
+    with pytest.raises(ValueError, match="reservoir vectors has shape"):
         Reservoir.from_state_dict(state)
     with pytest.raises(ValueError, match="unknown bit generator"):
         generator_from_state({"bit_generator": "NoSuchGenerator"})
