@@ -257,13 +257,17 @@ class Monitor(Daemon):
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        """Restore, then start source, HTTP port, scheduler and ingest; on failure undo and raise."""
+        """Restore, then start HTTP port, source, scheduler and ingest; on failure undo and raise.
+
+        The port comes before the source: kafka-python's consumer blocks its constructor for about
+        30 s when no broker answers, and ``/healthz`` (what a sidecar's probes may ask) must answer
+        meanwhile; ``/readyz`` says the source is not connected (docs/deployment.md, "Probes")."""
         with StartUp() as startup:
             startup.start("state directory", lambda: self.settings.state_dir.mkdir(parents=True, exist_ok=True))
             if self.checkpointer is not None:
                 startup.start("checkpoint restore", self._restore)
-            startup.start("source", self.source.start, self.source.close)
             startup.start("http", self.http.start, self.http.stop)
+            startup.start("source", self.source.start, self.source.close)
             startup.start("scheduler", self._schedule_jobs, self.jobs.shutdown)
             startup.start(
                 "ingest",

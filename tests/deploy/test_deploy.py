@@ -18,34 +18,23 @@ import yaml
 from monitor.artifacts import generate
 from monitor.artifacts.thresholds import Thresholds
 from monitor.config import load_settings
-from tests.support.paths import K8S, REPO
+from tests.support.manifests import SIDECAR_FILES, all_containers, documents, monitor_container, workloads
+from tests.support.paths import REPO
 
 K8S_VERSION = kubernetes_validate.latest_version()
 CRD_KINDS = {"PrometheusRule", "PodMonitor", "ServiceMonitor"}
 JOB = Thresholds().job
 
 
-def documents() -> list[tuple[str, dict[str, Any]]]:
-    out = []
-    for path in sorted(K8S.rglob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
-            if doc:
-                out.append((path.relative_to(K8S).as_posix(), doc))
-    return out
-
-
 def by_kind(kind: str) -> list[dict[str, Any]]:
     return [d for _, d in documents() if d["kind"] == kind]
-
-
-def pod_specs() -> list[tuple[str, dict[str, Any]]]:
-    return [(d["metadata"]["name"], d["spec"]["template"]) for _, d in documents()
-            if d["kind"] in {"Deployment", "StatefulSet"}]
 
 
 def test_the_expected_manifests_exist() -> None:
     kinds = sorted(d["kind"] for _, d in documents())
     assert kinds == sorted(["ConfigMap", "Deployment", "ConfigMap", "Service", "StatefulSet", "PodDisruptionBudget",
+                            # sidecar-native.yaml: the sidecar's ConfigMap and Deployment, native form
+                            "ConfigMap", "Deployment",
                             "PodMonitor", "ServiceMonitor", "PrometheusRule", "ConfigMap",
                             # scaled.yaml: replicas + reducer (tests/deploy/test_scaled.py)
                             "ConfigMap", "Service", "StatefulSet", "StatefulSet", "PodDisruptionBudget"])
@@ -61,7 +50,7 @@ def test_core_manifests_validate_against_the_kubernetes_schemas(path: str, doc: 
 def test_the_validator_rejects_a_broken_manifest() -> None:
     (deployment, *_) = by_kind("Deployment")
     broken = yaml.safe_load(yaml.safe_dump(deployment))
-    broken["spec"]["template"]["spec"]["containers"][1]["securityContext"]["readOnlyRootFs"] = True
+    monitor_container(broken["spec"]["template"]["spec"])["securityContext"]["readOnlyRootFs"] = True
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
     # CRDs are not in its bundled schemas: they are checked structurally below
@@ -111,35 +100,39 @@ def test_crds_are_structurally_valid() -> None:
 def test_monitors_select_the_pods_and_yield_the_job_label_the_alerts_use() -> None:
     (pod_monitor,) = by_kind("PodMonitor")
     (service_monitor,) = by_kind("ServiceMonitor")
-    sidecar = [t for name, t in pod_specs() if name == "embedding-service"][0]
-    labels = sidecar["metadata"]["labels"]
-    assert pod_monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    assert labels[pod_monitor["spec"]["jobLabel"]] == JOB
-    ports = {p["name"] for c in sidecar["spec"]["containers"] for p in c.get("ports", [])}
-    assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] in ports
+    sidecars = [t for path, _, t in workloads() if path in SIDECAR_FILES]
+    assert len(sidecars) == len(SIDECAR_FILES)
+    for sidecar in sidecars:
+        labels = sidecar["metadata"]["labels"]
+        assert pod_monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        assert labels[pod_monitor["spec"]["jobLabel"]] == JOB
+        # Prometheus' pod discovery lists init containers' ports too (__meta_kubernetes_pod_container_init)
+        ports = {p["name"] for p in monitor_container(sidecar["spec"]).get("ports", [])}
+        assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] in ports
     (service,) = [s for s in by_kind("Service") if s["metadata"]["name"] == "embedding-monitor"]
     assert service_monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert service["metadata"]["labels"][service_monitor["spec"]["jobLabel"]] == JOB
     assert service_monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
 
 
-@pytest.mark.parametrize(("name", "template"), pod_specs(), ids=[n for n, _ in pod_specs()])
-def test_pods_are_restricted_and_the_monitor_is_probed(name: str, template: dict[str, Any]) -> None:
+@pytest.mark.parametrize(("path", "name", "template"), workloads(), ids=[f"{p}:{n}" for p, n, _ in workloads()])
+def test_pods_are_restricted_and_the_monitor_is_probed(path: str, name: str, template: dict[str, Any]) -> None:
     spec = template["spec"]
     pod_sc = spec["securityContext"]
     assert pod_sc["runAsNonRoot"] is True and pod_sc["seccompProfile"]["type"] == "RuntimeDefault"
     assert spec["automountServiceAccountToken"] is False
-    monitors = [c for c in spec["containers"] if c["name"] == "embedding-monitor"]
-    assert len(monitors) == 1
-    for container in spec["containers"]:
+    monitor = monitor_container(spec)
+    for container in all_containers(spec):
         sc = container["securityContext"]
         assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
         assert sc["capabilities"]["drop"] == ["ALL"] and "add" not in sc["capabilities"]
         assert {"cpu", "memory"} <= set(container["resources"]["requests"])
         assert {"cpu", "memory"} <= set(container["resources"]["limits"])
-    (monitor,) = monitors
     assert monitor["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert monitor["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    if path in SIDECAR_FILES:  # its readiness would be the application's (tests/deploy/test_sidecar.py)
+        assert "readinessProbe" not in monitor
+    else:
+        assert monitor["readinessProbe"]["httpGet"]["path"] == "/readyz"
     mounts = {m["mountPath"]: m["name"] for m in monitor["volumeMounts"]}
     state = mounts["/var/lib/embedding-monitor"]
     volumes = {v["name"]: v for v in spec.get("volumes", [])}
@@ -156,9 +149,10 @@ def _claim_names(workload: str) -> set[str]:
 
 @pytest.mark.parametrize("name", ["embedding-service-monitor-config", "embedding-monitor-config"])
 def test_the_monitor_configs_are_valid_daemon_settings(name: str, tmp_path: Path) -> None:
-    (cm,) = [d for d in by_kind("ConfigMap") if d["metadata"]["name"] == name]
+    configs = {d["data"]["config.yaml"] for d in by_kind("ConfigMap") if d["metadata"]["name"] == name}
+    (config,) = configs  # both sidecar forms ship the same configuration
     path = tmp_path / "config.yaml"
-    path.write_text(cm["data"]["config.yaml"])
+    path.write_text(config)
     settings = load_settings(path)
     assert settings.source == "kafka" and settings.http.port == 9464
     if name == "embedding-monitor-config":

@@ -20,6 +20,7 @@ from monitor.lifecycle import StopRequest, capture_signals
 from monitor.service import Monitor
 from monitor.sources import Source, SourceMessage
 from tests.support import daemons
+from tests.support.broker import free_port
 from tests.support.scrape import scrape, value
 
 
@@ -70,15 +71,34 @@ def taken_port() -> Iterator[int]:
         yield taken.getsockname()[1]
 
 
+class Unreachable(Recording):
+    """A source whose start fails (kafka-python's own errors are retried; this is anything else)."""
+
+    def start(self) -> None:
+        super().start()
+        raise OSError("broker certificate file unreadable")
+
+
 def test_a_failed_start_stops_what_had_started_and_binds_nothing_before(tmp_path: Path) -> None:
     with taken_port() as port:
         source = Recording()
         monitor = Monitor(settings(tmp_path, port), source=source)  # constructing binds nothing
         with pytest.raises(OSError):
             monitor.start()
-        assert source.calls == ["start", "close"]  # the source was started, then stopped again
+        # the port is bound before the source starts (/healthz answers while a broker is being
+        # waited for), so a taken port fails the start before the broker is contacted
+        assert source.calls == []
         assert not monitor.jobs.scheduler.running and not monitor.pipeline.alive
         monitor.stop()  # still safe
+    source, port = Unreachable(), free_port()
+    monitor = Monitor(settings(tmp_path, port), source=source)
+    with pytest.raises(OSError, match="certificate"):
+        monitor.start()
+    assert source.calls == ["start"]  # it did not start, so it is not closed
+    with socket.socket() as again:  # the port bound before it is released
+        again.bind(("127.0.0.1", port))
+    assert not monitor.jobs.scheduler.running and not monitor.pipeline.alive
+    monitor.stop()
 
 
 def test_the_cli_names_the_port_it_could_not_bind(tmp_path: Path) -> None:

@@ -213,7 +213,8 @@ def test_container_runs_as_non_root_with_a_read_only_root_filesystem() -> None:
                 continue
             pod = doc["spec"]["template"]["spec"]
             assert pod["securityContext"]["runAsNonRoot"] is True
-            for container in pod["containers"]:
+            # a native sidecar is an init container
+            for container in [*pod.get("initContainers", []), *pod["containers"]]:
                 if "embedding-monitor" not in container.get("image", ""):
                     continue
                 sc = container["securityContext"]
@@ -222,7 +223,7 @@ def test_container_runs_as_non_root_with_a_read_only_root_filesystem() -> None:
                 state = mounts.get("/var/lib/embedding-monitor")
                 assert state is not None and not state.get("readOnly", False), path.name
                 checked += 1
-    assert checked >= 2
+    assert checked >= 3  # the sidecar in both forms, the central deployment
 
 
 def test_tls_files_openssl_cannot_load_are_named_with_their_setting(tmp_path: Path) -> None:
