@@ -70,7 +70,7 @@ _REASONS = {
 }
 
 # connection states
-_HANDSHAKE, _READING, _IDLE, _BUSY, _WRITING, _LINGER = range(6)
+_HANDSHAKE, _READING, _IDLE, _BUSY, _WRITING, _LINGER, _CLOSED = range(7)
 
 
 @dataclass(frozen=True)
@@ -328,6 +328,8 @@ class BoundedHttpServer:
         return True
 
     def _ready(self, conn: _Conn, mask: int) -> None:
+        if conn.state == _CLOSED:  # evicted earlier in this same batch of events
+            return
         if conn.state == _HANDSHAKE:
             self._handshake(conn)
         elif conn.state in (_READING, _IDLE):
@@ -476,8 +478,7 @@ class BoundedHttpServer:
             except queue.Empty:
                 return
             if self._stopping:
-                self._open -= 1
-                _close_quietly(conn.sock)
+                self._close(conn)
             else:
                 self._start_writing(conn)
 
@@ -518,6 +519,9 @@ class BoundedHttpServer:
         conn.events = events
 
     def _close(self, conn: _Conn) -> None:
+        if conn.state == _CLOSED:
+            return
+        conn.state = _CLOSED
         if conn.events:
             assert self._sel is not None
             with contextlib.suppress(KeyError, ValueError, OSError):

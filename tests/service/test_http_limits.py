@@ -39,6 +39,9 @@ from tests.support.waiting import wait_until
 CAP = 512  # http.max_connections' default
 NOFILE = 1024  # the daemon's soft limit on open files
 MiB = 2**20
+# the daemon's peak RSS under any flood here: it sits at ~150 MiB warmed up, request buffers add at most
+# max_connections x (max_header_bytes + 16 KiB) = 40 MiB; the stdlib server reached 1.9 GiB with 50 header floods
+RSS_BOUND = 256 * MiB
 
 
 @pytest.fixture(autouse=True)
@@ -64,8 +67,9 @@ def descriptor_limit(soft: int) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def daemon(tmp_path: Path, **env: str) -> Iterator[daemons.DaemonProcess]:
-    """``embedding-monitor run`` on the synthetic source, checkpointing every 0.5 s, serving."""
+def daemon(tmp_path: Path, warm: bool = True, **env: str) -> Iterator[daemons.DaemonProcess]:
+    """``embedding-monitor run`` on the synthetic source, checkpointing every 0.5 s, serving; ``warm``:
+    once it has ingested and checkpointed (its /metrics open)."""
     settings = {
         "EMBMON_SOURCE": "synthetic",
         "EMBMON_SYNTHETIC__MODELS": '[{"name": "m", "dim": 8}]',
@@ -84,6 +88,9 @@ def daemon(tmp_path: Path, **env: str) -> Iterator[daemons.DaemonProcess]:
         wait_until(lambda: proc.returncode is not None or get(proc.port, "/healthz") == 200, timeout=60,
                    message="the daemon serves", on_timeout=lambda: proc.output()[-3000:])
         assert proc.returncode is None, proc.output()[-3000:]
+        if warm:
+            wait_until(lambda: min(progress(proc.port)) > 0, timeout=60, message="ingesting and checkpointing",
+                       on_timeout=lambda: proc.output()[-3000:])
         yield proc
 
 
@@ -198,7 +205,7 @@ def test_two_thousand_idle_and_slowloris_connections_hold_no_threads(tmp_path: P
         assert max(latencies) < 1.0
         assert max(held["Threads"], after["Threads"]) <= before["Threads"] + 2  # no thread per connection
         assert files <= files_before + CAP + 16
-        assert after["VmHWM"] - before["VmRSS"] < 64 * MiB
+        assert after["VmHWM"] < RSS_BOUND
 
 
 def test_eight_thousand_connections_at_once_leave_descriptors_ingest_and_checkpoints(tmp_path: Path) -> None:
@@ -266,7 +273,7 @@ def test_header_floods_are_bounded_in_memory(tmp_path: Path) -> None:
         print(f"\n200 header floods: peak RSS {after['VmHWM'] / MiB:.0f} MiB (from {before['VmRSS'] / MiB:.0f}), "
               f"{answered} answered 431, scrapes {[round(s * 1000) for _, s in scrapes]} ms")
         assert [status for status, _ in scrapes] == [200] * 5 and max(s for _, s in scrapes) < 1.0
-        assert after["VmHWM"] - before["VmRSS"] < 100 * MiB  # the stdlib server took 4.5 GiB here
+        assert after["VmHWM"] < RSS_BOUND  # the stdlib server took 4.5 GiB here
         assert answered > 0
 
 
@@ -308,8 +315,8 @@ def basic(user: str, password: str) -> dict[str, str]:
 
 def test_unknown_users_cost_what_a_wrong_password_costs(tmp_path: Path) -> None:
     users = f'{{"prometheus": "{hash_password(PASSWORD, iterations=ITERATIONS)}"}}'
-    with daemon(tmp_path, EMBMON_HTTP__BASIC_AUTH_USERS=users, EMBMON_HTTP__AUTH_FAILURES_BEFORE_BACKOFF="0",
-                EMBMON_SYNTHETIC__RATE="50") as proc:
+    with daemon(tmp_path, warm=False, EMBMON_HTTP__BASIC_AUTH_USERS=users,
+                EMBMON_HTTP__AUTH_FAILURES_BEFORE_BACKOFF="0", EMBMON_SYNTHETIC__RATE="50") as proc:
         known: list[float] = []
         unknown: list[float] = []
         for i in range(24):  # distinct guesses: a repeated one is remembered and answered at once
@@ -339,8 +346,8 @@ def test_a_wrong_password_flood_does_not_slow_scrapes(tmp_path: Path, backoff: s
     credentials already verified) is answered from the cache either way."""
     users = f'{{"prometheus": "{hash_password(PASSWORD, iterations=600_000)}"}}'
     right = basic("prometheus", PASSWORD)
-    with daemon(tmp_path, EMBMON_HTTP__BASIC_AUTH_USERS=users, EMBMON_HTTP__AUTH_FAILURES_BEFORE_BACKOFF=backoff,
-                EMBMON_SYNTHETIC__RATE="50") as proc:
+    with daemon(tmp_path, warm=False, EMBMON_HTTP__BASIC_AUTH_USERS=users,
+                EMBMON_HTTP__AUTH_FAILURES_BEFORE_BACKOFF=backoff, EMBMON_SYNTHETIC__RATE="50") as proc:
         assert get(proc.port, "/metrics", right) == 200  # verified once, remembered
         quiet = [timed(proc.port, headers=right)[1] for _ in range(15)]
         stop = threading.Event()
@@ -488,6 +495,25 @@ def test_at_the_cap_the_longest_waiting_connection_makes_room() -> None:
             assert bounded.counts.evicted == 1 and bounded.open_connections() == 3
         finally:
             close_all(held)
+
+
+def test_connections_evicted_while_they_send_are_counted_once() -> None:
+    """An eviction and the evicted connection's own data in the same batch of events: closed once."""
+    with server(max_connections=8, read_timeout=30.0) as bounded:
+        socks: list[socket.socket] = []
+        try:
+            for _ in range(300):
+                socks += connect(bounded.port, 1, SLOW_HEAD)
+                for sock in socks[-16:]:
+                    with contextlib.suppress(OSError):
+                        sock.send(b"a")
+                assert 0 <= bounded.open_connections() <= 8
+        finally:
+            close_all(socks)
+        wait_until(lambda: bounded.open_connections() == 0, timeout=5, message="all closed")
+        assert bounded.counts.evicted == 300 - 8
+        with socket.create_connection(("127.0.0.1", bounded.port)) as sock:  # still counts right
+            assert exchange(sock, b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200")
 
 
 def test_basic_auth_backs_off_per_address_but_remembers_good_credentials() -> None:
