@@ -58,6 +58,7 @@ def test_promtool_check_rules_accepts_the_committed_rule_file() -> None:
     assert f"SUCCESS: {n_rules} rules found" in result.stdout
 
 
+@pytest.mark.slow
 def test_promtool_unit_tests_pass_for_every_alert() -> None:
     files = sorted(TESTS_DIR.glob("*.yaml"))
     result = promtool("test", "rules", *files, cwd=TESTS_DIR)
@@ -333,6 +334,7 @@ def _about_a_model_or_stream(suite: dict[str, Any]) -> dict[str, str]:
     return labels if {"model", "stream"} & set(labels) else {}
 
 
+@pytest.mark.slow
 def test_an_alert_about_a_model_or_stream_fires_once_however_many_instances_export_its_series(
     tmp_path: Path,
 ) -> None:

@@ -31,7 +31,7 @@ from monitor.artifacts.rules import build_rules
 from monitor.artifacts.thresholds import Thresholds
 from monitor.retrieval.families import PROBE_METRIC_FAMILIES
 from tests.support import daemons
-from tests.support.artifact_queries import all_queries, shorten_history, sources, substitute
+from tests.support.artifact_queries import all_queries, sources, substitute, unanswered
 from tests.support.broker import free_port
 from tests.support.daemons import DaemonProcess
 from tests.support.prometheus import AlertmanagerServer, PrometheusServer, PromQLError, WebhookReceiver
@@ -137,6 +137,7 @@ def exported_now(stack: Stack) -> set[str]:
     return names
 
 
+@pytest.mark.slow
 def test_every_metric_used_by_the_artifacts_is_exported(stack: Stack) -> None:
     rules = build_rules()
     texts = [yaml.safe_dump(prometheus.rule_file(rules)), yaml.safe_dump(grafana_alerts.provisioning_file(rules))]
@@ -157,29 +158,36 @@ def test_every_metric_used_by_the_artifacts_is_exported(stack: Stack) -> None:
     )
 
 
+@pytest.mark.slow
 def test_every_query_parses_and_returns_series(stack: Stack) -> None:
     wait_until(lambda: "embmon_records_invalid_total" in exported_now(stack), timeout=40,
                message="the invalid-record burst", retry=(OSError, PromQLError), on_timeout=stack.daemon_tail)
-    # recorded series exist and a few evaluations have happened
+    # recorded series exist
     stack.prom.wait_until(lambda: stack.prom.query("stream:embmon_records_invalid:ratio_rate10m"), timeout=20,
                           message="the recording rules")
-    time.sleep(4)
     absent_by_design = set(NOT_FROM_SYNTHETIC) | AWAITING_DAEMON
-    empty, waived = [], []
     queries = all_queries()
     assert len(queries) > 150
-    for q in queries:
-        expr = shorten_history(substitute(q.expr))
-        result = stack.prom.query(expr)  # raises PromQLError on a parse or evaluation error
-        if q.must_return and not result:
+    empty: list[str] = []
+    waived: list[str] = []
+
+    def every_held_query_answers() -> bool:
+        # a parse or evaluation error raises PromQLError at once; an empty answer may only mean that
+        # rate() and friends have not had two samples yet: the rules evaluate every second
+        empty[:], waived[:] = [], []
+        for q, expr in unanswered(stack.prom, queries):
             (waived if sources(q.expr) & absent_by_design else empty).append(f"{q.origin}: {expr}")
-    assert not empty, "queries returned no series:\n" + "\n".join(empty)
+        return not empty
+
+    wait_until(every_held_query_answers, timeout=30, message="every query reading exported metrics to return series",
+               on_timeout=lambda: "queries returned no series:\n" + "\n".join(empty))
     held = [q for q in queries if q.must_return and not sources(q.expr) & absent_by_design]
     assert len(held) >= 80, len(held)  # most queries are held to returning data today
     # the waived ones are exactly those reading metrics the daemon cannot export here
     assert all(sources(w.split(": ", 1)[1]) & absent_by_design for w in waived)
 
 
+@pytest.mark.slow
 def test_job_panels_split_the_daemons_scheduled_jobs(stack: Stack) -> None:
     """The daemon's own `job` label arrives as `exported_job` (Prometheus keeps `job` for the scrape
     job): the panels by scheduled job show one series per job, not their sum under the scrape job."""
@@ -187,12 +195,17 @@ def test_job_panels_split_the_daemons_scheduled_jobs(stack: Stack) -> None:
     (runs,) = [expr for title, expr in panels.panel_queries(board) if title == "Job runs / s by outcome"]
     stack.prom.wait_until(lambda: stack.prom.query('embmon_job_runs_total{exported_job="drift"}'), timeout=30,
                           message="a drift cycle counted")
-    time.sleep(2)  # two samples for rate()
-    split = {(r["metric"]["exported_job"], r["metric"]["outcome"]) for r in stack.prom.query(substitute(runs))}
-    assert {("refresh", "success"), ("drift", "success")} <= split
+
+    def split() -> set[tuple[str, str]]:
+        return {(r["metric"]["exported_job"], r["metric"]["outcome"]) for r in stack.prom.query(substitute(runs))}
+
+    # rate() needs two samples of each series
+    wait_until(lambda: {("refresh", "success"), ("drift", "success")} <= split(), timeout=30,
+               message="one series per scheduled job", on_timeout=lambda: f"split: {split()}")
     assert not stack.prom.query('embmon_job_runs_total{job="refresh"}')  # what `job` would have matched
 
 
+@pytest.mark.slow
 def test_a_scripted_collapse_pages_through_alertmanager(stack: Stack) -> None:
     def collapse_notified() -> list[dict[str, Any]]:
         return [a for a in stack.hook.alerts() if a["labels"].get("alertname") == "EmbeddingMonitorCollapse"]
@@ -231,6 +244,7 @@ def fired_at(alert: dict[str, Any]) -> float:
     return whole + float(f"0.{stamp.group(2) or 0}")
 
 
+@pytest.mark.slow
 def test_a_collapsed_model_pages_as_a_changed_model_through_its_canaries(stack: Stack) -> None:
     def model_changed() -> list[dict[str, Any]]:
         return [a for a in stack.hook.alerts() if a["labels"].get("alertname") == "EmbeddingMonitorModelChanged"]

@@ -33,7 +33,7 @@ from monitor.artifacts.thresholds import Thresholds
 from monitor.config import load_settings
 from monitor.scaleout.reducer import Reducer
 from monitor.service import Monitor
-from tests.support.artifact_queries import all_queries, shorten_history, sources, substitute
+from tests.support.artifact_queries import all_queries, sources, substitute, unanswered
 from tests.support.broker import Broker, free_port, kafka_daemon_overrides
 from tests.support.prometheus import PrometheusServer
 from tests.support.scrape import scrape, value
@@ -138,6 +138,7 @@ def merged_everything(d: Deployment) -> bool:
     return value(s, "embmon_window_records", model=MODEL, stream=STREAM) == d.before_reducer["records"]
 
 
+@pytest.mark.slow
 def test_no_reducer_pages_and_a_merging_reducer_resolves_it(deployment: Deployment) -> None:
     d = deployment
     (alert,) = d.before_reducer["not_merging"]
@@ -149,27 +150,26 @@ def test_no_reducer_pages_and_a_merging_reducer_resolves_it(deployment: Deployme
     assert d.prom.query(f'sum(increase(embmon_reducer_partials_applied_total{{kind="manifest"}}[5m])) > 0')
 
 
+@pytest.mark.slow
 def test_every_scale_out_query_returns_series(deployment: Deployment) -> None:
     d = deployment
     wait_until(lambda: merged_everything(d), timeout=90, message="the reducer merged every record")
     inject_corrupt_record(d)
     d.prom.wait_until(lambda: d.prom.query('embmon_reducer_partials_ignored_total{reason="corrupt"}'), timeout=30,
                     message="the corrupt record counted")
-    time.sleep(3)  # a few evaluations of rate() over the new samples
     queries = [q for q in all_queries() if sources(q.expr) & SCALE_OUT and q.origin != EMPTY_WHILE_MERGING]
     assert any(q.origin.startswith("dashboard embedding-monitor-monitor-health") for q in queries)
-    empty = []
-    for q in queries:
-        expr = shorten_history(substitute(q.expr))
-        if q.must_return and not d.prom.query(expr):
-            empty.append(f"{q.origin}: {expr}")
-    assert not empty, "scale-out queries returned no series:\n" + "\n".join(empty)
+    # rate() over the new samples answers once it has two of them (a parse error raises at once)
+    wait_until(lambda: not unanswered(d.prom, queries), timeout=30, message="every scale-out query to return series",
+               on_timeout=lambda: "scale-out queries returned no series:\n"
+               + "\n".join(f"{q.origin}: {expr}" for q, expr in unanswered(d.prom, queries)))
     # every scale-out metric the artifacts use is exported by a replica or the reducer
     exported = {r["metric"]["__name__"] for r in d.prom.query(f'{{job="{JOB}", __name__=~"embmon_(partials|reducer)_.+"}}')}
     used = set().union(*(sources(q.expr) for q in queries)) & SCALE_OUT
     assert used and used <= exported, used - exported
 
 
+@pytest.mark.slow
 def test_the_rules_read_the_global_gauges_from_the_reducer(deployment: Deployment) -> None:
     d = deployment
     wait_until(lambda: merged_everything(d), timeout=90, message="the reducer merged every record")
@@ -203,6 +203,7 @@ def inject_corrupt_record(d: Deployment) -> None:
     producer.close()
 
 
+@pytest.mark.slow
 def test_a_foreign_record_on_the_partials_topic_is_refused_and_alerted(deployment: Deployment) -> None:
     d = deployment
     inject_corrupt_record(d)
@@ -212,6 +213,7 @@ def test_a_foreign_record_on_the_partials_topic_is_refused_and_alerted(deploymen
                                "severity": "warning"}
 
 
+@pytest.mark.slow
 def test_a_stopped_replica_is_reported_stale_by_name(deployment: Deployment) -> None:
     d = deployment
     wait_until(lambda: merged_everything(d), timeout=90, message="the reducer merged every record")

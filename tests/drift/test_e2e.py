@@ -82,6 +82,7 @@ def drift_runs(samples: Samples) -> float:
     return value(samples, "embmon_job_runs_total", job="drift", outcome="success") or 0.0
 
 
+@pytest.mark.slow
 def test_suite_verdict_turns_on_after_a_shift_within_the_documented_delay(broker: Broker, state_dir: Path) -> None:
     topic = "drift-e2e"
     broker.create_topics(topic)
@@ -142,6 +143,7 @@ def produce(broker: Broker, topic: str, n: int, seed: int) -> None:
     producer.close()
 
 
+@pytest.mark.slow
 def test_reference_and_detectors_survive_a_restart(broker: Broker, state_dir: Path) -> None:
     topic, group = "drift-restart", "drift-restart"
     broker.create_topics(topic)

@@ -45,6 +45,7 @@ class SentenceProducer(SteadyProducer):
         return [(orjson.dumps(event), []) for event in events]
 
 
+@pytest.mark.slow
 def test_a_topic_shift_of_real_embeddings_is_flagged_at_five_second_cycles(broker: Broker, state_dir: Path) -> None:
     topic = "drift-minilm"
     broker.create_topics(topic)

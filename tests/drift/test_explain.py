@@ -36,6 +36,7 @@ def new_topic_share(ids: list[str]) -> float:
     return sum(topics.topic_of(i) in topics.NEW_TOPICS for i in ids) / max(1, len(ids))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("interval", [5.0, 900.0])
 def test_a_topic_shift_is_explained_with_the_new_items_within_two_cycles(tmp_path: Path, interval: float) -> None:
     stream = TopicStream(tmp_path / "state", interval, seed=3)

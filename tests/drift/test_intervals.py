@@ -35,6 +35,7 @@ from tests.support.drift import TopicStream
 INTERVALS = (5.0, 60.0, 900.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("interval", INTERVALS)
 @pytest.mark.parametrize("change", ["topic_shift", "model_swap"])
 def test_a_topic_shift_and_a_model_swap_are_flagged_within_two_cycles(
@@ -62,6 +63,7 @@ def binomial_bound(cycles: int, alpha: float, confidence: float = 0.999) -> int:
     return int(stats.binom.ppf(confidence, cycles, alpha))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("interval", INTERVALS)
 def test_no_false_alarm_on_null_splits_at_each_interval(interval: float) -> None:
     """40 null cycles per interval: at alphas of 2e-6 to 3.5e-4 the bound is 0 or 1 false alarm."""

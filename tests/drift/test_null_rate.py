@@ -30,6 +30,7 @@ def bounds(cycles: int, alpha: float) -> tuple[int, int]:
     return int(stats.binom.ppf(0.0005, cycles, alpha)), int(stats.binom.ppf(0.9995, cycles, alpha))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("null", ["heldout", "permutation"])
 def test_the_suite_false_alarm_rate_is_within_its_bound(null: str) -> None:
     # 60 s cycles, a false alarm every 20 minutes: alpha 0.05 per cycle, 0.0125 per test
@@ -52,6 +53,7 @@ def test_the_suite_false_alarm_rate_is_within_its_bound(null: str) -> None:
         assert low <= count <= high, (test, count)
 
 
+@pytest.mark.slow
 def test_the_region_test_names_a_region_of_unchanged_data_at_most_at_its_rate() -> None:
     vectors = topics.embeddings()
     alpha, splits = 0.05, 200

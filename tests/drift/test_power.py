@@ -28,7 +28,7 @@ from monitor.drift.detectors import OnlineDriftMonitor
 from monitor.drift.settings import DriftSettings
 from monitor.drift.signals import SignalBaseline
 from monitor.drift.suite import DriftReport, run_drift_suite
-from tests.support.realdata import help_topic_sentences, minilm_path
+from tests.support.realdata import help_topic_sentences, minilm_encode
 
 SENTENCES = 1000
 DIM = 384
@@ -48,16 +48,9 @@ def _sentences(count: int) -> list[str]:
 @pytest.fixture(scope="module")
 def minilm() -> dict[str, np.ndarray]:
     """Mean-pooled (the real model) and CLS-pooled (the swapped model) embeddings, one forward pass."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HF_HUB_OFFLINE", "1")
-        patch.setenv("TRANSFORMERS_OFFLINE", "1")
-        from sentence_transformers import SentenceTransformer
-
-        model = SentenceTransformer(minilm_path(), device="cpu")
-        model.max_seq_length = 32
-        sentences = _sentences(SENTENCES)
-        tokens = model.encode(sentences, output_value="token_embeddings", batch_size=64)
-        check = model.encode(sentences[:8], normalize_embeddings=True)
+    sentences = tuple(_sentences(SENTENCES))
+    tokens = minilm_encode(sentences, batch_size=64, max_seq_length=32, tokens=True)
+    check = minilm_encode(sentences[:8], normalize=True, max_seq_length=32)
     mean = _normalise(np.stack([t.mean(dim=0).numpy() for t in tokens]))
     cls = _normalise(np.stack([t[0].numpy() for t in tokens]))
     # the mean pooling here is the model's own pipeline (Transformer -> mean Pooling -> Normalize)
@@ -99,11 +92,13 @@ def reports(scenarios: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, Dr
     return {name: run_drift_suite(window, reference, settings, seed=0) for name, (window, reference) in scenarios.items()}
 
 
+@pytest.mark.slow
 def test_quiet_when_only_the_items_change(reports: dict[str, DriftReport]) -> None:
     assert not reports["null"].detected
     assert all(r.p_value > 0.01 for r in reports["null"].results)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("scenario", "must_detect"),
     [
@@ -119,11 +114,13 @@ def test_detects_realistic_shifts(reports: dict[str, DriftReport], scenario: str
     assert must_detect <= set(report.detected_tests)
 
 
+@pytest.mark.slow
 def test_centroid_is_blind_to_anisotropy(reports: dict[str, DriftReport]) -> None:
     """Stretching around the mean keeps the mean direction: the documented blind spot."""
     assert not reports["anisotropy"].result("centroid").detected
 
 
+@pytest.mark.slow
 def test_model_swap_is_caught_online_within_a_few_mini_batches(minilm: dict[str, np.ndarray]) -> None:
     """Replay: the mean-pooled model for 20,000 records, then the CLS-pooled one."""
     rng = np.random.default_rng(2)

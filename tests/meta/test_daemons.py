@@ -34,6 +34,7 @@ def test_an_in_process_daemon_is_stopped_when_the_block_fails(tmp_path: Path) ->
         http_status(port, "/healthz")
 
 
+@pytest.mark.slow
 def test_a_daemon_process_is_stopped_when_the_block_fails_and_can_be_killed(tmp_path: Path) -> None:
     args = ("--source", "synthetic", "--state-dir", str(tmp_path / "state"))
     with pytest.raises(Failed), daemons.process(*args, log=tmp_path / "first.log") as first:

@@ -39,6 +39,7 @@ def test_prometheus_scrapes_itself_and_answers_queries(tmp_path: Path) -> None:
     assert process is not None and process.returncode == 0
 
 
+@pytest.mark.slow
 def test_alertmanager_delivers_to_the_webhook(tmp_path: Path) -> None:
     rules = tmp_path / "rules.yaml"
     rules.write_text(

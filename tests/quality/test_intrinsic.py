@@ -25,7 +25,7 @@ from monitor.quality.settings import IntrinsicSettings
 from monitor.records import EmbeddingBatch
 from monitor.state.stats import SufficientStats
 from monitor.state.window import SlidingWindow
-from tests.support.realdata import help_topic_sentences, minilm_path
+from tests.support.realdata import help_topic_sentences, minilm_encode
 
 GAUGES = [
     "partition_isotropy", "effective_dimension", "effective_dimension_ratio", "top10_variance_ratio",
@@ -304,14 +304,12 @@ def _english_sentences(limit: int) -> list[str]:
 @pytest.fixture(scope="session")
 def minilm_embeddings() -> np.ndarray:
     """all-MiniLM-L6-v2 (384-d, unit-normalised output) on 1,000 real sentences, once per session."""
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(minilm_path(), device="cpu")
     sentences = _english_sentences(1000)
     assert len(sentences) == 1000
-    return model.encode(sentences, batch_size=128, convert_to_numpy=True)
+    return minilm_encode(tuple(sentences), batch_size=128)
 
 
+@pytest.mark.slow
 def test_minilm_on_real_text_is_healthy(minilm_embeddings: np.ndarray) -> None:
     report = report_from_matrix(minilm_embeddings)
     assert report.dimension == 384 and report.window_records == 1000
@@ -386,6 +384,7 @@ def test_identical_vectors_have_rank_zero() -> None:
     assert math.isnan(report.top10_variance_ratio) and report.collapse_detected == 1
 
 
+@pytest.mark.slow
 def test_real_minilm_embeddings_are_never_flagged_at_any_scale(minilm_embeddings: np.ndarray) -> None:
     reports = _at_scales(minilm_embeddings)
     _assert_same_ratios(reports)
@@ -410,6 +409,7 @@ def test_float32_products_still_flag_a_rank_k_collapse_at_every_scale(k: int) ->
         assert report.effective_rank <= k + 1e-6, (c, report.effective_rank)
 
 
+@pytest.mark.slow
 def test_float32_products_read_real_minilm_like_float64(minilm_embeddings: np.ndarray) -> None:
     """The float32 floor is under MiniLM's smallest real eigenvalue: no real direction is erased."""
     single, double = _float32_report(minilm_embeddings), report_from_matrix(minilm_embeddings)

@@ -66,6 +66,7 @@ def scaled_settings(monkeypatch: pytest.MonkeyPatch, broker: Broker, topic: str,
     ))
 
 
+@pytest.mark.slow
 def test_a_replica_killed_mid_stream_leaves_the_reducer_exact(broker: Broker, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     topic = "emb-scaled-crash"
@@ -84,10 +85,10 @@ def test_a_replica_killed_mid_stream_leaves_the_reducer_exact(broker: Broker, tm
             with replica(broker, topic, "replica-a", tmp_path / "a", log) as victim:
                 wait_until(lambda: "assigned partitions: [(" in victim.output(), timeout=60,
                            message="the victim got partitions")
-                time.sleep(rng.uniform(0.5, 3.0))  # while it consumes, checkpoints, publishes and commits
+                time.sleep(rng.uniform(0.5, 3.0))  # the point: killed at random while it consumes and commits
                 killed_mid_stream += producer.is_alive()
                 assert victim.kill() == -signal.SIGKILL
-            time.sleep(rng.uniform(0.0, 4.0))  # its partitions may move to the other replica meanwhile
+            time.sleep(rng.uniform(0.0, 4.0))  # the point: a random outage; its partitions may move meanwhile
         logs.append(tmp_path / "a-final.log")
         victim = running.enter_context(replica(broker, topic, "replica-a", tmp_path / "a", logs[-1]))
         producer.join(timeout=90)
@@ -138,6 +139,7 @@ def exact_counts_in(samples: dict, expected: dict[str, int]) -> bool:  # type: i
 GAP_GROUP = "gap-scaled"
 
 
+@pytest.mark.slow
 def test_a_replica_killed_between_its_commit_and_its_marker_loses_nothing(broker: Broker, tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The narrowest crash window: the group's offsets moved to a publication the marker does not
@@ -158,7 +160,8 @@ def test_a_replica_killed_between_its_commit_and_its_marker_loses_nothing(broker
         # the other replica takes every partition and resumes from the offsets the victim committed
         wait_until(lambda: "assigned partitions: [(" in steady.output(), timeout=60,
                    message="the steady replica got partitions")
-        time.sleep(2.0)
+        wait_until(lambda: value(scrape(steady.port), "embmon_records_total", model="bin", stream="default"),
+                   timeout=60, message="the steady replica consuming from the victim's offsets")
         running.enter_context(replica(broker, topic, "replica-a", tmp_path / "a", tmp_path / "a-1.log", GAP_GROUP))
         producer.join(timeout=90)
         assert producer.error is None

@@ -34,6 +34,7 @@ def produce(broker: Broker, topic: str, rng: np.random.Generator, messages: int)
     return np.concatenate(blocks)
 
 
+@pytest.mark.slow
 def test_a_restarted_and_a_fresh_reducer_both_end_exact(broker: Broker, tmp_path: Path) -> None:
     topic, partials = "emb-reducer-restart", "emb-reducer-restart-partials"
     broker.create_topics(topic, partitions=PARTITIONS)

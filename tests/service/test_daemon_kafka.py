@@ -98,6 +98,7 @@ def test_daemon_consumes_json_and_binary_and_exports_exact_metrics(broker: Broke
         wait_until(lambda: committed_offset(broker, topic, group) == total_messages, timeout=20, message="commit")
 
 
+@pytest.mark.slow
 def test_sigterm_commits_and_exits_zero_within_ten_seconds(broker: Broker, tmp_path: Path) -> None:
     topic, group = "emb-sigterm", "sigterm-group"
     broker.create_topics(topic)

@@ -179,6 +179,7 @@ def named_topic(views: list[list[str]]) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_on_a_terminal_the_view_is_redrawn_in_place_not_printed_line_by_line(tmp_path: Path) -> None:
     main, child = pty.openpty()
     proc = subprocess.Popen(

@@ -22,6 +22,7 @@ from monitor.sources import Source, SourceMessage
 from tests.support import daemons
 from tests.support.broker import free_port
 from tests.support.scrape import scrape, value
+from tests.support.waiting import wait_until
 
 
 class Recording(Source):
@@ -36,7 +37,7 @@ class Recording(Source):
         self.calls.append("start")
 
     def poll(self, timeout: float) -> list[SourceMessage]:
-        time.sleep(min(timeout, 0.05))
+        time.sleep(min(timeout, 0.05))  # the point: an idle poll blocks for a while, as Kafka's does
         return []
 
     def close(self) -> None:
@@ -55,9 +56,7 @@ def test_a_signal_requests_a_stop_and_a_second_forces_exit() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.wait(5) and exits == []
         os.kill(os.getpid(), signal.SIGINT)
-        deadline = time.monotonic() + 5
-        while not exits and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: exits, timeout=5, interval=0.01, message="the forced exit")
     assert exits == [128 + signal.SIGINT]
     assert signal.getsignal(signal.SIGTERM) is before  # the original handler is back
 
@@ -125,7 +124,7 @@ SLOW_SHUTDOWN = textwrap.dedent(
         name = "slow"
         def close(self):
             print("closing", flush=True)
-            time.sleep(30)
+            time.sleep(30)  # the point: a close that hangs, which the second signal must cut short
 
     configure_logging("INFO")
     settings = load_settings(overrides={"source": "synthetic", "http": {"host": "127.0.0.1", "port": 0},

@@ -155,6 +155,7 @@ def test_only_the_cuda_paths_and_the_text_encoder_import_torch_or_sentence_trans
     assert importers("sentence_transformers") == {"monitor.retrieval.probes.golden"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("torch_installed", [True, False], ids=["torch-without-a-driver", "a-driver-without-torch"])
 def test_a_default_daemon_with_every_feature_at_work_never_imports_torch(tmp_path: Path, torch_installed: bool) -> None:
     """The demo's daemon (synthetic source, default device ``auto``, drift and probes on) after

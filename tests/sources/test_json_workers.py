@@ -108,7 +108,7 @@ class _JsonTopic(Source):
         self.offset = 0
 
     def poll(self, timeout: float) -> list[SourceMessage]:
-        time.sleep(0.01)  # a trickle, so that a test can kill a worker half-way
+        time.sleep(0.01)  # pacing: a trickle, so that a test can kill a worker half-way
         if self.offset >= len(self.values):
             return []
         batch = self.values[self.offset : self.offset + 50]

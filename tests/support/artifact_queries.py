@@ -14,6 +14,7 @@ from monitor.artifacts import dashboards as dash
 from monitor.artifacts import grafana_alerts, panels, prometheus
 from monitor.artifacts.catalog import referenced_metrics
 from monitor.artifacts.rules import build_rules
+from tests.support.prometheus import PrometheusServer
 
 
 def substitute(expr: str) -> str:
@@ -80,3 +81,12 @@ def sources(expr: str) -> set[str]:
     return names
 
 
+def unanswered(prom: PrometheusServer, queries: list[Query]) -> list[tuple[Query, str]]:
+    """Run every query as the live tests send it (a parse or evaluation error raises); the ones that
+    must return series and returned none, each with the expression sent."""
+    empty = []
+    for q in queries:
+        expr = shorten_history(substitute(q.expr))
+        if not prom.query(expr) and q.must_return:
+            empty.append((q, expr))
+    return empty

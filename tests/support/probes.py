@@ -45,7 +45,7 @@ class SearchServer:
                 body = json.loads(self.rfile.read(length))
                 server.requests.append(body)
                 if server.mode == "slow" or server.delay:
-                    time.sleep(server.delay)
+                    time.sleep(server.delay)  # the point: a search endpoint this slow
                 if server.mode == "garbage":
                     payload = b"<html>502 Bad Gateway</html>"
                 elif server.mode == "wrong_shape":
@@ -95,7 +95,7 @@ class ListSource(Source):
         with self._lock:
             out, self._pending = self._pending[: self._batch], self._pending[self._batch :]
         if not out:
-            time.sleep(min(timeout, 0.05))
+            time.sleep(min(timeout, 0.05))  # the point: an idle poll blocks for a while, as Kafka's does
         return out
 
 

@@ -63,7 +63,7 @@ class SteadyProducer(_ProducerThread):
                     producer.send(self.topic, message, headers=headers)
                 producer.flush()
                 next_send += self.batch / self.rate
-                time.sleep(max(0.0, next_send - time.monotonic()))
+                time.sleep(max(0.0, next_send - time.monotonic()))  # pacing: ``rate`` records a second
         finally:
             producer.close()
 
@@ -102,7 +102,7 @@ class KnownSequence(_ProducerThread):
                     self.invalid += 1
                 if i % 5 == 0:
                     producer.flush()
-                time.sleep(0.25)
+                time.sleep(0.25)  # pacing: the sequence spans ~40 s, so that daemons are killed mid-stream
             producer.flush()
             producer.close()
         except BaseException as exc:  # noqa: BLE001 - reported by the test

@@ -14,7 +14,7 @@ from monitor.config import load_settings
 from monitor.retrieval.probes.agreement import agreement_per_query
 from monitor.retrieval.probes.component import ProbeComponent
 from tests.support.probes import collect, probe_context, window_of
-from tests.support.realdata import help_topic_sentences, minilm_path
+from tests.support.realdata import help_topic_sentences, load_minilm, minilm_encode
 from tests.support.scrape import value
 
 K = 10
@@ -31,13 +31,9 @@ def sentences(limit: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def embeddings() -> dict[str, Any]:
-    from sentence_transformers import SentenceTransformer
-
     texts = sentences(300)
-    path = minilm_path()
-    full = SentenceTransformer(path, device="cpu")
-    reference = full.encode(texts, batch_size=64, normalize_embeddings=True)
-    shallow = SentenceTransformer(path, device="cpu")
+    reference = minilm_encode(tuple(texts), batch_size=64, normalize=True)
+    shallow = load_minilm()  # a private copy: its layers are cut
     encoder = shallow[0].auto_model.encoder
     encoder.layer = encoder.layer[:2]  # a genuinely different (weaker) model: the first 2 of 6 layers
     truncated = shallow.encode(texts, batch_size=64, normalize_embeddings=True)

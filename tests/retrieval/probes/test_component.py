@@ -41,9 +41,9 @@ class Scripted(Probe):
         if self.behaviour == "deadline":
             while True:
                 deadline.check()
-                time.sleep(0.01)
+                time.sleep(0.01)  # the point: a run that works until its deadline stops it
         if self.behaviour == "overruns":  # ignores the deadline, finishes late
-            time.sleep(self.timeout_seconds + 0.05)
+            time.sleep(self.timeout_seconds + 0.05)  # the point: work that outlasts the timeout
         return ProbeResult(samples=(sample("retrieval_gini", 0.25, probe=self.name, model="m"),))
 
 

@@ -26,7 +26,7 @@ from tests.support.probes import (
     probe_context,
     window_of,
 )
-from tests.support.realdata import minilm_path
+from tests.support.realdata import minilm_encode, minilm_path
 from tests.support.scrape import value
 
 K = 10
@@ -198,8 +198,6 @@ def test_golden_set_over_the_window_sample(tmp_path: Path, collection: dict[str,
 
 def test_text_queries_are_embedded_with_the_configured_encoder(tmp_path: Path) -> None:
     """all-MiniLM-L6-v2 (offline) embeds documents and query texts; the probe ranks the sample."""
-    from sentence_transformers import SentenceTransformer
-
     path = minilm_path()
     docs = ["The cat sat on the warm windowsill.", "Interest rates rose by half a point.",
             "The striker scored twice in the final.", "Bake the bread for forty minutes.",
@@ -207,9 +205,8 @@ def test_text_queries_are_embedded_with_the_configured_encoder(tmp_path: Path) -
     queries = [("q0", "a kitten resting by the window", "doc-0"), ("q1", "central bank raises borrowing costs", "doc-1"),
                ("q2", "football match goals", "doc-2"), ("q3", "how long to cook a loaf", "doc-3"),
                ("q4", "astronomy and stars far away", "doc-4"), ("q5", "how immunisation works", "doc-5")]
-    model = SentenceTransformer(str(path), device="cpu")
-    doc_vectors = model.encode(docs, normalize_embeddings=True)
-    query_vectors = model.encode([t for _, t, _ in queries], normalize_embeddings=True)
+    doc_vectors = minilm_encode(tuple(docs), normalize=True)
+    query_vectors = minilm_encode(tuple(t for _, t, _ in queries), normalize=True)
     golden = write_jsonl(tmp_path / "golden.jsonl", [{"query_id": q, "text": t, "qrels": {d: 1}} for q, t, d in queries])
     ids = [f"doc-{i}" for i in range(len(docs))]
     settings = golden_settings(tmp_path, golden, {"kind": "knn"}, encoder={"path": str(path)})
