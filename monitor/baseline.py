@@ -22,7 +22,7 @@ import argparse
 import json
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -157,7 +157,7 @@ def _show(state_dir: Path, as_json: bool, stdout: TextIO) -> int:
     readable, unreadable = ReferenceStore(state_dir).scan()
     refs = [r.describe() for r in readable.values()]
     problems = [{"path": str(path), "unreadable": reason} for path, reason in unreadable.items()]
-    lagged = []
+    lagged: list[dict[str, Any]] = []  # rows of the JSON answer
     snapshots, _ = list_snapshots(state_dir / LAGGED_DIR)  # leftovers are the daemon's to remove
     for (model, stream), snaps in snapshots.items():
         if snaps:
@@ -200,7 +200,7 @@ def _clear(state_dir: Path, model: str, stream: str | None, stdout: TextIO, stde
 
 
 def _when(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _line(ref: dict[str, Any]) -> str:

@@ -133,7 +133,7 @@ def encode(tree: Any, arrays: list[np.ndarray]) -> bytes:
     members = {"meta": np.frombuffer(meta, dtype=np.uint8)}
     members.update({f"a{k}": a for k, a in enumerate(arrays)})
     buffer = io.BytesIO()
-    np.savez(buffer, **members)
+    np.savez(buffer, **members)  # type: ignore[arg-type]  # numpy's stub: a **dict could fill allow_pickle
     payload = buffer.getvalue()
     header = _HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(payload), hashlib.sha256(payload).digest())
     return header + payload

@@ -28,7 +28,7 @@ class ScheduledJob:
     """A periodic job; ``timeout_seconds`` bounds one run (a run over it is counted as timed out)."""
 
     name: str
-    func: Callable[[], None]
+    func: Callable[[], object]  # what it returns is not used
     interval_seconds: float
     timeout_seconds: float | None = None
 

@@ -129,7 +129,9 @@ class SyntheticInteractions(_Section):
     rate: float = Field(20.0, gt=0, le=100_000, description="interaction events per second per model")
     catalog_size: int = Field(500, ge=20, le=100_000)
     catalog_stream: str = "catalog"
-    catalog_period_seconds: float = Field(2.0, gt=0, le=86_400, description="every catalog document is re-emitted this often")
+    catalog_period_seconds: float = Field(
+        2.0, gt=0, le=86_400, description="every catalog document is re-emitted this often"
+    )
     k: int = Field(10, ge=1, le=100)
     ann_miss_ratio: float = Field(0.05, ge=0, le=1)
     zero_result_ratio: float = Field(0.02, ge=0, le=1)
@@ -195,7 +197,7 @@ _HTTP_BUFFER_BUDGET = 256 * 2**20  # what request buffers may take at most (the 
 class HttpSettings(_Section):
     """The HTTP port. TLS, basic auth and the admin token are described in docs/operations.md."""
 
-    host: str = "0.0.0.0"
+    host: str = "0.0.0.0"  # noqa: S104 - Prometheus scrapes the pod from outside (docs/deployment.md)
     port: int = Field(9464, ge=0, le=65535)
     tls_certfile: Path | None = None
     tls_keyfile: Path | None = None

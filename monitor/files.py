@@ -52,7 +52,7 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def write_temporary(path: Path, write: Callable[[IO[bytes]], None]) -> Path:
+def write_temporary(path: Path, write: Callable[[IO[bytes]], object]) -> Path:
     """A new temporary file next to ``path`` holding what ``write`` wrote, fsynced; on any failure
     (a full disk, a read-only directory) it is removed and the error raised."""
     for _ in range(16):
@@ -76,7 +76,7 @@ def write_temporary(path: Path, write: Callable[[IO[bytes]], None]) -> Path:
     return temporary
 
 
-def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
     """Call ``write`` on a temporary file next to ``path``, fsync it, rename it over ``path``, fsync the directory."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

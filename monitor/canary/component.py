@@ -52,7 +52,7 @@ class CanaryComponent(Component):
 
     def __init__(self, context: MonitorContext):
         self.context = context
-        self.settings: CanarySettings = context.settings.canaries  # type: ignore[attr-defined]
+        self.settings: CanarySettings = context.settings.canaries
         self.window_seconds = float(context.settings.window.seconds)
         self._ids = {model: frozenset(ids) for model, ids in self.settings.ids.items()}
         self._store = PinStore(context.state_dir)

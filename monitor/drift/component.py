@@ -52,8 +52,8 @@ from prometheus_client.metrics_core import Metric
 from monitor.component import Component, MonitorContext, ScheduledJob
 from monitor.config import ConfigError
 from monitor.deadline import Deadline
-from monitor.drift.detectors import OnlineDriftMonitor, build_detector
 from monitor.drift.admin import add_drift_routes
+from monitor.drift.detectors import OnlineDriftMonitor, build_detector
 from monitor.drift.export import ChangeTotals, CycleResult, DriftSnapshot, ReferenceInfo, StreamKey, families
 from monitor.drift.first_records import FirstRecords
 from monitor.drift.lagged import LaggedRing
@@ -84,7 +84,7 @@ class DriftComponent(Component):
 
     def __init__(self, context: MonitorContext):
         self.context = context
-        self.settings: DriftSettings = context.settings.drift  # type: ignore[attr-defined]
+        self.settings: DriftSettings = context.settings.drift
         self.reference_settings = self.settings.reference
         self.max_rows = 2 * self.settings.reference_sample_size
         threads = self.settings.threads or default_threads()
@@ -93,7 +93,7 @@ class DriftComponent(Component):
         _check_detector_values(self.settings)
         try:
             self.pins = PinnedFiles(
-                self.reference_settings, max_rows=self.max_rows, seed=self.settings.seed  # type: ignore[arg-type]
+                self.reference_settings, max_rows=self.max_rows, seed=self.settings.seed
             )
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
@@ -175,7 +175,7 @@ class DriftComponent(Component):
     def _save(self, ref: StoredReference) -> None:
         try:
             path = self.store.save(ref)
-        except Exception:  # noqa: BLE001 - the reference stays in memory; a restart would re-capture it
+        except Exception:  # the reference stays in memory; a restart would re-capture it
             self._count_error("store")
             logger.exception("drift: could not store the reference of %s/%s", ref.model, ref.stream)
             return
@@ -272,13 +272,14 @@ class DriftComponent(Component):
             for turn, (key, window) in enumerate(windows):
                 try:
                     self._cycle_one(key, window, now, cycle, deadline.share(len(windows) - turn))
-                except Exception as exc:  # noqa: BLE001 - one stream's failure must not skip the others
+                except Exception as exc:  # one stream's failure must not skip the others
                     self._count_error("cycle")
                     failed.append((key, exc))
                     logger.debug("drift cycle for %s/%s failed", *key, exc_info=True)
             if failed:
-                key, exc = failed[0]
-                raise RuntimeError(f"drift cycle failed for {len(failed)} stream(s), first {key[0]}/{key[1]}") from exc
+                (model, stream), first_error = failed[0]
+                message = f"drift cycle failed for {len(failed)} stream(s), first {model}/{stream}"
+                raise RuntimeError(message) from first_error
             return self._results
 
     def _cycle_one(self, key: StreamKey, window: WindowSnapshot, now: float, cycle: int, deadline: Deadline) -> None:
@@ -296,6 +297,7 @@ class DriftComponent(Component):
                     self._start_online(slot, key, self._window_profile(key, window, now, self.max_rows, "first window"))
         with self._lock:
             fixed = slot.reference
+        reference: ReferenceProfile | None
         if fixed is not None:
             reference = fixed.profile
         elif self.ring is not None:

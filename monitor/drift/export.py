@@ -23,8 +23,9 @@ And for the component itself, ``embmon_drift_errors_total{stage}`` (every stage 
 cannot show.
 
 The suite's p-value is the Bonferroni-adjusted minimum ``min(1, k · min p)`` over the k planned
-tests (a test without a result counts as ``p = 1``), and its threshold the per-cycle α: ``detected{test="suite"}`` is 1 exactly when that p-value
-is at most that threshold (Holm and Bonferroni reject the global null in the same cycles).
+tests (a test without a result counts as ``p = 1``), and its threshold the per-cycle α:
+``detected{test="suite"}`` is 1 exactly when that p-value is at most that threshold (Holm and
+Bonferroni reject the global null in the same cycles).
 """
 
 from __future__ import annotations

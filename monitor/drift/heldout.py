@@ -10,10 +10,11 @@ scores are higher" has its exact null whatever the witness is, and reaches any a
 power: half of each sample trains, the other half tests.
 
 The p-value is the normal approximation of U with continuity and tie corrections
-(``scipy.stats.mannwhitneyu``; its exact distribution when a side has at most 8 rows). In the upper tail it is conservative:
-the exact null of U has lighter tails than the normal, so the approximation's p-value is larger
-than the exact one (measured against the exact distribution for 100 + 100 to 500 + 500 scores at
-3 to 5.5 standard deviations: 1.01 to 2.0 times the exact p-value; tested).
+(``scipy.stats.mannwhitneyu``; its exact distribution when a side has at most 8 rows). In the
+upper tail it is conservative: the exact null of U has lighter tails than the normal, so the
+approximation's p-value is larger than the exact one (measured against the exact distribution for
+100 + 100 to 500 + 500 scores at 3 to 5.5 standard deviations: 1.01 to 2.0 times the exact
+p-value; tested).
 
 Scores equal in exact arithmetic are ties. A row that stands in both samples (a catalog document
 re-sent) gets one score per copy, and the copies can differ in the last bit: BLAS computes each

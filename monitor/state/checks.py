@@ -53,7 +53,7 @@ def finite_array(value: Any, shape: tuple[int, ...], what: str, dtype: type = np
         raise InvalidState(f"{what} must be a numeric array, got {type(value).__name__}")
     if value.shape != shape:
         raise InvalidState(f"{what} has shape {value.shape}, expected {shape}")
-    array = np.asarray(value, dtype=dtype)
+    array: np.ndarray = np.asarray(value, dtype=dtype)
     if not np.isfinite(array).all():
         raise InvalidState(f"{what} holds NaN or infinity")
     return array

@@ -20,7 +20,6 @@ from monitor.state import checks
 from monitor.state.window import SlidingWindow, WindowSnapshot
 
 
-
 @dataclass
 class StreamState:
     model: str

@@ -40,7 +40,7 @@ def check_precision(precision: str) -> GramPrecision:
     """``precision`` if it names a supported product arithmetic, else ``ValueError``."""
     if precision not in GRAM_PRECISIONS:
         raise ValueError(f"precision must be one of {GRAM_PRECISIONS}, got {precision!r}")
-    return precision  # type: ignore[return-value]
+    return precision
 
 
 DEVICE_MIN_ROWS = 512
@@ -218,7 +218,8 @@ class SufficientStats:
         if not live:
             return out
         count = sum(part.count for part in live)
-        out.centre = (sum(part.vector_sum for part in live) / count).astype(np.float32).astype(np.float64)
+        total = sum((part.vector_sum for part in live), np.zeros(dim))  # 0 + first sum: the same bits as before
+        out.centre = (total / count).astype(np.float32).astype(np.float64)
         deltas = np.stack([part.centre - out.centre for part in live], axis=1)  # (d, k)
         halves = np.stack([part._shifted_sum + 0.5 * part.count * (part.centre - out.centre) for part in live], axis=1)
         for part in live:
@@ -360,7 +361,9 @@ class SufficientStats:
         return f"SufficientStats(dim={self.dim}, count={self.count}, precision={self.precision!r})"
 
 
-def _device_moment(x: np.ndarray, centre: np.ndarray, precision: GramPrecision, device: str) -> tuple[np.ndarray, np.ndarray]:
+def _device_moment(
+    x: np.ndarray, centre: np.ndarray, precision: GramPrecision, device: str
+) -> tuple[np.ndarray, np.ndarray]:
     """Σ(x − c) and the packed Σ(x − c)(x − c)ᵀ computed on a torch device, with the same
     arithmetic as the CPU path: rows cross the bus as they came (float32), are shifted there,
     and only the packed triangle comes back."""

@@ -255,9 +255,10 @@ class SlidingWindow:
         sub.reservoir.add(vectors, batch.ids)
         if batch.pair_ids is not None:
             rows = [i for i, pair_id in enumerate(batch.pair_ids) if pair_id is not None]
+            ids = [pair_id for pair_id in batch.pair_ids if pair_id is not None]
             if rows:
                 units = vectors[rows] / norms[rows, None]
-                total, pairs = self._pairs.match(units, [batch.pair_ids[i] for i in rows])
+                total, pairs = self._pairs.match(units, ids)
                 sub.alignment_sum += total
                 sub.alignment_pairs += pairs
         self._records_total += vectors.shape[0]

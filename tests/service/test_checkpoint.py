@@ -88,7 +88,7 @@ def assert_same(a: object, b: object) -> None:
             assert_same(a[key], b[key])
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b)  # type: ignore[arg-type]
-        for x, y in zip(a, b):  # type: ignore[call-overload]
+        for x, y in zip(a, b, strict=True):  # type: ignore[call-overload]
             assert_same(x, y)
     elif isinstance(a, np.ndarray):
         np.testing.assert_array_equal(a, b)  # type: ignore[arg-type]
@@ -108,7 +108,9 @@ def test_round_trip_is_exact_and_sampling_continues_identically(tmp_path: Path) 
     assert second.checkpointer.restore()
     assert_same(window_state(first), window_state(second))
     assert_same(window_state(first, "j"), window_state(second, "j"))
-    assert second.registry.get("m", "documents").records_total == first.registry.get("m", "documents").records_total == 200
+    assert (
+        second.registry.get("m", "documents").records_total == first.registry.get("m", "documents").records_total == 200
+    )
     assert second.status.invalid_counts() == first.status.invalid_counts() == {("documents", "bad_json"): 5}
     assert second.decoder.dims == {"m": 6, "j": 2}
     assert second.offsets.applied() == first.offsets.applied() == {("t", 0): 27, ("t", 1): 25}
@@ -191,7 +193,9 @@ def test_a_pickle_inside_a_valid_envelope_is_refused(tmp_path: Path) -> None:
     buffer = io.BytesIO()
     np.savez(buffer, meta=np.frombuffer(b"{}", dtype=np.uint8), a0=np.array([object()], dtype=object))
     payload = buffer.getvalue()
-    header = struct.pack("<8sHHQ32s", ckpt.MAGIC, ckpt.FORMAT_VERSION, 0, len(payload), hashlib.sha256(payload).digest())
+    header = struct.pack(
+        "<8sHHQ32s", ckpt.MAGIC, ckpt.FORMAT_VERSION, 0, len(payload), hashlib.sha256(payload).digest()
+    )
     with pytest.raises(ckpt.CheckpointError) as info:
         ckpt.decode(header + payload)
     assert info.value.reason == "corrupt" and "pickle" in str(info.value).lower()
@@ -221,14 +225,21 @@ def test_checkpoint_size_and_time_at_dimension_768(tmp_path: Path) -> None:
     for k in range(10):
         clock.now += 90
         rows = rng.standard_normal((1000, 768)).astype(np.float32)
-        monitor.pipeline.apply_messages([SourceMessage(rows.tobytes(), (("model", b"big"), ("dim", b"768")), "embeddings",
-                                                      SourcePosition("t", 0, k))])
+        monitor.pipeline.apply_messages(
+            [
+                SourceMessage(
+                    rows.tobytes(), (("model", b"big"), ("dim", b"768")), "embeddings", SourcePosition("t", 0, k)
+                )
+            ]
+        )
     started = time.perf_counter()
     assert monitor.checkpointer.checkpoint()
     elapsed = time.perf_counter() - started
     size = ckpt.CheckpointStore(tmp_path).current.stat().st_size
     started = time.perf_counter()
-    restored = make_monitor(tmp_path, Clock(clock.now), window={"seconds": 900, "subwindows": 10, "reservoir_size": 10_000})
+    restored = make_monitor(
+        tmp_path, Clock(clock.now), window={"seconds": 900, "subwindows": 10, "reservoir_size": 10_000}
+    )
     assert restored.checkpointer.restore()
     restore_elapsed = time.perf_counter() - started
     print(f"\ncheckpoint d=768: {size / 1e6:.1f} MB written in {elapsed:.2f} s, restored in {restore_elapsed:.2f} s")

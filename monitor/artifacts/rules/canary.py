@@ -30,7 +30,8 @@ def alerts(th: Thresholds) -> list[Alert]:
             summary="The embedding model changed: canary items no longer embed to their pinned vectors.",
             description=(
                 "Canary records of model {{ $labels.model }} no longer match their pinned vectors: the lowest "
-                f"canary cosine over the window is $VALUE (1 = unchanged), with mismatches in the last {MISMATCH_RANGE}."
+                "canary cosine over the window is $VALUE (1 = unchanged), "
+                f"with mismatches in the last {MISMATCH_RANGE}."
             ),
             value_format="number",
             condition=Condition(f"min by (model) ({cosine})", "<", 1),

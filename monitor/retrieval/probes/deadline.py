@@ -1,4 +1,5 @@
-"""A probe run's time budget (the shared :class:`~monitor.deadline.Deadline`), and the errors that end a run without a result.
+"""A probe run's time budget (the shared :class:`~monitor.deadline.Deadline`), and the errors that
+end a run without a result.
 
 Standard library only: the HTTP retriever and the ids-path reader raise these, and they must stay
 importable without the probes' numpy and torch code.
