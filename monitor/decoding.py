@@ -10,28 +10,37 @@ Two wire formats carry embeddings (see README "Message formats"):
 Decoding works on all the messages of one poll at once, so that the rows of a (model, stream)
 become one float32 matrix with one numpy conversion, and validation (finite, non-zero, dimension)
 is vectorised. Nothing here raises on bad input: every rejected record is counted by reason.
+Each record is a boundary (each message, for a binary batch): an exception that no check foresaw
+rejects that record alone under ``decode_error`` and the rest of the poll goes on.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from monitor.config import LimitSettings
 from monitor.json_decoding import (
+    DECODE_ERROR,
     INVALID,
     MAX_ID_LENGTH,
     JsonCollection,
     JsonCollector,
     JsonGroup,
     Rejections,
+    check_timestamp,
+    failure_detail,
+    finite_number,
     parse_json,
+    shown_value,
+    timestamp_detail,
     to_matrix,
     validate_rows,
 )
@@ -47,6 +56,7 @@ REASONS = (
     "not_object",  # JSON that is not an object (or array of objects)
     "missing_field",  # id, model or vector absent
     "bad_field",  # a field of the wrong type (id not a string/number, ts not a number, ...)
+    "bad_timestamp",  # ts a number that is not finite in float64: NaN, Infinity, an integer too large for a float
     "bad_label",  # model/stream/slice not a valid label value (charset, 64 chars max)
     "bad_vector",  # vector not a flat list of numbers
     "empty_vector",
@@ -57,9 +67,11 @@ REASONS = (
     "bad_header",  # binary batch with missing or invalid model/dim headers
     "bad_binary",  # binary value whose length is not a whole number of rows
     "label_limit",  # a new model or stream beyond the label budget
+    "decode_error",  # decoding the record raised: a case no check foresaw (a bug; the log names the exception)
 )
 
 MAX_RESULTS_PER_INTERACTION = 1000
+T = TypeVar("T")
 
 
 @dataclass
@@ -68,6 +80,12 @@ class DecodeResult(Rejections):
 
     batches: list[EmbeddingBatch] = field(default_factory=list)
     interactions: list[InteractionEvent] = field(default_factory=list)
+
+    def merge(self, other: Rejections) -> None:
+        super().merge(other)
+        if isinstance(other, DecodeResult):
+            self.batches.extend(other.batches)
+            self.interactions.extend(other.interactions)
 
 
 @dataclass
@@ -124,17 +142,20 @@ class Decoder:
         started = StartedDecode()
         json_values: list[bytes] = []
         for value, headers in messages:
-            if value is None:
-                started.result.reject(self.default_stream, "bad_json", detail="empty (tombstone) message")
-                continue
-            if len(value) > self.limits.max_message_bytes:
-                started.result.reject(self.default_stream, "oversize", detail=f"{len(value)} bytes")
-                continue
-            header_map = _headers(headers)
-            if "dim" in header_map:
-                self._collect_binary(value, header_map, started.binary, started.result)
-            else:
-                json_values.append(value)
+            try:
+                if value is None:
+                    started.result.reject(self.default_stream, "bad_json", detail="empty (tombstone) message")
+                    continue
+                if len(value) > self.limits.max_message_bytes:
+                    started.result.reject(self.default_stream, "oversize", detail=f"{len(value)} bytes")
+                    continue
+                header_map = _headers(headers)
+                if "dim" in header_map:
+                    self._collect_binary(value, header_map, started.binary, started.result)
+                else:
+                    json_values.append(value)
+            except Exception as exc:  # noqa: BLE001 - the record boundary (a message)
+                started.result.reject(self.default_stream, DECODE_ERROR, detail=failure_detail(exc, "a message"))
         if json_values:
             if collect_json is None:
                 collection = self.json.collect(json_values)
@@ -150,22 +171,32 @@ class Decoder:
         # All binary rows of a (model, stream) in this poll become one matrix: one validation pass
         # and one rank-k statistics update instead of one per message.
         for (model, stream, dim), blocks in started.binary.items():
-            matrix = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
-            good, sq_norms, non_finite, zero = validate_rows(matrix)
-            batch = None
-            if good.all():
-                batch = EmbeddingBatch(model=model, stream=stream, vectors=matrix, norms=np.sqrt(sq_norms))
-            elif good.any():
-                batch = EmbeddingBatch(model=model, stream=stream, vectors=matrix[good], norms=np.sqrt(sq_norms[good]))
-            self._admit_rows(model, stream, dim, matrix.shape[0], non_finite, zero, batch, result)
+            judge_binary = functools.partial(self._judge_binary, model, stream, dim)
+            # retried one message at a time: a failure loses that message's rows only
+            _contained(result, stream, "a binary batch", judge_binary, blocks, blocks.copy, _rows)
         if started.json is not None:
             collection = started.json()
-            result.rejected.update(collection.rejections.rejected)
-            for reason, detail in collection.rejections.examples.items():
-                result.examples.setdefault(reason, detail)
+            result.merge(collection.rejections)
+            judge_json = functools.partial(self._judge_json_groups, dims_before)
             for group in collection.groups:
-                self._judge_json_group(group, dims_before, result)
+                # retried one record at a time: the rows that failed a check, then each valid row
+                _contained(result, group.stream, "a JSON embedding group", judge_json, [group], group.split, _collected)
         return result
+
+    def _judge_json_groups(self, dims_before: dict[str, int], groups: list[JsonGroup], result: DecodeResult) -> None:
+        for group in groups:
+            self._judge_json_group(group, dims_before, result)
+
+    def _judge_binary(self, model: str, stream: str, dim: int, blocks: list[np.ndarray], result: DecodeResult) -> None:
+        """Validate the rows of some binary messages of one (model, stream, dim) and admit them."""
+        matrix = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
+        good, sq_norms, non_finite, zero = validate_rows(matrix)
+        batch = None
+        if good.all():
+            batch = EmbeddingBatch(model=model, stream=stream, vectors=matrix, norms=np.sqrt(sq_norms))
+        elif good.any():
+            batch = EmbeddingBatch(model=model, stream=stream, vectors=matrix[good], norms=np.sqrt(sq_norms[good]))
+        self._admit_rows(model, stream, dim, matrix.shape[0], non_finite, zero, batch, result)
 
     def _collect_binary(
         self,
@@ -259,25 +290,38 @@ class Decoder:
         """Decode the messages of one poll from the interactions topic (JSON only)."""
         result = DecodeResult()
         for value, _headers in messages:
-            if value is None:
-                result.reject(stream, "bad_json", detail="empty (tombstone) message")
-                continue
-            if len(value) > self.limits.max_message_bytes:
-                result.reject(stream, "oversize", detail=f"{len(value)} bytes")
-                continue
-            doc = parse_json(value)
-            if doc is INVALID:
-                result.reject(stream, "bad_json", detail=_preview(value))
-                continue
-            events = doc if isinstance(doc, list) else [doc]
-            if len(events) > self.limits.max_rows_per_message:
-                result.reject(stream, "oversize", count=len(events))
+            try:
+                events = self._interaction_events(value, stream, result)
+            except Exception as exc:  # noqa: BLE001 - the record boundary (a message)
+                result.reject(stream, DECODE_ERROR, detail=failure_detail(exc, "an interaction message"))
                 continue
             for event in events:
-                parsed = self._interaction(event, stream, result)
+                try:
+                    parsed = self._interaction(event, stream, result)
+                except Exception as exc:  # noqa: BLE001 - the record boundary
+                    result.reject(stream, DECODE_ERROR, detail=failure_detail(exc, "an interaction event"))
+                    continue
                 if parsed is not None:
                     result.interactions.append(parsed)
         return result
+
+    def _interaction_events(self, value: bytes | None, stream: str, result: DecodeResult) -> list[Any]:
+        """The events of one interactions message; [] when the message was rejected as a whole."""
+        if value is None:
+            result.reject(stream, "bad_json", detail="empty (tombstone) message")
+            return []
+        if len(value) > self.limits.max_message_bytes:
+            result.reject(stream, "oversize", detail=f"{len(value)} bytes")
+            return []
+        doc = parse_json(value)
+        if doc is INVALID:
+            result.reject(stream, "bad_json", detail=_preview(value))
+            return []
+        events = doc if isinstance(doc, list) else [doc]
+        if len(events) > self.limits.max_rows_per_message:
+            result.reject(stream, "oversize", count=len(events))
+            return []
+        return events
 
     def _interaction(self, event: Any, stream: str, result: DecodeResult) -> InteractionEvent | None:
         if not isinstance(event, dict):
@@ -288,19 +332,19 @@ class Decoder:
             result.reject(stream, "missing_field", detail="missing model")
             return None
         if not is_label_value(model):
-            result.reject(stream, "bad_label", detail=f"model {str(model)[:80]!r}")
+            result.reject(stream, "bad_label", detail=f"model {shown_value(model)}")
             return None
         slice_ = event.get("slice")
         if slice_ is not None and not is_label_value(slice_):
-            result.reject(stream, "bad_label", detail=f"slice {str(slice_)[:80]!r}")
+            result.reject(stream, "bad_label", detail=f"slice {shown_value(slice_)}")
             return None
         query_id = event.get("query_id")
         if query_id is not None and (not isinstance(query_id, (str, int)) or isinstance(query_id, bool)):
             result.reject(stream, "bad_field", detail="query_id must be a string or integer")
             return None
-        ts = event.get("ts")
-        if ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float))):
-            result.reject(stream, "bad_field", detail="ts must be a number")
+        reason, ts = check_timestamp(event.get("ts"))
+        if reason is not None:
+            result.reject(stream, reason, detail=timestamp_detail(reason, event.get("ts")))
             return None
         try:
             results = _id_list(event.get("results", []))
@@ -327,7 +371,7 @@ class Decoder:
             clicks=clicks,
             relevance=relevance,
             slice=slice_,
-            ts=None if ts is None else float(ts),
+            ts=None if math.isnan(ts) else ts,
         )
 
     def _query_vector(self, model: str, raw: Any) -> tuple[str | None, np.ndarray | None]:
@@ -349,6 +393,49 @@ class Decoder:
         if expected is not None and vector.shape[0] != expected:
             return "dim_mismatch", None
         return None, vector
+
+
+def _contained(
+    result: DecodeResult,
+    stream: str,
+    what: str,
+    judge: Callable[[list[T], DecodeResult], None],
+    whole: list[T],
+    parts: Callable[[], Iterable[T]],
+    size: Callable[[T], int],
+) -> None:
+    """``judge(whole, ...)`` into ``result``, all or nothing; if it raises, ``judge([part], ...)``
+    for each of ``parts()`` (the same records, each part one message or one record), and a part
+    that raises alone counts its ``size`` records under ``decode_error``."""
+    local = DecodeResult()
+    try:
+        judge(whole, local)
+    except Exception:  # the record boundary: retried part by part below
+        logger.debug("judging %s raised; retrying it part by part", what, exc_info=True)
+    else:
+        result.merge(local)
+        return
+    try:
+        split = list(parts())
+    except Exception as exc:  # noqa: BLE001 - cannot even split: every record of the whole is lost
+        result.reject(stream, DECODE_ERROR, count=sum(size(item) for item in whole), detail=failure_detail(exc, what))
+        return
+    for part in split:
+        local = DecodeResult()
+        try:
+            judge([part], local)
+        except Exception as exc:  # noqa: BLE001 - the record boundary
+            result.reject(stream, DECODE_ERROR, count=size(part), detail=failure_detail(exc, what))
+        else:
+            result.merge(local)
+
+
+def _rows(block: np.ndarray) -> int:
+    return int(block.shape[0])
+
+
+def _collected(group: JsonGroup) -> int:
+    return group.collected
 
 
 def _headers(headers: Sequence[tuple[str, bytes]] | None) -> dict[str, str]:
@@ -381,9 +468,10 @@ def _relevance(value: Any) -> dict[str, float]:
         raise ValueError(f"more than {MAX_RESULTS_PER_INTERACTION} graded ids")
     out = {}
     for key, grade in value.items():
-        if isinstance(grade, bool) or not isinstance(grade, (int, float)) or not math.isfinite(grade):
+        number = finite_number(grade)  # an integer beyond float range is no grade (never OverflowError)
+        if number is None:
             raise ValueError("relevance grades must be finite numbers")
-        out[str(key)] = float(grade)
+        out[str(key)] = number
     return out
 
 

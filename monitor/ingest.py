@@ -95,6 +95,19 @@ class _BoundaryCall:
             self.done.set()
 
 
+def _logging_death(loop: Callable[[], None]) -> Callable[[], None]:
+    """``loop`` as a thread target that logs why it ended, if an exception ended it: the thread is
+    gone (``alive`` turns false, ``/healthz`` answers 503) and the log says what killed it."""
+
+    def run() -> None:
+        try:
+            loop()
+        except BaseException:  # logged here, with the traceback, instead of on stderr
+            logger.critical("thread %s died; /healthz now fails", threading.current_thread().name, exc_info=True)
+
+    return run
+
+
 def limit_blas_threads() -> int:
     """Give BLAS one thread per core beyond the two that polling needs (at least one); returns it.
 
@@ -153,8 +166,8 @@ class IngestPipeline:
         self._commit_now = threading.Event()
         self._stop = threading.Event()
         self._on_intake_end: Callable[[], None] = lambda: None
-        self._poll_thread = threading.Thread(target=self._poll_loop, name="embmon-poll", daemon=True)
-        self._apply_thread = threading.Thread(target=self._apply_loop, name="embmon-apply", daemon=True)
+        self._poll_thread = threading.Thread(target=_logging_death(self._poll_loop), name="embmon-poll", daemon=True)
+        self._apply_thread = threading.Thread(target=_logging_death(self._apply_loop), name="embmon-apply", daemon=True)
 
     # ------------------------------------------------------------------ synchronous use
     def decode(self, messages: Sequence[SourceMessage]) -> DecodedPoll:

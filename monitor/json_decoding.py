@@ -6,15 +6,23 @@ off the interpreter that runs kafka-python. What does need state (each model's d
 label budget) is decided afterwards by ``Decoder`` from the per-group counts kept here, in the
 order the rules had when everything ran in one place.
 
+Nothing here raises on input. The checks reject what they know under its reason, and each record
+is also a boundary: an exception nobody foresaw (a bug, or a value no check anticipated) rejects
+that record alone under ``decode_error`` and the rest of the poll goes on, in a worker process
+and in-process alike (both run :meth:`JsonCollector.collect`).
+
 This module imports neither the settings nor torch: a worker process stays small.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
+import traceback
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,11 +32,16 @@ import orjson
 from monitor.json_events import fast_events
 from monitor.records import EmbeddingBatch
 
-__all__ = ["JsonCollection", "JsonCollector", "JsonGroup", "Rejections", "parse_json", "to_matrix", "validate_rows"]
+__all__ = [
+    "DECODE_ERROR", "JsonCollection", "JsonCollector", "JsonGroup", "Rejections", "check_timestamp", "failure_detail",
+    "finite_number", "parse_json", "shown_value", "timestamp_detail", "to_matrix", "validate_rows",
+]  # fmt: skip
 
 MAX_ID_LENGTH = 512
 INVALID = object()
 """What :func:`parse_json` returns for bytes that are no JSON at all."""
+DECODE_ERROR = "decode_error"
+"""The reason of a record whose decoding raised: what no check foresaw (see :func:`failure_detail`)."""
 
 
 @dataclass
@@ -42,6 +55,12 @@ class Rejections:
         self.rejected[(stream, reason)] += count
         if detail and reason not in self.examples:
             self.examples[reason] = detail
+
+    def merge(self, other: Rejections) -> None:
+        """Add ``other``'s rejections (its details where this has none for a reason)."""
+        self.rejected.update(other.rejected)
+        for reason, detail in other.examples.items():
+            self.examples.setdefault(reason, detail)
 
 
 @dataclass
@@ -62,6 +81,16 @@ class JsonGroup:
     zero: int
     batch: EmbeddingBatch | None
 
+    def split(self) -> Iterator[JsonGroup]:
+        """The same records as smaller groups: one with the rows that failed a check, then one per
+        valid row (the retry when judging the whole group raised)."""
+        failed = self.collected - (0 if self.batch is None else self.batch.size)
+        if failed:
+            yield dataclasses.replace(self, collected=failed, batch=None)
+        if self.batch is not None:
+            for i in range(self.batch.size):
+                yield JsonGroup(self.model, self.stream, self.length, 1, 0, 0, 0, _row_batch(self.batch, i))
+
 
 @dataclass
 class JsonCollection:
@@ -81,6 +110,27 @@ class _Pending:
     slices: list[str | None] = field(default_factory=list)
     pair_ids: list[str | None] = field(default_factory=list)
 
+    def add(self, row: _Row) -> None:
+        self.vectors.append(row.vector)
+        self.ids.append(row.rid)
+        self.timestamps.append(row.ts)
+        self.slices.append(row.slice)
+        self.pair_ids.append(row.pair_id)
+
+    def row(self, i: int) -> _Row:
+        return _Row(self.vectors[i], self.ids[i], self.timestamps[i], self.slices[i], self.pair_ids[i])
+
+
+@dataclass(slots=True)
+class _Row:
+    """One event that passed the checks on its fields, before its vector is converted."""
+
+    vector: Any
+    rid: str
+    ts: float  # NaN when absent
+    slice: str | None
+    pair_id: str | None
+
 
 class JsonCollector:
     """Parses JSON embedding messages and groups their valid events into float32 matrices.
@@ -99,36 +149,58 @@ class JsonCollector:
         return isinstance(value, str) and self._label.match(value) is not None
 
     def collect(self, values: list[bytes]) -> JsonCollection:
-        """Parse, check and group the values of one poll's JSON messages (none is None or oversize)."""
+        """Parse, check and group the values of one poll's JSON messages (none is None or oversize).
+
+        Never raises: a message whose parsing raised counts one ``decode_error``, an event whose
+        checks raised counts one, and a group whose conversion raised is retried row by row so
+        that only the rows that raise alone are lost.
+        """
         out = JsonCollection()
         pending: dict[tuple[str, str, int], _Pending] = {}
         for value in values:
-            self._collect_message(value, pending, out.rejections)
+            try:
+                events = self._events(value, out.rejections)
+            except Exception as exc:  # noqa: BLE001 - the record boundary: see the module docstring
+                out.rejections.reject(self.default_stream, DECODE_ERROR, detail=failure_detail(exc, "a JSON message"))
+                continue
+            for event in events:
+                try:
+                    self._collect_event(event, pending, out.rejections)
+                except Exception as exc:  # noqa: BLE001 - the record boundary
+                    out.rejections.reject(self._stream_of(event), DECODE_ERROR,
+                                          detail=failure_detail(exc, "a JSON embedding event"))  # fmt: skip
         for (model, stream, length), rows in pending.items():
-            out.groups.append(self._finish_group(model, stream, length, rows))
+            out.groups.extend(self._finish_contained(model, stream, length, rows, out.rejections))
         return out
 
-    def _collect_message(self, value: bytes, pending: dict[tuple[str, str, int], _Pending], rejections: Rejections) -> None:
+    def _events(self, value: bytes, rejections: Rejections) -> list[Any]:
+        """The events of one message; [] when the message was rejected as a whole."""
         doc = fast_events(value)
         if doc is None:
             doc = parse_json(value)
         if doc is INVALID:
             rejections.reject(self.default_stream, "bad_json", detail=repr(bytes(value[:80])))
-            return
+            return []
         events = doc if isinstance(doc, list) else [doc]
         if len(events) > self.max_rows_per_message:
             rejections.reject(self.default_stream, "oversize", count=len(events), detail=f"{len(events)} events")
-            return
-        for event in events:
-            self._collect_event(event, pending, rejections)
+            return []
+        return events
+
+    def _stream_of(self, event: Any) -> str:
+        """The stream an event names when it is a valid label, for counting it; else the default."""
+        stream = event.get("stream") if isinstance(event, dict) else None
+        return stream if isinstance(stream, str) and self.is_label_value(stream) else self.default_stream
 
     def _collect_event(self, event: Any, pending: dict[tuple[str, str, int], _Pending], rejections: Rejections) -> None:
+        """Check one event and add it to its group, or count it under a reason. Everything that
+        can raise comes before the appends, so an exception leaves the groups as they were."""
         if not isinstance(event, dict):
             rejections.reject(self.default_stream, "not_object", detail=type(event).__name__)
             return
         stream = event.get("stream", self.default_stream)
         if not self.is_label_value(stream):
-            rejections.reject(self.default_stream, "bad_label", detail=f"stream {str(stream)[:80]!r}")
+            rejections.reject(self.default_stream, "bad_label", detail=f"stream {shown_value(stream)}")
             return
         try:
             model, vector, rid = event["model"], event["vector"], event["id"]
@@ -137,18 +209,18 @@ class JsonCollector:
             rejections.reject(stream, "missing_field", detail=f"missing {', '.join(missing)}")
             return
         if not self.is_label_value(model):
-            rejections.reject(stream, "bad_label", detail=f"model {str(model)[:80]!r}")
+            rejections.reject(stream, "bad_label", detail=f"model {shown_value(model)}")
             return
         if isinstance(rid, bool) or not isinstance(rid, (str, int)) or len(str(rid)) > MAX_ID_LENGTH:
             rejections.reject(stream, "bad_field", detail="id must be a string or integer")
             return
-        ts = event.get("ts")
-        if ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float))):
-            rejections.reject(stream, "bad_field", detail="ts must be a number (unix seconds)")
+        reason, ts = check_timestamp(event.get("ts"))
+        if reason is not None:
+            rejections.reject(stream, reason, detail=timestamp_detail(reason, event.get("ts")))
             return
         slice_ = event.get("slice")
         if slice_ is not None and not self.is_label_value(slice_):
-            rejections.reject(stream, "bad_label", detail=f"slice {str(slice_)[:80]!r}")
+            rejections.reject(stream, "bad_label", detail=f"slice {shown_value(slice_)}")
             return
         pair_id = event.get("pair_id")
         if pair_id is not None and (not isinstance(pair_id, (str, int)) or len(str(pair_id)) > MAX_ID_LENGTH):
@@ -166,14 +238,43 @@ class JsonCollector:
         # Grouped by length too: for a model not seen before, rows of different lengths are
         # converted separately and the first group that holds valid rows fixes the dimension.
         key = (model, stream, len(vector))
+        rid, pair_id = str(rid), None if pair_id is None else str(pair_id)
         rows = pending.get(key)
         if rows is None:
             rows = pending[key] = _Pending()
         rows.vectors.append(vector)
-        rows.ids.append(str(rid))
-        rows.timestamps.append(math.nan if ts is None else float(ts))
+        rows.ids.append(rid)
+        rows.timestamps.append(ts)
         rows.slices.append(slice_)
-        rows.pair_ids.append(None if pair_id is None else str(pair_id))
+        rows.pair_ids.append(pair_id)
+
+    def _finish_contained(
+        self, model: str, stream: str, length: int, rows: _Pending, rejections: Rejections
+    ) -> list[JsonGroup]:
+        """:meth:`_finish_group`, and where it raises, the rows one by one: those that raise
+        alone count ``decode_error``, the others make the group."""
+        try:
+            return [self._finish_group(model, stream, length, rows)]
+        except Exception as exc:  # noqa: BLE001 - the record boundary
+            first = exc
+        survivors = _Pending()
+        for i in range(len(rows.vectors)):
+            single = _Pending()
+            single.add(rows.row(i))
+            try:
+                self._finish_group(model, stream, length, single)
+            except Exception as exc:  # noqa: BLE001 - the record boundary
+                rejections.reject(stream, DECODE_ERROR, detail=failure_detail(exc, "a JSON embedding row"))
+            else:
+                survivors.add(single.row(0))
+        if not survivors.vectors:
+            return []
+        try:
+            return [self._finish_group(model, stream, length, survivors)]
+        except Exception:  # noqa: BLE001 - rows that pass alone but not together: none is kept
+            rejections.reject(stream, DECODE_ERROR, count=len(survivors.vectors),
+                              detail=failure_detail(first, "a group of JSON embedding rows"))  # fmt: skip
+            return []
 
     def _finish_group(self, model: str, stream: str, length: int, rows: _Pending) -> JsonGroup:
         keep, matrix = to_matrix(rows.vectors)
@@ -200,6 +301,75 @@ class JsonCollector:
         return group
 
 
+def finite_number(value: Any) -> float | None:
+    """``value`` as a float when it is a JSON number (not a boolean) that float64 holds finitely;
+    else None. Integers beyond float64's range give None, never ``OverflowError``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def check_timestamp(value: Any) -> tuple[str | None, float]:
+    """(reason, seconds) for an event's ``ts``: (None, NaN) when absent, ("bad_field", NaN) when
+    not a number, ("bad_timestamp", NaN) when a number that is not finite in float64 (NaN,
+    Infinity, an integer too large for a float), else (None, the value as a float)."""
+    if value is None:
+        return None, math.nan
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "bad_field", math.nan
+    number = finite_number(value)
+    if number is None:
+        return "bad_timestamp", math.nan
+    return None, number
+
+
+def failure_detail(exc: BaseException, what: str) -> str:
+    """What the log says about an exception caught at a record boundary: its type, the line that
+    raised it and the start of its message; never the record itself."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
+    try:
+        message = str(exc)[:100]
+    except Exception:  # noqa: BLE001 - an exception whose message itself raises
+        message = "?"
+    return f"{type(exc).__name__}{where} while decoding {what}: {message!r}"
+
+
+def timestamp_detail(reason: str, value: Any) -> str:
+    """The log's detail for a ``ts`` that :func:`check_timestamp` rejected under ``reason``."""
+    if reason == "bad_field":
+        return "ts must be a number (unix seconds)"
+    return f"ts must be finite unix seconds, got {shown_value(value)}"
+
+
+def _row_batch(batch: EmbeddingBatch, i: int) -> EmbeddingBatch:
+    """Row ``i`` of ``batch`` as a batch of its own."""
+
+    def one(values: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
+        return None if values is None else _optional([values[i]])
+
+    return dataclasses.replace(
+        batch,
+        vectors=np.ascontiguousarray(batch.vectors[i : i + 1]),
+        ids=None if batch.ids is None else (batch.ids[i],),
+        timestamps=None if batch.timestamps is None or np.isnan(batch.timestamps[i]) else batch.timestamps[i : i + 1],
+        slices=one(batch.slices),
+        pair_ids=one(batch.pair_ids),
+        norms=None if batch.norms is None else batch.norms[i : i + 1],
+    )
+
+
+def shown_value(value: Any, limit: int = 80) -> str:
+    """The start of a rejected field's value for the log (``str`` of a nested value may be huge)."""
+    if isinstance(value, (list, dict)):
+        return f"<{type(value).__name__} of {len(value)}>"
+    return repr(str(value)[:limit])
+
+
 def validate_rows(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int]:
     """(good mask, squared norms in float64, non-finite rows, zero rows) of a float32 matrix."""
     n = vectors.shape[0]
@@ -222,10 +392,28 @@ def parse_json(value: bytes) -> Any:
         pass
     # orjson rejects NaN/Infinity tokens, which Python's json.dumps writes: read those with the
     # stdlib so that such a record is counted as non_finite, the reason an operator can act on.
+    # The stdlib's nesting limit is the recursion limit less the caller's stack, which differs
+    # between a worker process and the poll thread (and hypothesis raises the limit): a fixed
+    # limit first, so that a message gets the same verdict wherever it is decoded.
+    if _nesting(value) > STDLIB_MAX_DEPTH:
+        return INVALID
     try:
         return json.loads(value)
     except (ValueError, RecursionError, TypeError):
         return INVALID
+
+
+STDLIB_MAX_DEPTH = 512
+"""Deepest nesting the stdlib fallback of :func:`parse_json` reads (orjson's own limit is 1024)."""
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+
+
+def _nesting(value: bytes) -> int:
+    """How deep ``value``'s arrays and objects nest, brackets inside strings left out."""
+    codes = np.frombuffer(_JSON_STRING.sub(b"", value), dtype=np.uint8)
+    step = ((codes == ord("[")) | (codes == ord("{"))).astype(np.int32)
+    step -= (codes == ord("]")) | (codes == ord("}"))
+    return int(np.cumsum(step).max(initial=0))
 
 
 def to_matrix(vectors: list[Any]) -> tuple[np.ndarray, np.ndarray]:

@@ -8,7 +8,9 @@ while kafka-python keeps this interpreter.
 
 A worker that dies, hangs or answers garbage never loses records: the poll it had is decoded
 in-process instead, the failure is counted (``embmon_internal_errors_total{stage="json_worker"}``)
-and a fresh worker starts for the next poll.
+and a fresh worker starts for the next poll. Bad input does not get that far: the worker runs the
+same :meth:`~monitor.json_decoding.JsonCollector.collect` as the fallback, which contains any
+exception to its record (``decode_error``), so the answer is the same wherever a poll is decoded.
 
 Frames (little-endian): request ``u32 count, u32 length × count, bytes``; answer ``u64 length,
 pickle``. A worker imports numpy, orjson and simdjson only (≈ 70 MB resident after a poll of
@@ -17,6 +19,7 @@ pickle``. A worker imports numpy, orjson and simdjson only (≈ 70 MB resident a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -153,14 +156,14 @@ class JsonWorkerPool:
         try:
             worker = self._worker(slot)
             worker.send(values, deadline)
-        except (WorkerFailed, OSError) as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure of the worker path: decode here
             collection = self._fall_back(slot, values, exc)
             return lambda: collection
 
         def wait() -> JsonCollection:
             try:
                 return worker.receive(time.monotonic() + self.timeout)
-            except WorkerFailed as exc:
+            except Exception as exc:  # noqa: BLE001 - any failure of the worker path: decode here
                 return self._fall_back(slot, values, exc)
 
         return wait
@@ -179,8 +182,9 @@ class JsonWorkerPool:
         worker = self._workers[slot]
         self._workers[slot] = None
         if worker is not None:
-            worker.process.kill()
-            worker.close()
+            with contextlib.suppress(Exception):  # already gone, or cannot be reaped: the poll matters
+                worker.process.kill()
+                worker.close()
         return self.collector.collect(values)
 
     def pids(self) -> list[int]:

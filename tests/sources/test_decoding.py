@@ -18,6 +18,19 @@ def event(model: str = "m", dim: int = 4, rid: str = "a", **extra: object) -> by
     return orjson.dumps({"id": rid, "model": model, "vector": vec, **extra})
 
 
+EVENT_WITH_TS = b'{"id": "t", "model": "m", "vector": [0.5, 0.5, 0.5, 0.5], "ts": %s}'
+
+
+def with_ts(raw: str, template: bytes = EVENT_WITH_TS) -> bytes:
+    """An event whose ``ts`` is the raw JSON text ``raw`` (orjson writes no NaN, Infinity or 400-digit integers)."""
+    return template % raw.encode()
+
+
+HUGE = "1" + "0" * 400  # the poison pill of issue 18: float() of it raises OverflowError
+# 2**1024 - 2**970 is where an integer's float() rounds to infinity (OverflowError)
+NOT_FINITE_TS = [HUGE, "-" + HUGE, "NaN", "Infinity", "-Infinity", "1e999", "-1e400", str(2**1024 - 2**970)]
+
+
 def decode(*values: bytes, decoder: Decoder | None = None, headers: tuple = ()) -> tuple[Decoder, object]:
     decoder = decoder or Decoder(LimitSettings())
     return decoder, decoder.decode_embeddings([(v, headers) for v in values])
@@ -69,6 +82,9 @@ def test_json_array_of_events_in_one_message() -> None:
         (event(slice={"nested": 1}), "bad_label"),
         (event(rid=["list"]), "bad_field"),
         (event(ts="yesterday"), "bad_field"),
+        (event(ts=True), "bad_field"),
+        (event(ts=[1.5]), "bad_field"),
+        *[(with_ts(raw), "bad_timestamp") for raw in NOT_FINITE_TS],
         (event(vector="0.1,0.2"), "bad_vector"),
         (event(vector=["0.1", "0.2", "0.3", "0.4"]), "bad_vector"),
         (event(vector=[[0.1, 0.2], [0.3, 0.4]]), "bad_vector"),
@@ -88,6 +104,24 @@ def test_each_malformed_record_is_counted_by_reason(value: bytes, reason: str) -
     assert reasons(result) == {reason: 1}
     # the valid record next to it still goes through
     assert sum(b.size for b in result.batches) == 1
+
+
+@pytest.mark.parametrize(("raw", "kept"), [("-5", -5.0), ("0", 0.0), ("1.7976931348623157e308", 1.7976931348623157e308),
+                                           ("9007199254740993", 9007199254740992.0), ("1e-400", 0.0),
+                                           (str(2**1024 - 2**970 - 1), 1.7976931348623157e308)])  # fmt: skip
+def test_any_finite_timestamp_is_kept_as_given(raw: str, kept: float) -> None:
+    _, result = decode(with_ts(raw))
+    assert not result.rejected and result.batches[0].timestamps is not None
+    assert result.batches[0].timestamps.tolist() == [kept]
+
+
+def test_every_reason_is_documented_in_the_readme() -> None:
+    from tests.support.paths import REPO
+
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("### Malformed input") :]
+    section = section[: section.index("\n#")]
+    assert all(f"`{reason}`" in section for reason in REASONS), [r for r in REASONS if f"`{r}`" not in section]
 
 
 def test_oversize_message_is_rejected_before_parsing() -> None:
@@ -203,6 +237,26 @@ def test_interactions() -> None:
     np.testing.assert_allclose(ev.query_vector, [0.1, 0.2, 0.3], rtol=1e-6)
     assert reasons(result) == {"bad_json": 1, "missing_field": 1, "bad_field": 3, "dim_mismatch": 1}
     assert all(stream == "interactions" for stream, _ in result.rejected)
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        *[(with_ts(raw, b'{"model": "m", "results": ["a"], "ts": %s}'), "bad_timestamp") for raw in NOT_FINITE_TS],
+        (orjson.dumps({"model": "m", "ts": "now"}), "bad_field"),
+        (orjson.dumps({"model": "m", "ts": False}), "bad_field"),
+        (b'{"model": "m", "relevance": {"a": %s}}' % HUGE.encode(), "bad_field"),  # float() would overflow
+        (b'{"model": "m", "relevance": {"a": NaN}}', "bad_field"),
+        (b'{"model": "m", "query_vector": [%s, 1, 1]}' % HUGE.encode(), "bad_vector"),
+        (b'{"model": "m", "query_vector": [1e999, 1, 1]}', "non_finite"),
+    ],
+)
+def test_each_malformed_interaction_is_counted_by_reason(value: bytes, reason: str) -> None:
+    decoder = Decoder(LimitSettings(), declared_dims={"m": 3})
+    ok = orjson.dumps({"model": "m", "query_id": 7, "results": ["a"], "ts": 1.5})
+    result = decoder.decode_interactions([(value, ()), (ok, ())])
+    assert reasons(result) == {reason: 1}
+    assert [(e.query_id, e.ts) for e in result.interactions] == [("7", 1.5)]
 
 
 # -- the simdjson fast path ----------------------------------------------------------------------
