@@ -78,6 +78,7 @@ def test_json_array_of_events_in_one_message() -> None:
         (orjson.dumps({"model": "m", "vector": [1.0]}), "missing_field"),
         (event(model="bad model name!"), "bad_label"),
         (event(model="x" * 65), "bad_label"),
+        (event(model="m1\n"), "bad_label"),  # "$" would have let a trailing newline through
         (event(stream="a/b c"), "bad_label"),
         (event(slice={"nested": 1}), "bad_label"),
         (event(rid=["list"]), "bad_field"),
