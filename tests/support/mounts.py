@@ -9,6 +9,8 @@ import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from tests.support.waiting import wait_until
+
 
 @contextlib.contextmanager
 def tmpfs(path: Path, size: str = "2m") -> Iterator[Path]:
@@ -22,8 +24,26 @@ def tmpfs(path: Path, size: str = "2m") -> Iterator[Path]:
 
 
 def remount(path: Path, mode: str) -> None:
-    """Remount the tmpfs at ``path`` ``ro`` (writes fail with EROFS, root's too) or ``rw``."""
-    subprocess.run(["mount", "-o", f"remount,{mode}", str(path)], check=True)
+    """Remount the tmpfs at ``path`` ``ro`` (writes fail with EROFS, root's too) or ``rw``; a remount
+    that finds a file open for writing (a checkpoint being written) fails busy, and is tried again."""
+    wait_until(
+        lambda: subprocess.run(["mount", "-o", f"remount,{mode}", str(path)], capture_output=True).returncode == 0,
+        timeout=20, interval=0.05, message=f"remount {path} {mode}",
+    )
+
+
+def fill(directory: Path) -> Path:
+    """A file that takes every free byte of ``directory``'s filesystem (a full disk); delete it to free them."""
+    filler = directory / "filler"
+    chunk = bytes(64 * 1024)
+    with filler.open("wb", buffering=0) as handle:
+        with contextlib.suppress(OSError):  # ENOSPC: full
+            while True:
+                handle.write(chunk)
+    with filler.open("ab", buffering=0) as handle, contextlib.suppress(OSError):
+        while True:  # the last partial chunk's worth, byte pages at a time
+            handle.write(bytes(4096))
+    return filler
 
 
 def _status_kib(field: str) -> int:
