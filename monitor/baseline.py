@@ -115,7 +115,7 @@ def _capture_remote(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) ->
 def _capture_offline(args: argparse.Namespace, stdout: TextIO) -> int:
     import numpy as np
 
-    from monitor.drift.profile import profile_from_matrix
+    from monitor.drift.profile import open_matrix, profile_from_matrix
     from monitor.drift.store import ReferenceStore, StoredReference
 
     if not args.state_dir and not args.out:
@@ -128,13 +128,11 @@ def _capture_offline(args: argparse.Namespace, stdout: TextIO) -> int:
     if path.suffix != ".npy":
         raise _Usage(f"{path}: --from takes an .npy (n, d) matrix")
     try:
-        matrix = np.load(path, mmap_mode="r", allow_pickle=False)
+        matrix = open_matrix(path)
         profile = profile_from_matrix(
             matrix, max_rows=args.max_rows, captured_at=time.time(), source=f"file {path.name}",
             rng=np.random.default_rng(args.seed),
         )
-    except EOFError:
-        raise _Usage(f"{path}: empty file, not an .npy matrix") from None
     except (OSError, ValueError) as exc:
         raise _Usage(str(exc)) from None
     if args.out:

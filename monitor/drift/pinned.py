@@ -15,7 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
-from monitor.drift.profile import ReferenceProfile, check_matrix, profile_from_matrix, uniform_subsample
+from monitor.drift.profile import (
+    ReferenceProfile,
+    check_matrix,
+    open_matrix,
+    profile_from_matrix,
+    uniform_subsample,
+)
 from monitor.drift.settings import DaemonReferenceSettings
 
 
@@ -44,7 +50,7 @@ def load_reference_file(path: Path, *, max_rows: int, rng: np.random.Generator) 
             )
         return profile
     if path.suffix == ".npy":
-        matrix = np.load(path, mmap_mode="r", allow_pickle=False)
+        matrix = open_matrix(path)
         return profile_from_matrix(
             matrix, max_rows=max_rows, captured_at=path.stat().st_mtime, source=f"pinned {path}", rng=rng
         )

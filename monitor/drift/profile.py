@@ -194,6 +194,18 @@ def read_reference_arrays(
     return read_npz(source, {**_REFERENCE_MEMBERS, **(extra or {})}, max_bytes=REFERENCE_MAX_BYTES)
 
 
+def open_matrix(path: Path) -> np.ndarray:
+    """An ``.npy`` file, memory-mapped (rows are read as they are used); anything else, an empty or
+    truncated file included, is a one-line ``ValueError`` (OSError if it cannot be opened)."""
+    with open(path, "rb") as handle:
+        if handle.read(6) != b"\x93NUMPY":
+            raise ValueError(f"{path}: not an .npy file")
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, EOFError) as exc:  # a truncated header or data section, object arrays
+        raise ValueError(f"{path}: not a readable .npy matrix ({exc})") from None
+
+
 def uniform_subsample(sample: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
     """At most ``size`` rows, uniformly without replacement, in their original order."""
     if len(sample) <= size:

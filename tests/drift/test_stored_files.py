@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from monitor.cli import main
+from monitor.drift.pinned import load_reference_file
 from monitor.drift.profile import REFERENCE_MAX_BYTES, ReferenceProfile
 from monitor.drift.store import META_KEY, ReferenceStore, StoredReference
 from tests.support.drift import Harness, axis, settings_for, unit_rows
@@ -166,3 +167,20 @@ def test_a_good_stored_reference_round_trips_through_the_checked_reader(tmp_path
     loaded = store.load(path)
     assert (loaded.model, loaded.stream, loaded.origin, loaded.profile.count) == (MODEL, STREAM, "captured", 50)
     np.testing.assert_array_equal(loaded.profile.sample, profile.sample)
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"", "not an .npy file"),
+    (b"garbage", "not an .npy file"),
+    (npy_header((1000, 16)) + bytes(64), "not a readable .npy matrix (mmap length is greater than file size)"),
+], ids=["empty", "not-npy", "truncated"])
+def test_a_bad_npy_matrix_is_one_line_where_it_is_read(
+    tmp_path: Path, content: bytes, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "vectors.npy"
+    path.write_bytes(content)
+    with pytest.raises(ValueError) as info:
+        load_reference_file(path, max_rows=100, rng=np.random.default_rng(0))
+    assert str(info.value) == f"{path}: {message}"
+    assert main(["baseline", "capture", "--from", str(path), "--out", str(tmp_path / "r.npz")]) == 2
+    assert capsys.readouterr().err == f"embedding-monitor baseline: {path}: {message}\n"
