@@ -32,6 +32,7 @@ not restored.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import io
 import json
@@ -255,7 +256,8 @@ class CheckpointStore:
             try:
                 os.replace(self.current, self.previous)
             except BaseException:
-                temporary.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    temporary.unlink()
                 raise
         replace_with(self.current, temporary)
         fsync_directory(self.directory)
