@@ -101,6 +101,8 @@ class StartedDecode:
 
 
 AdmitFn = Callable[[str, str], bool]
+# One message as the source hands it over: its value (None for a Kafka tombstone, rejected) and headers
+RawMessage = tuple[bytes | None, Sequence[tuple[str, bytes]]]
 
 
 class Decoder:
@@ -124,16 +126,18 @@ class Decoder:
         self.dims: dict[str, int] = dict(declared_dims or {})
         self._admit = admit or (lambda model, stream: True)
         self._admit_model = admit_model or (lambda model: True)
-        self.json = JsonCollector(limits.max_rows_per_message, limits.max_dimension, default_stream, LABEL_VALUE_RE.pattern)
+        self.json = JsonCollector(
+            limits.max_rows_per_message, limits.max_dimension, default_stream, LABEL_VALUE_RE.pattern
+        )
 
     # ----------------------------------------------------------------- embeddings
-    def decode_embeddings(self, messages: Iterable[tuple[bytes, Sequence[tuple[str, bytes]]]]) -> DecodeResult:
+    def decode_embeddings(self, messages: Iterable[RawMessage]) -> DecodeResult:
         """Decode the (value, headers) pairs of one poll from the embeddings topic."""
         return self.finish_embeddings(self.start_embeddings(messages))
 
     def start_embeddings(
         self,
-        messages: Iterable[tuple[bytes, Sequence[tuple[str, bytes]]]],
+        messages: Iterable[RawMessage],
         collect_json: Callable[[list[bytes]], Callable[[], JsonCollection]] | None = None,
     ) -> StartedDecode:
         """The stateless half of decoding one poll: screen sizes, slice binary batches, and hand
@@ -285,7 +289,7 @@ class Decoder:
 
     # --------------------------------------------------------------- interactions
     def decode_interactions(
-        self, messages: Iterable[tuple[bytes, Sequence[tuple[str, bytes]]]], stream: str = "interactions"
+        self, messages: Iterable[RawMessage], stream: str = "interactions"
     ) -> DecodeResult:
         """Decode the messages of one poll from the interactions topic (JSON only)."""
         result = DecodeResult()

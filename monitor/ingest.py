@@ -35,7 +35,7 @@ from threadpoolctl import threadpool_limits
 from monitor.component import Component
 from monitor.config import Settings
 from monitor.counters import InternalErrors, Tally
-from monitor.decoding import Decoder, DecodeResult, StartedDecode
+from monitor.decoding import Decoder, DecodeResult, RawMessage, StartedDecode
 from monitor.json_workers import JsonWorkerPool
 from monitor.logs import RateLimitedLog
 from monitor.offsets import OffsetTracker
@@ -64,7 +64,7 @@ class _StartedPoll:
     """One poll whose decoding started (its JSON possibly in a worker process)."""
 
     embeddings: StartedDecode
-    interactions: list[tuple[bytes, Any]]
+    interactions: list[RawMessage]
     positions: dict[tuple[str, int], int]
 
 
@@ -176,7 +176,7 @@ class IngestPipeline:
 
     def _start_decode(self, messages: Sequence[SourceMessage], workers: JsonWorkerPool | None) -> _StartedPoll:
         embeddings = [(m.value, m.headers) for m in messages if m.kind == "embeddings"]
-        interactions = [(m.value, m.headers) for m in messages if m.kind == "interactions"]
+        interactions: list[RawMessage] = [(m.value, m.headers) for m in messages if m.kind == "interactions"]
         positions: dict[tuple[str, int], int] = {}
         for m in messages:
             if m.position is not None:
@@ -242,7 +242,9 @@ class IngestPipeline:
         limit_blas_threads()
         workers = self.settings.decoding.json_workers
         if workers:
-            self._json_workers = JsonWorkerPool(self.decoder.json, workers, on_failure=lambda: self.errors.count("json_worker"))
+            self._json_workers = JsonWorkerPool(
+                self.decoder.json, workers, on_failure=lambda: self.errors.count("json_worker")
+            )
         self._apply_thread.start()
         self._poll_thread.start()
 
@@ -276,7 +278,7 @@ class IngestPipeline:
                     # Started polls wait for this one: keep the wait short while any is pending.
                     wait = 0.0 if self._decoding else min(timeout, 0.1) if backlogged else timeout
                     messages = self.source.poll(wait)
-                except Exception:  # noqa: BLE001 - never let a source bug end intake
+                except Exception:  # never let a source bug end intake
                     self.errors.count("poll")
                     logger.exception("source poll failed")
                     time.sleep(min(timeout, 1.0))
@@ -435,7 +437,7 @@ class IngestPipeline:
                 self._boundary = None
         if call.error is not None:
             raise call.error
-        return call.result  # type: ignore[no-any-return]
+        return call.result
 
     def _serve_boundary(self) -> None:
         call = self._boundary

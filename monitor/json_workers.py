@@ -57,7 +57,7 @@ class _Worker:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         env["OPENBLAS_NUM_THREADS"] = "1"  # the worker needs no BLAS pool
-        self.process = subprocess.Popen(
+        self.process = subprocess.Popen(  # noqa: S603 - this interpreter running our own worker module
             [sys.executable, "-m", "monitor.json_workers", json.dumps(collector_args)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -83,8 +83,8 @@ class _Worker:
     def receive(self, deadline: float) -> JsonCollection:
         (size,) = struct.unpack("<Q", self._read(8, deadline))
         try:
-            answer = pickle.loads(self._read(size, deadline))
-        except Exception as exc:  # noqa: BLE001 - any unreadable answer is a worker fault
+            answer = pickle.loads(self._read(size, deadline))  # noqa: S301 - our own worker, its private pipe
+        except Exception as exc:  # any unreadable answer is a worker fault
             raise WorkerFailed(f"unreadable answer ({exc})") from exc
         if not isinstance(answer, JsonCollection):
             raise WorkerFailed(f"unexpected answer of type {type(answer).__name__}")

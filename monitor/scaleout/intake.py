@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from monitor.component import Component
 from monitor.config import Settings
 from monitor.counters import InternalErrors, Tally
-from monitor.decoding import Decoder, DecodeResult
+from monitor.decoding import Decoder, DecodeResult, RawMessage
 from monitor.ingest import OVERFLOW_STREAM
 from monitor.logs import RateLimitedLog
 from monitor.offsets import OffsetTracker, Partition
@@ -163,7 +163,7 @@ class PartialsReader:
 
     def apply(self, polled: dict[Any, list[Any]]) -> None:
         """Apply one poll's records (apply lock held), in partition order."""
-        interactions: list[tuple[bytes, Sequence[tuple[str, bytes]]]] = []
+        interactions: list[RawMessage] = []
         positions: dict[Partition, int] = {}
         for tp, records in polled.items():
             for record in records:

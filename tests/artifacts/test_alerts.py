@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from monitor.artifacts import generate
-from monitor.artifacts.command import add_artifacts_parser
 from monitor.artifacts.catalog import METRICS, m, referenced_metrics
+from monitor.artifacts.command import add_artifacts_parser
 from monitor.artifacts.grafana_alerts import VALUE_REF, rule_uid
 from monitor.artifacts.rules import build_rules
 from monitor.artifacts.rules.model import PREFIX
@@ -160,7 +160,11 @@ def test_prometheus_and_grafana_forms_define_the_same_alerts() -> None:
         assert g["annotations"]["description"] == p["annotations"]["description"].replace("$value", VALUE_REF)
         data = {d["refId"]: d for d in g["data"]}
         assert data["A"]["datasourceUid"] == "${EMBMON_PROMETHEUS_DATASOURCE_UID}"
-        assert {k: data["B"]["model"][k] for k in ("type", "expression", "reducer")} == {"type": "reduce", "expression": "A", "reducer": "last"}
+        assert {k: data["B"]["model"][k] for k in ("type", "expression", "reducer")} == {
+            "type": "reduce",
+            "expression": "A",
+            "reducer": "last",
+        }
         c = data["C"]["model"]
         # rebuild the Prometheus expression from the Grafana queries and thresholds
         if c["type"] == "threshold":
@@ -207,7 +211,7 @@ def test_every_alert_follows_the_conventions() -> None:
         assert ann["runbook_url"].startswith("https://") and "docs/runbook.md#" in ann["runbook_url"]
         assert anchor in anchors, f"{name}: runbook anchor #{anchor} missing from docs/runbook.md"
     # intrinsic-health alerts that label a model carry model and stream in the description
-    for name, rule in prometheus_alerts().items():
+    for rule in prometheus_alerts().values():
         if rule["expr"].startswith("model_stream:"):
             assert "{{ $labels.model }}" in rule["annotations"]["description"]
             assert "{{ $labels.stream }}" in rule["annotations"]["description"]
@@ -294,7 +298,9 @@ def test_a_changed_model_pages_per_model_and_resolves_after_a_repin() -> None:
     fires, quiet = load(TESTS_DIR / "EmbeddingMonitorModelChanged.yaml")["tests"]
     before, boundary, resolved = fires["alert_rule_test"]
     assert boundary["exp_alerts"][0]["exp_labels"] == {"model": "minilm", "severity": "critical"}
-    assert "lowest canary cosine over the window is 0.250" in boundary["exp_alerts"][0]["exp_annotations"]["description"]
+    assert (
+        "lowest canary cosine over the window is 0.250" in boundary["exp_alerts"][0]["exp_annotations"]["description"]
+    )
     # the re-pin drops the window's cosines while the counter's increase is still positive
     cosine = next(s["values"] for s in fires["input_series"] if s["series"].startswith("embmon_canary_cosine_min"))
     assert "stale" in cosine and resolved["exp_alerts"] == []
@@ -324,7 +330,10 @@ def test_stream_ages_take_the_newest_record_over_instances() -> None:
     assert rule["expr"] == "time() - max by (model, stream) (embmon_last_record_timestamp_seconds) > 3600"
     # the quiet history: one instance frozen (it lost the partitions), another still receiving
     quiet = load(TESTS_DIR / "EmbeddingMonitorNoRecentRecords.yaml")["tests"][1]["input_series"]
-    assert {re.search(r'instance="([^"]+)"', s["series"]).group(1) for s in quiet} == {"monitor-0:9464", "monitor-1:9464"}
+    assert {re.search(r'instance="([^"]+)"', s["series"]).group(1) for s in quiet} == {
+        "monitor-0:9464",
+        "monitor-1:9464",
+    }
 
 
 def _about_a_model_or_stream(suite: dict[str, Any]) -> dict[str, str]:
@@ -358,7 +367,7 @@ def test_an_alert_about_a_model_or_stream_fires_once_however_many_instances_expo
         for case in suite["tests"]:
             twins = [{**s, "series": re.sub(r'instance="([^"]+)"', r'instance="\1-twin"', s["series"])}
                      for s in case["input_series"]]
-            assert all(t["series"] != s["series"] for t, s in zip(twins, case["input_series"])), name
+            assert all(t["series"] != s["series"] for t, s in zip(twins, case["input_series"], strict=True)), name
             case["input_series"] = case["input_series"] + twins
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(suite, sort_keys=False))
@@ -405,7 +414,9 @@ def test_thresholds_file_overrides_and_its_generated_tests_pass(tmp_path: Path) 
     assert alerts["EmbeddingMonitorEffectiveDimensionBelowAbsolute"]["expr"].endswith(":avg < 0.25")
     assert alerts["EmbeddingMonitorRetrievalMrrBelowObjective"]["expr"] == (
         'max by (probe, model, slice, k) (embmon_retrieval_mrr_ci_upper{k="5"}) < 0.4')
-    assert alerts["EmbeddingMonitorModelChanged"]["expr"].startswith("min by (model) (embmon_canary_cosine_min) < 0.99 and")
+    assert alerts["EmbeddingMonitorModelChanged"]["expr"].startswith(
+        "min by (model) (embmon_canary_cosine_min) < 0.99 and"
+    )
     assert grafana_rules(out / generate.GRAFANA_ALERTS).keys() == alerts.keys()
     result = promtool("check", "rules", rules_file)
     assert result.returncode == 0, result.stdout + result.stderr

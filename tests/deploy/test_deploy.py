@@ -191,7 +191,9 @@ def test_dockerfile_structure() -> None:
     assert 'VOLUME ["/var/lib/embedding-monitor"]' in final and "EXPOSE 9464" in final
     assert 'ENTRYPOINT ["embedding-monitor"]' in final
     # torch (only from an index asked for) -> dependencies (pyproject only) -> the project, in that order
-    torch = text.index('if [ -n "$TORCH_INDEX" ]; then pip install --no-cache-dir torch==2.13.0 --index-url "$TORCH_INDEX"; fi')
+    torch = text.index(
+        'if [ -n "$TORCH_INDEX" ]; then pip install --no-cache-dir torch==2.13.0 --index-url "$TORCH_INDEX"; fi'
+    )
     deps = text.index("COPY pyproject.toml ./")
     source = text.index("COPY monitor ./monitor")
     assert torch < deps < text.index("pip install --no-cache-dir -r /tmp/requirements.txt") < source
@@ -278,8 +280,14 @@ def test_dockerfile_install_steps_succeed_in_a_clean_virtualenv(tmp_path: Path) 
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
                    check=True, capture_output=True, timeout=120, env=clean)
     assert (venv / "bin" / "embedding-monitor").is_file()
-    listing = subprocess.run([str(py), "-c", "import importlib.util as u; print(u.find_spec('monitor.artifacts').origin)"],
-                             check=True, capture_output=True, text=True, cwd=tmp_path, env=clean).stdout
+    listing = subprocess.run(
+        [str(py), "-c", "import importlib.util as u; print(u.find_spec('monitor.artifacts').origin)"],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=clean,
+    ).stdout
     assert str(venv) in listing
     # sub-packages too (monitor.artifacts.rules is a package of its own)
     assert (Path(listing.strip()).parent / "rules" / "model.py").is_file()

@@ -147,7 +147,7 @@ def test_no_reducer_pages_and_a_merging_reducer_resolves_it(deployment: Deployme
     assert d.before_reducer["grafana"], "Grafana's query of the alert returned nothing while no reducer ran"
     d.prom.wait_until(lambda: not d.firing("EmbeddingMonitorReducerNotMerging"), timeout=60,
                     message="EmbeddingMonitorReducerNotMerging resolved once the reducer merges")
-    assert d.prom.query(f'sum(increase(embmon_reducer_partials_applied_total{{kind="manifest"}}[5m])) > 0')
+    assert d.prom.query('sum(increase(embmon_reducer_partials_applied_total{kind="manifest"}[5m])) > 0')
 
 
 @pytest.mark.slow
@@ -164,7 +164,9 @@ def test_every_scale_out_query_returns_series(deployment: Deployment) -> None:
                on_timeout=lambda: "scale-out queries returned no series:\n"
                + "\n".join(f"{q.origin}: {expr}" for q, expr in unanswered(d.prom, queries)))
     # every scale-out metric the artifacts use is exported by a replica or the reducer
-    exported = {r["metric"]["__name__"] for r in d.prom.query(f'{{job="{JOB}", __name__=~"embmon_(partials|reducer)_.+"}}')}
+    exported = {
+        r["metric"]["__name__"] for r in d.prom.query(f'{{job="{JOB}", __name__=~"embmon_(partials|reducer)_.+"}}')
+    }
     used = set().union(*(sources(q.expr) for q in queries)) & SCALE_OUT
     assert used and used <= exported, used - exported
 

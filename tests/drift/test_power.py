@@ -89,7 +89,9 @@ def scenarios(minilm: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.n
 @pytest.fixture(scope="module")
 def reports(scenarios: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, DriftReport]:
     settings = DriftSettings()
-    return {name: run_drift_suite(window, reference, settings, seed=0) for name, (window, reference) in scenarios.items()}
+    return {
+        name: run_drift_suite(window, reference, settings, seed=0) for name, (window, reference) in scenarios.items()
+    }
 
 
 @pytest.mark.slow

@@ -50,7 +50,9 @@ def test_inspect_npy_json_matches_the_metric_code(tmp_path: Path) -> None:
     assert out["alignment"] is None  # no positive pairs declared
 
 
-def test_inspect_jsonl_counts_invalid_lines_and_reports_alignment(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_inspect_jsonl_counts_invalid_lines_and_reports_alignment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     rng = np.random.default_rng(4)
     lines = []
     base = rng.standard_normal((100, 8))
@@ -142,12 +144,20 @@ def test_demo_shows_healthy_then_collapsed(tmp_path: Path) -> None:
                          command="demo", log=tmp_path / "demo.log") as demo:
         port = demo.port
         labels = {"model": "demo", "stream": "documents"}
-        wait_until(lambda: value(scrape(port), "embmon_collapse_detected", **labels) == 0, timeout=30, message="healthy")
+        wait_until(
+            lambda: value(scrape(port), "embmon_collapse_detected", **labels) == 0, timeout=30, message="healthy"
+        )
         healthy = scrape(port)
-        wait_until(lambda: value(scrape(port), "embmon_collapse_detected", **labels) == 1, timeout=30, message="collapse")
+        wait_until(
+            lambda: value(scrape(port), "embmon_collapse_detected", **labels) == 1, timeout=30, message="collapse"
+        )
         collapsed = scrape(port)
-        assert value(collapsed, "embmon_effective_rank", **labels) < value(healthy, "embmon_effective_rank", **labels) / 3
-        assert value(collapsed, "embmon_mean_cosine_similarity", **labels) > value(healthy, "embmon_mean_cosine_similarity", **labels)
+        assert (
+            value(collapsed, "embmon_effective_rank", **labels) < value(healthy, "embmon_effective_rank", **labels) / 3
+        )
+        assert value(collapsed, "embmon_mean_cosine_similarity", **labels) > value(
+            healthy, "embmon_mean_cosine_similarity", **labels
+        )
         # the view prints its plain lines once per refresh: one of them shows the collapse
         wait_until(lambda: "collapse YES" in demo.output(), timeout=15, message="the view showing the collapse")
         assert demo.stop(timeout=15) == 0
@@ -216,7 +226,11 @@ def _config_case(tmp_path: Path, name: str) -> tuple[list[str], dict[str, str], 
         env = {"EMBMON_HTTP__TLS_CERTFILE": str(cert), "EMBMON_HTTP__TLS_KEYFILE": str(key)}
         return [*start], env, ["http.tls_certfile", str(cert), "not a PEM certificate"]
     if name == "kafka option KEY:VALUE":
-        return [f"--kafka-option=sasl_plain_password:{SECRET}"], {}, ["kafka.options", "sasl_plain_password", "KEY=VALUE"]
+        return (
+            [f"--kafka-option=sasl_plain_password:{SECRET}"],
+            {},
+            ["kafka.options", "sasl_plain_password", "KEY=VALUE"],
+        )
     if name == "YAML error on the password line":
         text = f"kafka:\n  options:\n    sasl_plain_password: {SECRET}: x\n"
         return ["--config", str(_write(config, text))], {}, [str(config), "line 3, column", "not valid YAML"]

@@ -34,11 +34,21 @@ def produce_mixed_stream(broker: Broker, topic: str, rng: np.random.Generator) -
     bin_rows = rng.standard_normal((1000, DIM_BIN)).astype(np.float32)
     producer = broker.producer()
     for i, row in enumerate(json_rows):
-        producer.send(topic, orjson.dumps({"id": f"doc-{i}", "model": "json-model", "vector": row.tolist(), "stream": "docs"}))
+        producer.send(
+            topic, orjson.dumps({"id": f"doc-{i}", "model": "json-model", "vector": row.tolist(), "stream": "docs"})
+        )
         if i == 100:
             producer.send(topic, b"{this is not json")
-            producer.send(topic, orjson.dumps({"id": "x", "model": "json-model", "vector": [0.1] * (DIM_JSON + 1), "stream": "docs"}))
-            producer.send(topic, json.dumps({"id": "n", "model": "json-model", "vector": [float("nan")] * DIM_JSON, "stream": "docs"}).encode())
+            producer.send(
+                topic,
+                orjson.dumps({"id": "x", "model": "json-model", "vector": [0.1] * (DIM_JSON + 1), "stream": "docs"}),
+            )
+            producer.send(
+                topic,
+                json.dumps(
+                    {"id": "n", "model": "json-model", "vector": [float("nan")] * DIM_JSON, "stream": "docs"}
+                ).encode(),
+            )
             producer.send(topic, orjson.dumps({"model": "json-model", "vector": [0.1] * DIM_JSON, "stream": "docs"}))
     headers = [("model", b"bin-model"), ("dim", str(DIM_BIN).encode()), ("stream", b"docs")]
     for start in range(0, 1000, 250):

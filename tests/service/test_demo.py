@@ -174,8 +174,13 @@ def named_topic(views: list[list[str]]) -> list[str]:
     """Lines of the topic_shift phase where drift flagged a documents stream and named its top region
     by the new topic's own ids."""
     return [
-        line for view in views if "phase topic_shift" in view[0] for line in view
-        if "documents" in line and "drift YES" in line and re.search(r"region \d+ \d+%->\d+%( \(p=[^)]*\))? e\.g\. topic-\d+", line)
+        line
+        for view in views
+        if "phase topic_shift" in view[0]
+        for line in view
+        if "documents" in line
+        and "drift YES" in line
+        and re.search(r"region \d+ \d+%->\d+%( \(p=[^)]*\))? e\.g\. topic-\d+", line)
     ]
 
 
@@ -185,7 +190,8 @@ def test_on_a_terminal_the_view_is_redrawn_in_place_not_printed_line_by_line(tmp
     proc = subprocess.Popen(
         [sys.executable, "-m", "monitor", "demo", "--metrics-port", str(free_port()), "--duration", "6",
          "--log-file", str(tmp_path / "demo.log")],
-        stdout=child, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env={**os.environ, "COLUMNS": "140", "LINES": "40", "TERM": "xterm-256color"},
+        stdout=child, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env={**os.environ, "COLUMNS": "140", "LINES": "40", "TERM": "xterm-256color"},
     )
     os.close(child)
     chunks = []

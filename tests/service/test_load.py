@@ -12,8 +12,8 @@ import pytest
 
 from monitor.component import Component
 from monitor.config import load_settings
-from monitor.records import EmbeddingBatch
 from monitor.ingest import APPLY_QUEUE_POLLS
+from monitor.records import EmbeddingBatch
 from monitor.service import Monitor
 from tests.support import daemons
 from tests.support.broker import FAST_GROUP_OPTIONS, Broker

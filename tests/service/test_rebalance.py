@@ -68,5 +68,7 @@ def test_two_replicas_hand_partitions_over_without_double_counting(broker: Broke
             count_b, sum_b = totals(b)
     assert 0 < count_a < expected and 0 < count_b < expected
     assert count_a + count_b == expected
-    np.testing.assert_allclose(sum_a + sum_b, rows.reshape(-1, DIM).astype(np.float64).sum(axis=0), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(
+        sum_a + sum_b, rows.reshape(-1, DIM).astype(np.float64).sum(axis=0), rtol=1e-9, atol=1e-9
+    )
     assert a.status.internal_error_counts() == {} and b.status.internal_error_counts() == {}

@@ -45,7 +45,9 @@ def synthetic_monitor(tmp_path: Path, **http: object) -> Monitor:
 
 def request(url: str, headers: dict[str, str] | None = None, context: ssl.SSLContext | None = None) -> int:
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=5, context=context) as r:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers=headers or {}), timeout=5, context=context
+        ) as r:
             return int(r.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
@@ -72,7 +74,9 @@ def test_basic_auth_protects_metrics_but_not_probes(tmp_path: Path) -> None:
         assert request(base + "/metrics", {"Authorization": "Basic !!!notbase64"}) == 401
         assert request(base + "/metrics", basic("prometheus", PASSWORD)) == 200
         assert request(base + "/healthz") == 200
-        with urllib.request.urlopen(urllib.request.Request(base + "/metrics", headers=basic("prometheus", PASSWORD))) as r:
+        with urllib.request.urlopen(
+            urllib.request.Request(base + "/metrics", headers=basic("prometheus", PASSWORD))
+        ) as r:
             text = r.read().decode()
         assert 'embmon_http_auth_failures_total{endpoint="metrics"} 4.0' in text
 
@@ -191,7 +195,10 @@ def test_kafka_ssl_and_sasl_settings_pass_through_and_are_validated(tmp_path: Pa
     bad = [
         ({"security_protocol": "SASL_SSL"}, "needs sasl_mechanism"),
         ({"security_protocol": "SSL", "sasl_mechanism": "PLAIN"}, "needs security_protocol SASL"),
-        ({"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "sasl_plain_username": "u"}, "needs sasl_plain_username and sasl_plain_password"),
+        (
+            {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "sasl_plain_username": "u"},
+            "needs sasl_plain_username and sasl_plain_password",
+        ),
         ({"security_protocol": "SSL", "ssl_cafile": str(tmp_path / "missing.pem")}, "does not exist"),
         ({"security_protocol": "TLS"}, "must be PLAINTEXT, SSL"),
         ({"enable_auto_commit": True}, "set by embedding-monitor itself"),
@@ -238,11 +245,18 @@ def test_tls_files_openssl_cannot_load_are_named_with_their_setting(tmp_path: Pa
         ({"tls_certfile": junk, "tls_keyfile": key}, f"http.tls_certfile: {junk} is not a PEM certificate"),
         ({"tls_certfile": key, "tls_keyfile": cert}, f"http.tls_certfile: {key} is not a PEM certificate"),
         ({"tls_certfile": cert, "tls_keyfile": junk}, f"http.tls_keyfile: {junk} is not a PEM private key"),
-        ({"tls_certfile": cert, "tls_keyfile": other_key},
-         f"http.tls_certfile {cert} and http.tls_keyfile {other_key}: cannot be loaded together"),
-        ({"tls_certfile": cert, "tls_keyfile": encrypted}, f"http.tls_keyfile: {encrypted}: the private key is encrypted"),
-        ({"tls_certfile": cert, "tls_keyfile": key, "tls_client_cafile": junk},
-         f"http.tls_client_cafile: {junk}: cannot load the CA certificates"),
+        (
+            {"tls_certfile": cert, "tls_keyfile": other_key},
+            f"http.tls_certfile {cert} and http.tls_keyfile {other_key}: cannot be loaded together",
+        ),
+        (
+            {"tls_certfile": cert, "tls_keyfile": encrypted},
+            f"http.tls_keyfile: {encrypted}: the private key is encrypted",
+        ),
+        (
+            {"tls_certfile": cert, "tls_keyfile": key, "tls_client_cafile": junk},
+            f"http.tls_client_cafile: {junk}: cannot load the CA certificates",
+        ),
     ]
     for http, message in cases:
         with pytest.raises(ConfigError, match=re.escape(message)):
@@ -263,7 +277,7 @@ def test_credentials_on_plain_http_beyond_loopback_are_warned_about(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="monitor.service"):
-        with daemons.running(synthetic_monitor(tmp_path, host="0.0.0.0", admin_token=TOKEN)):
+        with daemons.running(synthetic_monitor(tmp_path, host="0.0.0.0", admin_token=TOKEN)):  # noqa: S104 - the point
             pass
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("the admin token will cross the network in clear text: http.host is '0.0.0.0'" in w for w in warnings)

@@ -17,7 +17,6 @@ from monitor.decoding import Decoder
 from monitor.json_workers import JsonWorkerPool
 from monitor.records import SourcePosition
 from monitor.sources import Source, SourceMessage
-
 from tests.support import daemons
 from tests.support.waiting import wait_until
 
@@ -31,8 +30,10 @@ def _messages(n: int = 200, seed: int = 0) -> list[bytes]:
     ]  # fmt: skip
     odd = [
         b"{not json", b"[1, 2]", b'{"id": "x", "model": "m"}', b'{"id": true, "model": "m", "vector": [1.0]}',
-        b'{"id": "a", "model": "m", "vector": [NaN, 1, 2, 3, 4, 5, 6, 7]}', b'{"id": "b", "model": "m", "vector": [0,0,0,0,0,0,0,0]}',
-        b'{"id": "c", "model": "m", "vector": [[1],[2],[3],[4],[5],[6],[7],[8]]}', b'{"id": "d", "model": "m", "vector": [1, 2]}',
+        b'{"id": "a", "model": "m", "vector": [NaN, 1, 2, 3, 4, 5, 6, 7]}',
+        b'{"id": "b", "model": "m", "vector": [0,0,0,0,0,0,0,0]}',
+        b'{"id": "c", "model": "m", "vector": [[1],[2],[3],[4],[5],[6],[7],[8]]}',
+        b'{"id": "d", "model": "m", "vector": [1, 2]}',
         b'{"id": "e", "model": "bad model", "vector": [1.0]}', b'{"id": "f", "model": "m", "vector": "1,2"}',
         b'{"id": "g", "model": "m", "vector": [1,2,3,4,5,6,7,8], "vector": [1,2,3,4,5,6,7,"x"]}',
     ]  # fmt: skip
@@ -119,7 +120,9 @@ class _JsonTopic(Source):
 
 def test_the_daemon_survives_a_worker_crash_and_counts_it(tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
-    values = [orjson.dumps({"id": f"d{i}", "model": "m", "vector": rng.standard_normal(16).tolist()}) for i in range(3000)]
+    values = [
+        orjson.dumps({"id": f"d{i}", "model": "m", "vector": rng.standard_normal(16).tolist()}) for i in range(3000)
+    ]
     settings = load_settings(overrides={
         "http": {"host": "127.0.0.1", "port": 0}, "state_dir": str(tmp_path), "drift": {"enabled": False},
         "checkpoint": {"enabled": False}, "decoding": {"json_workers": 1}, "kafka": {"default_stream": "s"},

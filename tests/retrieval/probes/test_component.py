@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from monitor.config import load_settings
+from monitor.deadline import Deadline
 from monitor.records import InteractionEvent
 from monitor.retrieval.probes.base import Probe, ProbeResult, sample
-from monitor.retrieval.probes.deadline import ProbeDeadline, ProbeError, ProbeTimeout
 from monitor.retrieval.probes.component import ProbeComponent
+from monitor.retrieval.probes.deadline import ProbeDeadline, ProbeError, ProbeTimeout
 from tests.support import daemons
 from tests.support.broker import free_port
 from tests.support.probes import ListSource, SearchServer, collect, paused_jobs, probe_context
@@ -197,9 +198,19 @@ def test_probe_state_survives_a_checkpoint_round_trip(tmp_path: Path) -> None:
     comp.on_embeddings(EmbeddingBatch("m", "documents", docs, ids=ids), now=400.0)
     for i in range(25):
         served = tuple(ids[j] for j in rng.choice(40, 3, replace=False))
-        comp.on_interaction(InteractionEvent(model="m", query_id=f"q{i}", query_vector=docs[i] + 0.01, results=served,
-                                             clicks=served[:1] if i % 3 else (), relevance={served[-1]: 2.0} if i % 5 == 0 else {},
-                                             slice="head" if i % 2 else None, ts=float(i)), now=450.0 + i)
+        comp.on_interaction(
+            InteractionEvent(
+                model="m",
+                query_id=f"q{i}",
+                query_vector=docs[i] + 0.01,
+                results=served,
+                clicks=served[:1] if i % 3 else (),
+                relevance={served[-1]: 2.0} if i % 5 == 0 else {},
+                slice="head" if i % 2 else None,
+                ts=float(i),
+            ),
+            now=450.0 + i,
+        )
     before = {name: comp.run_probe(name) for name in ("ann", "clicks")}
     tree_arrays: list[np.ndarray] = []
     blob = checkpoint.encode(checkpoint.flatten(comp.state_dict(), tree_arrays), tree_arrays)

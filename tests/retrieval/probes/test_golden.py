@@ -63,7 +63,9 @@ def test_repeated_ids_and_mixed_dimensions_are_rejected(tmp_path: Path) -> None:
     rows = [{"query_id": "a", "qrels": {"d": 1}, "vector": [1, 2]}, {"query_id": "b", "qrels": {"d": 1}, "vector": [1]}]
     with pytest.raises(ValueError, match=":2: vector has 1 components, earlier ones 2"):
         load_golden(write_jsonl(tmp_path / "b.jsonl", rows))
-    query = load_golden(write_jsonl(tmp_path / "c.jsonl", [{"query_id": 7, "qrels": {"d": 2}, "text": "x", "slice": "tail"}]))[0]
+    query = load_golden(
+        write_jsonl(tmp_path / "c.jsonl", [{"query_id": 7, "qrels": {"d": 2}, "text": "x", "slice": "tail"}])
+    )[0]
     assert (query.query_id, dict(query.qrels), query.slice, query.vector) == ("7", {"d": 2.0}, "tail", None)
 
 
@@ -135,8 +137,13 @@ def expected_metrics(collection: dict[str, Any], ks: list[int]) -> dict[str, dic
         members = np.array([q["slice"] == name for q in queries])
         out[name] = {m: v[members] for m, v in per_query.items()}
     # an independent hand computation of two of them
-    precision = [len(set(r[:5]) & {d for d, g in q["qrels"].items() if g >= 1}) / 5 for r, q in zip(ranked, queries)]
-    first = [next((1 / (i + 1) for i, d in enumerate(r[:K]) if d in q["qrels"]), 0.0) for r, q in zip(ranked, queries)]
+    precision = [
+        len(set(r[:5]) & {d for d, g in q["qrels"].items() if g >= 1}) / 5 for r, q in zip(ranked, queries, strict=True)
+    ]
+    first = [
+        next((1 / (i + 1) for i, d in enumerate(r[:K]) if d in q["qrels"]), 0.0)
+        for r, q in zip(ranked, queries, strict=True)
+    ]
     np.testing.assert_allclose(per_query["precision@5"], precision)
     np.testing.assert_allclose(per_query[f"mrr@{K}"], first)
     return out
@@ -202,12 +209,19 @@ def test_text_queries_are_embedded_with_the_configured_encoder(tmp_path: Path) -
     docs = ["The cat sat on the warm windowsill.", "Interest rates rose by half a point.",
             "The striker scored twice in the final.", "Bake the bread for forty minutes.",
             "The telescope observed a distant galaxy.", "Vaccines train the immune system."]
-    queries = [("q0", "a kitten resting by the window", "doc-0"), ("q1", "central bank raises borrowing costs", "doc-1"),
-               ("q2", "football match goals", "doc-2"), ("q3", "how long to cook a loaf", "doc-3"),
-               ("q4", "astronomy and stars far away", "doc-4"), ("q5", "how immunisation works", "doc-5")]
+    queries = [
+        ("q0", "a kitten resting by the window", "doc-0"),
+        ("q1", "central bank raises borrowing costs", "doc-1"),
+        ("q2", "football match goals", "doc-2"),
+        ("q3", "how long to cook a loaf", "doc-3"),
+        ("q4", "astronomy and stars far away", "doc-4"),
+        ("q5", "how immunisation works", "doc-5"),
+    ]
     doc_vectors = minilm_encode(tuple(docs), normalize=True)
     query_vectors = minilm_encode(tuple(t for _, t, _ in queries), normalize=True)
-    golden = write_jsonl(tmp_path / "golden.jsonl", [{"query_id": q, "text": t, "qrels": {d: 1}} for q, t, d in queries])
+    golden = write_jsonl(
+        tmp_path / "golden.jsonl", [{"query_id": q, "text": t, "qrels": {d: 1}} for q, t, d in queries]
+    )
     ids = [f"doc-{i}" for i in range(len(docs))]
     settings = golden_settings(tmp_path, golden, {"kind": "knn"}, encoder={"path": str(path)})
     component = ProbeComponent(probe_context(settings, {("m", "documents"): window_of(doc_vectors, ids)}))
@@ -216,8 +230,12 @@ def test_text_queries_are_embedded_with_the_configured_encoder(tmp_path: Path) -
     expected = evaluate(RankedResults.from_lists(ranked, [{d: 1} for _, _, d in queries]), [f"mrr@{K}", "ndcg@5"])
     samples = collect(component)
     labels = {"probe": "golden", "model": "m", "slice": "all"}
-    assert value(samples, "embmon_retrieval_mrr", **labels, k=str(K)) == pytest.approx(expected[f"mrr@{K}"].mean(), abs=1e-9)
-    assert value(samples, "embmon_retrieval_ndcg", **labels, k="5") == pytest.approx(expected["ndcg@5"].mean(), abs=1e-9)
+    assert value(samples, "embmon_retrieval_mrr", **labels, k=str(K)) == pytest.approx(
+        expected[f"mrr@{K}"].mean(), abs=1e-9
+    )
+    assert value(samples, "embmon_retrieval_ndcg", **labels, k="5") == pytest.approx(
+        expected["ndcg@5"].mean(), abs=1e-9
+    )
     assert expected[f"mrr@{K}"].mean() > 0.8  # a real model finds these (paraphrase) documents
 
 
