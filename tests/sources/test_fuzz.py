@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
@@ -93,6 +94,7 @@ def fresh_decoder() -> Decoder:
     return Decoder(LIMITS, declared_dims={"m2": 4})
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(st.lists(json_messages, min_size=1, max_size=40), st.lists(binary_messages, max_size=20))
 def test_hypothesis_messages_never_raise_and_are_all_accounted_for(json_batch: list[bytes], binary_batch: list) -> None:
