@@ -160,6 +160,7 @@ def sidecar_settings_file(tmp_path: Path, bootstrap: str, port: int) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["refused", "silent"])
 def test_the_probes_answer_with_the_broker_unreachable_and_sigterm_stops_well_within_the_grace_period(
     kind: str, tmp_path: Path

@@ -180,6 +180,7 @@ class Sampler:
 SLOW_HEAD = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: "
 
 
+@pytest.mark.slow
 def test_two_thousand_idle_and_slowloris_connections_hold_no_threads(tmp_path: Path) -> None:
     with daemon(tmp_path) as proc:
         before, files_before = proc_status(proc.proc.pid), open_files(proc.proc.pid)
@@ -208,6 +209,7 @@ def test_two_thousand_idle_and_slowloris_connections_hold_no_threads(tmp_path: P
         assert after["VmHWM"] < RSS_BOUND
 
 
+@pytest.mark.slow
 def test_eight_thousand_connections_at_once_leave_descriptors_ingest_and_checkpoints(tmp_path: Path) -> None:
     with daemon(tmp_path) as proc:
         records, checkpoints = progress(proc.port)
@@ -243,6 +245,7 @@ def test_eight_thousand_connections_at_once_leave_descriptors_ingest_and_checkpo
         assert "Too many open files" not in proc.output()
 
 
+@pytest.mark.slow
 def test_header_floods_are_bounded_in_memory(tmp_path: Path) -> None:
     line = b"X-Pad: " + b"a" * 60_000 + b"\r\n"
     with daemon(tmp_path) as proc:

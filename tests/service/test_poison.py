@@ -85,6 +85,7 @@ def counts(samples: Samples) -> tuple[float | None, float | None, float | None, 
     )
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 def test_a_poison_message_is_one_invalid_record_and_consumption_goes_on(
     broker: Broker, state_dir: Path, caplog: pytest.LogCaptureFixture

@@ -141,6 +141,7 @@ def test_each_codec_is_read_exactly_from_both_producers(codec_run: dict[str, Any
     assert not [labels for (name, labels), v in samples.items() if name == "embmon_records_invalid_total" and v]
 
 
+@pytest.mark.slow
 def test_a_codec_without_its_library_stalls_only_its_partition_until_it_can_be_read(
     broker: Broker, state_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -282,6 +282,7 @@ def fuzz(kind: str, also: Callable[[list[bytes], DecodeResult], None] = lambda v
     return seen
 
 
+@pytest.mark.slow
 def test_embedding_events_every_field_in_process_and_in_workers(pool) -> None:  # type: ignore[no-untyped-def]
     workers, failures = pool
 
@@ -295,6 +296,7 @@ def test_embedding_events_every_field_in_process_and_in_workers(pool) -> None:  
     assert FIELD_REASONS <= set(seen), FIELD_REASONS - set(seen)  # the strategies reach every check
 
 
+@pytest.mark.slow
 def test_interaction_events_every_field() -> None:
     seen = fuzz("interactions")
     assert seen["polls"] >= EXAMPLES and seen["applied"] > 0
