@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
-from kafka import KafkaConsumer, TopicPartition
 
 from monitor.config import load_settings
 from monitor.quality.intrinsic import report_from_matrix
@@ -59,14 +58,6 @@ def produce_mixed_stream(broker: Broker, topic: str, rng: np.random.Generator) -
     return {"json-model": json_rows, "bin-model": bin_rows}
 
 
-def committed_offset(broker: Broker, topic: str, group: str) -> int | None:
-    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=group, enable_auto_commit=False)
-    try:
-        return consumer.committed(TopicPartition(topic, 0))
-    finally:
-        consumer.close()
-
-
 def test_daemon_consumes_json_and_binary_and_exports_exact_metrics(broker: Broker, state_dir: Path) -> None:
     topic, group = "emb-e2e", "e2e-group"
     broker.create_topics(topic)
@@ -105,7 +96,7 @@ def test_daemon_consumes_json_and_binary_and_exports_exact_metrics(broker: Broke
         wait_until(lambda: http_status(port, "/readyz") == 200, timeout=10, message="ready")
         # consumption continued past the malformed messages and offsets were committed
         total_messages = 300 + 4 + 4 + 1
-        wait_until(lambda: committed_offset(broker, topic, group) == total_messages, timeout=20, message="commit")
+        wait_until(lambda: broker.committed(group, topic) == total_messages, timeout=20, message="commit")
 
 
 @pytest.mark.slow
@@ -145,7 +136,7 @@ def test_sigterm_commits_and_exits_zero_within_ten_seconds(broker: Broker, tmp_p
         return output
 
     first = run_until_sigterm(tmp_path / "state", 1000)
-    assert committed_offset(broker, topic, group) == 20
+    assert broker.committed(group, topic) == 20
     # the start-up log says where each partition starts and why
     assert "no committed offset for this group: starting at the beginning (auto_offset_reset=earliest)" in first
     fresh_state = run_until_sigterm(tmp_path / "other-state", None)

@@ -24,7 +24,6 @@ import pytest
 from monitor.config import load_settings
 from monitor.records import SourcePosition
 from monitor.sources import Source, SourceMessage
-from tests.service.test_daemon_kafka import committed_offset as committed
 from tests.support import daemons
 from tests.support.broker import Broker, kafka_daemon_overrides
 from tests.support.scrape import Samples, http_status, scrape, value
@@ -109,7 +108,7 @@ def test_a_poison_message_is_one_invalid_record_and_consumption_goes_on(
 
     def committed_all(expected: dict[str, int]) -> None:
         for topic, n in expected.items():
-            wait_until(functools.partial(lambda t, m: committed(broker, t, group) == m, topic, n), timeout=20,
+            wait_until(functools.partial(lambda t, m: broker.committed(group, t) == m, topic, n), timeout=20,
                        message=f"offsets of {topic} committed up to {n}")  # fmt: skip
 
     def first_round_counted(port: int) -> bool:

@@ -104,6 +104,16 @@ class Broker:
 
         return KafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=5, **kwargs)
 
+    def committed(self, group: str, topic: str, partition: int = 0) -> int | None:
+        """The group's committed offset of one partition (None when it has none)."""
+        from kafka import KafkaConsumer, TopicPartition
+
+        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=group, enable_auto_commit=False)
+        try:
+            return consumer.committed(TopicPartition(topic, partition))  # type: ignore[no-any-return]
+        finally:
+            consumer.close()
+
     def log_text(self) -> str:
         return Path(self._log.name).read_text(errors="replace")
 
