@@ -88,6 +88,12 @@ def _spec_rows() -> Iterable[MetricSpec]:
          ("reason",), ""),
         ("embmon_consumer_lag_records", "gauge",
          "Records behind the end of the topic, summed over assigned partitions.", ("topic",), "records"),
+        ("embmon_source_last_progress_timestamp_seconds", "gauge",
+         "When the consumer was last caught up on the topic (lag 0) or applied records from it; it falls "
+         "behind while records wait and none are applied (a stalled poll or partition).", ("topic",), "seconds"),
+        ("embmon_source_offset_resets_total", "counter",
+         "Partition positions found outside their log and reset by kafka.auto_offset_reset, by reason "
+         "(past_end, before_start, topic_recreated, truncated). 0 when healthy.", ("reason",), ""),
     ]
     for name, kind, help_text, labels, unit in ingest:
         yield MetricSpec(name, kind, help_text, labels, unit, "ingest")

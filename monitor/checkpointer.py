@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
-from monitor import catalog
+from monitor import catalog, failpoints
 from monitor import checkpoint as ckpt
 from monitor.component import Component
 from monitor.config import Settings
@@ -133,6 +133,7 @@ class Checkpointer:
                 self._failed("capture", reason)
                 return False
             try:
+                failpoints.reach("checkpoint-write")  # tests: a write as slow as a stalled disk makes it
                 written = self.store.write(tree, arrays)
             except Exception:  # noqa: BLE001 - disk full, permissions: counted, never fatal
                 self._failed("write", reason)
@@ -186,6 +187,9 @@ class Checkpointer:
             "counters": counters,
             "components": components,
         }
+        topic_ids = self.source.topic_ids() if isinstance(self.source, Source) else {}  # the reducer's intake: none
+        if topic_ids:  # a topic recreated while the daemon was stopped is told by its id (sources/kafka_positions.py)
+            state["topic_ids"] = topic_ids
         if self.observer is not None:
             state["scale_out"] = self.observer.tag()
         arrays: list[Any] = []
@@ -226,6 +230,7 @@ class Checkpointer:
         self._check_compatible(state)
         dims = {str(k): int(v) for k, v in dict(state["dims"]).items()}
         offsets = _offsets(state["offsets"])
+        topic_ids = _topic_ids(state.get("topic_ids"))
         invalid = {
             (str(s), str(r)): checks.count(n, f"invalid records of {s}/{r}") for s, r, n in state["counters"]["invalid"]
         }
@@ -244,6 +249,8 @@ class Checkpointer:
         self.pipeline.invalid.replace(invalid)
         self.pipeline.interactions.replace(interactions)
         self.offsets.restore(offsets)
+        if isinstance(self.source, Source):
+            self.source.remember_topic_ids(topic_ids)
         saved = dict(state.get("components") or {})
         for component in self.components:
             if component.name in saved:
@@ -288,3 +295,12 @@ def _offsets(entries: Any) -> dict[tuple[str, int], int]:
             raise checks.InvalidState(f"offsets: {topic}[{key[1]}] appears twice")
         offsets[key] = checks.integer(offset, f"offsets: {topic}[{key[1]}]", -1, _LAST_OFFSET)
     return offsets
+
+
+def _topic_ids(entries: Any) -> dict[str, str]:
+    """The topic ids a checkpoint holds (none in one written before they were kept)."""
+    if entries is None:
+        return {}
+    if not isinstance(entries, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in entries.items()):
+        raise checks.InvalidState("topic_ids: not a mapping of topic names to ids")
+    return dict(entries)

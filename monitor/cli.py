@@ -113,9 +113,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         Reducer(settings).serve()
     else:
+        from monitor.lifecycle import StopRequest, capture_signals
         from monitor.service import Monitor
 
-        Monitor(settings).serve()
+        stop = StopRequest()
+        with capture_signals(stop):  # a signal while the daemon is being built stops it cleanly too
+            Monitor(settings, early_port=True, stop_request=stop).serve()
     return 0
 
 

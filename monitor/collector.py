@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -45,12 +45,16 @@ class CoreCollector(Collector):
         source_up = catalog.gauge("embmon_source_up")
         source_up.add_metric([], 1.0 if m.source_up() else 0.0)
         yield source_up
-        source_errors = m.source_error_counts()
-        if source_errors:
-            yield by_label(catalog.counter("embmon_source_errors_total"), source_errors)
-        lag = m.source_lag()
-        if lag is not None:
-            yield by_label(catalog.gauge("embmon_consumer_lag_records"), lag)
+        # what only some sources tell (a Kafka consumer's): absent where they tell nothing
+        told: tuple[tuple[Metric, Mapping[Any, float] | None], ...] = (
+            (catalog.counter("embmon_source_errors_total"), m.source_error_counts()),
+            (catalog.gauge("embmon_consumer_lag_records"), m.source_lag()),
+            (catalog.counter("embmon_source_offset_resets_total"), m.source_offset_resets()),
+            (catalog.gauge("embmon_source_last_progress_timestamp_seconds"), m.source_progress()),
+        )
+        for family, values in told:
+            if values:
+                yield by_label(family, values)
 
     def _ingest_families(self) -> Iterable[Metric]:
         m = self._status

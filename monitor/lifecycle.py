@@ -5,6 +5,13 @@ the originals back), then start-up brings the parts up in order inside one excep
 (a part that fails to start stops the ones already running, in reverse), then the main thread
 waits for a stop request, then shutdown runs within a bounded time. A second SIGINT or SIGTERM
 during shutdown ends the process at once.
+
+A stop request is honoured in every phase (docs/operations.md, "Stopping"): start-up checks it
+before each part, and a part that may take long (restoring a large checkpoint) runs in a thread
+that start-up stops waiting for when a stop is requested (:class:`StartInterrupted`); once a stop
+is requested, :class:`ShutdownWatchdog` ends the process when the main thread has finished (work
+still running in other threads is abandoned, and named in the log) or, at the latest, when the
+shutdown bound has passed.
 """
 
 from __future__ import annotations
@@ -14,12 +21,16 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import Generic, TypeVar
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+LEFTOVER_GRACE_SECONDS = 2.0  # after the shutdown, for the process to exit by itself
 
 
 class StopRequest:
@@ -70,8 +81,20 @@ def capture_signals(stop: StopRequest, force_exit: Callable[[int], None] = os._e
             signal.signal(sig, handler)
 
 
+class StartInterrupted(Exception):
+    """A stop was requested while the daemon was starting; raised instead of starting ``part``."""
+
+    def __init__(self, part: str):
+        super().__init__(f"stop requested while starting {part}")
+        self.part = part
+
+
 class StartUp:
     """Brings parts up in order; if one fails, stops those already started (in reverse) and re-raises.
+
+    With a :class:`StopRequest`, a requested stop raises :class:`StartInterrupted` before the next
+    part, and a part started with ``background=True`` runs in a daemon thread that is waited for
+    only until a stop is requested (then abandoned: it must change nothing that outlives the process).
 
     >>> events = []
     >>> def broken(): raise OSError("port in use")
@@ -85,20 +108,46 @@ class StartUp:
     port in use ['state up', 'state down']
     """
 
-    def __init__(self) -> None:
+    def __init__(self, stop: StopRequest | None = None) -> None:
         self._stack = contextlib.ExitStack()
+        self._stop = stop
+        self.current: str | None = None  # the part being started
 
-    def start(self, name: str, start: Callable[[], object], stop: Callable[[], object] | None = None) -> None:
+    def start(
+        self, name: str, start: Callable[[], object], stop: Callable[[], object] | None = None, background: bool = False
+    ) -> None:
+        self._check(name)
         logger.debug("starting %s", name)
-        start()
+        self.current = name
+        if background and self._stop is not None:
+            self._in_thread(name, start)
+        else:
+            start()
+        self.current = None
         if stop is not None:
             self._stack.callback(_quietly, name, stop)
+
+    def _check(self, name: str) -> None:
+        if self._stop is not None and self._stop.requested:
+            raise StartInterrupted(name)
+
+    def _in_thread(self, name: str, start: Callable[[], object]) -> None:
+        call = BlockingCall(f"embmon-start-{name.replace(' ', '-')}", start)
+        while not call.wait(0.05):
+            if self._stop is not None and self._stop.requested:
+                logger.warning("stop requested while %s was under way: abandoning it", name)
+                raise StartInterrupted(name)
+        if call.error is not None:
+            raise call.error
 
     def __enter__(self) -> StartUp:
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc is not None:
+        if isinstance(exc, StartInterrupted):
+            logger.info("%s; stopping what had started", exc)
+            self._stack.close()
+        elif exc is not None:
             logger.error("start-up failed: %s; stopping what had started", exc)
             self._stack.close()
         else:
@@ -110,3 +159,89 @@ def _quietly(name: str, stop: Callable[[], object]) -> None:
         stop()
     except Exception:  # noqa: BLE001 - undoing a failed start-up must not hide its cause
         logger.warning("could not stop %s after a failed start-up", name, exc_info=True)
+
+
+class ShutdownWatchdog:
+    """Once a stop is requested, ends the process within ``bound`` seconds whatever still runs.
+
+    A daemon thread: it waits for the stop request, then for the shutdown to be done
+    (:meth:`finished`, or the main thread ended) or for ``bound`` seconds to pass, whichever comes
+    first. Past the bound it calls ``force_exit(0)`` at once; after the shutdown it leaves the
+    process a moment (``LEFTOVER_GRACE_SECONDS``) to exit by itself and then calls
+    ``force_exit(0)``, logging what it abandoned: the interpreter would otherwise wait for a
+    scheduled job still writing to a stalled disk. A process that exits by itself takes the
+    watchdog with it. Only for a daemon that owns its process (``Daemon.serve``).
+    """
+
+    def __init__(self, stop: StopRequest, bound: float, force_exit: Callable[[int], None] = os._exit,
+                 main: threading.Thread | None = None):
+        self._stop, self.bound, self._force_exit = stop, bound, force_exit
+        self._main = main or threading.main_thread()
+        self._finished = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="embmon-shutdown-watchdog", daemon=True)
+
+    def start(self) -> ShutdownWatchdog:
+        self._thread.start()
+        return self
+
+    def finished(self) -> None:
+        """The shutdown is done: what still runs in other threads is abandoned work."""
+        self._finished.set()
+
+    def _watch(self) -> None:
+        self._stop.wait()
+        deadline = time.monotonic() + self.bound
+        while self._main.is_alive() and not self._finished.is_set() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self._main.is_alive() and not self._finished.is_set():
+            left = self._others()
+            logger.error("shutdown did not finish within %.1fs of the stop request: exiting now (%s)", self.bound,
+                         "still running: " + ", ".join(left) if left else "the main thread is stuck")
+        else:
+            # The interpreter now waits for what still runs: non-daemon threads, thread-pool workers
+            # (even daemon ones: a scheduled job still writing), atexit handlers. A moment for them.
+            time.sleep(max(0.0, min(deadline, time.monotonic() + LEFTOVER_GRACE_SECONDS) - time.monotonic()))
+            left = self._others()
+            logger.warning("exiting without waiting for %s (work abandoned at shutdown)",
+                           ", ".join(left) if left else "the interpreter's exit handlers")
+        logging.shutdown()
+        self._force_exit(0)
+
+    def _others(self) -> list[str]:
+        """The threads besides the main one and this one that still run."""
+        me = threading.current_thread()
+        return sorted(t.name for t in threading.enumerate() if t.is_alive() and t is not self._main and t is not me)
+
+
+class BlockingCall(Generic[T]):
+    """``work()`` in a daemon thread named ``name``, which callers wait for with a bound.
+
+    For work that must not hold the thread that stops the daemon. kafka-python's bootstrap (the
+    ``KafkaConsumer`` constructor) waits up to ``bootstrap_timeout_ms`` (30 s) for a broker, and a
+    connection to an address that accepts but never answers holds it all that time; ``close`` may
+    wait for the group coordinator; a restore or a checkpoint write may be slow. A caller that
+    stops waiting abandons the call, which ends with the process (a daemon thread) or by itself later.
+    """
+
+    def __init__(self, name: str, work: Callable[[], T]):
+        self._done = threading.Event()
+        self.result: T | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(work,), name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self, work: Callable[[], T]) -> None:
+        try:
+            self.result = work()
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
+            self.error = exc
+        finally:
+            self._done.set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        """True once the call has ended (returned or raised) within ``timeout`` seconds."""
+        return self._done.wait(timeout)

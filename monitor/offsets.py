@@ -64,6 +64,16 @@ class OffsetTracker:
             _advance(self._applied, before)
             _advance(self._durable, before)
 
+    def reset(self, positions: Mapping[Partition, int]) -> None:
+        """The partitions' positions were reset (their logs no longer hold the old offsets):
+        everything before ``positions`` counts as applied and durable, the old values are dropped
+        (unlike every other update, this may move an offset back) and the next commit carries them."""
+        with self._lock:
+            for key, position in positions.items():
+                self._applied[key] = position - 1
+                self._durable[key] = position - 1
+                self._committed.pop(key, None)
+
     def restore(self, offsets: Mapping[Partition, int]) -> None:
         """State was loaded from a checkpoint reflecting ``offsets``."""
         with self._lock:

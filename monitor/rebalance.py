@@ -3,7 +3,9 @@
 On revocation the daemon applies everything already polled, checkpoints if the newest checkpoint
 does not hold it, and tells the source which offsets to commit before the partitions move, so the
 next owner starts right after what this replica's durable state reflects. On assignment the
-positions the source sought to count as accounted for (docs/operations.md, "Rebalances").
+positions the source sought to count as accounted for (docs/operations.md, "Rebalances"); a
+position the source found outside its log and reset replaces what was kept for the partition
+(docs/operations.md, "Offsets out of range").
 """
 
 from __future__ import annotations
@@ -37,6 +39,12 @@ class PartitionHandoff(PartitionListener):
 
     def on_assigned(self, positions: Mapping[Partition, int]) -> None:
         self._offsets.mark_assigned(positions)
+
+    def on_reset(self, positions: Mapping[Partition, int]) -> None:
+        # what was polled before the reset is applied first: its offsets must not land on the new ones
+        if not self._pipeline.drain(HANDOFF_DRAIN_SECONDS):
+            logger.error("offset reset: queued records not applied within %.0fs", HANDOFF_DRAIN_SECONDS)
+        self._offsets.reset(positions)
 
     def resume_offsets(self) -> dict[Partition, int]:
         return self._offsets.resume_offsets()

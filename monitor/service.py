@@ -33,6 +33,7 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
+from monitor import failpoints
 from monitor.checkpointer import Checkpointer, checkpoint_interval, checkpointing_enabled
 from monitor.collector import ComponentCollector, CoreCollector, OperationsCollector
 from monitor.component import Component, MonitorContext, ScheduledJob
@@ -44,7 +45,7 @@ from monitor.exporter import HttpServer
 from monitor.http_server import ConnectionLimits
 from monitor.ingest import IngestPipeline
 from monitor.jobs import JobRunner
-from monitor.lifecycle import StartUp, StopRequest, capture_signals
+from monitor.lifecycle import BlockingCall, ShutdownWatchdog, StartInterrupted, StartUp, StopRequest, capture_signals
 from monitor.offsets import OffsetTracker
 from monitor.rebalance import PartitionHandoff
 from monitor.refresh import Published, Refresher
@@ -85,20 +86,30 @@ class Daemon:
     refresher: Refresher
     computes_windows = True  # schedules the refresh of window metrics
 
-    def __init__(self) -> None:
-        self.stop_request = StopRequest()
+    def __init__(self, stop_request: StopRequest | None = None) -> None:
+        self.stop_request = stop_request or StopRequest()
+        self._startup: StartUp | None = None
         self._started = False
         self._stopped = False
         self._stop_lock = threading.Lock()
 
     def serve(self, stop_after: float | None = None, on_started: Callable[[], None] | None = None) -> None:
-        """The whole life of the daemon: signals first, start, wait for a stop request, stop."""
+        """The whole life of the daemon: signals first, start, wait for a stop request, stop.
+
+        A stop request in any phase, start-up included, ends the process within the shutdown
+        bound (``shutdown_timeout_seconds`` + 1.5 s), with status 0 (:class:`ShutdownWatchdog`)."""
         with capture_signals(self.stop_request):
-            self.start()
-            if on_started is not None:
-                on_started()
-            self.stop_request.wait(timeout=stop_after)
+            watchdog = ShutdownWatchdog(self.stop_request, self.settings.shutdown_timeout_seconds + 1.5).start()
+            try:
+                self.start()
+            except StartInterrupted:
+                pass  # logged by StartUp; stop() below releases what had started
+            else:
+                if on_started is not None:
+                    on_started()
+                self.stop_request.wait(timeout=stop_after)
             self.stop()
+            watchdog.finished()
 
     def start(self) -> None:
         raise NotImplementedError
@@ -120,13 +131,18 @@ class Daemon:
 
     def health(self) -> tuple[bool, str]:
         """Liveness: the process can do its work (intake threads alive). Broker outages do not count."""
+        if not self._started or self.stop_request.requested:
+            return True, "ok"  # starting (maybe still being built) or stopping
         alive, _, _ = self._intake()
-        if self._started and not self.stop_request.requested and not alive:
+        if not alive:
             return False, "ingest thread died"
         return True, "ok"
 
     def readiness(self) -> tuple[bool, str]:
         """Readiness: the source is connected and metrics have been computed at least once."""
+        if not self._started:
+            part = self._startup.current if self._startup is not None else None
+            return False, f"starting: {part}" if part else "not started"
         _, up, why = self._intake()
         if not up:
             return False, why
@@ -173,19 +189,23 @@ class Monitor(Daemon):
         source: Source | None = None,
         clock: Callable[[], float] = time.time,
         component_factories: list[ComponentFactory] | None = None,
+        *,
+        early_port: bool = False,
+        stop_request: StopRequest | None = None,
     ):
-        super().__init__()
+        """``early_port`` (the CLI): bind and serve the HTTP port as soon as it is built, before the
+        components (whose imports take a second or more), so that ``/healthz`` answers within about
+        a second of the process's start; ``stop_request``: one the caller's signal handlers already set."""
+        super().__init__(stop_request)
         self.settings = settings
         self.clock = clock
+        self._port_open = early_port
         # scale_out.role replica: publish each checkpoint's state for the reducer (monitor/scaleout/)
         self.replica: ReplicaRole | None = None
         if settings.scale_out.role == "replica":
             check_replica_settings(settings)
             self.replica = ReplicaRole(settings)
             self.computes_windows = False  # the reducer does
-        self.source = source or build_source(replica_source_settings(settings) if self.replica else settings)
-        if self.replica is not None:
-            self.source = PublishedOffsetsSource(self.source, self.replica)
         self.registry = StateRegistry(settings)
         self.decoder = Decoder(
             settings.limits,
@@ -208,6 +228,11 @@ class Monitor(Daemon):
             **http_security(settings),
             **http_limits(settings),
         )
+        if early_port:
+            self.http.start()
+        self.source = source or build_source(replica_source_settings(settings) if self.replica else settings)
+        if self.replica is not None:
+            self.source = PublishedOffsetsSource(self.source, self.replica)
         self.context = MonitorContext(
             settings=settings,
             registry=self.registry,
@@ -257,16 +282,19 @@ class Monitor(Daemon):
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        """Restore, then start HTTP port, source, scheduler and ingest; on failure undo and raise.
+        """Start the HTTP port, restore, then start source, scheduler and ingest; on failure undo and raise.
 
-        The port comes before the source: kafka-python's consumer blocks its constructor for about
-        30 s when no broker answers, and ``/healthz`` (what a sidecar's probes may ask) must answer
-        meanwhile; ``/readyz`` says the source is not connected (docs/deployment.md, "Probes")."""
-        with StartUp() as startup:
+        The port comes first: ``/healthz`` (what a sidecar's probes may ask) answers while a large
+        checkpoint is restored and while no broker answers; ``/readyz`` says what is still starting,
+        then whether the source is connected (docs/deployment.md, "Probes"). The source connects in
+        the background (kafka-python's bootstrap blocks for up to 30 s), and a stop request during
+        the restore abandons it (:class:`~monitor.lifecycle.StartInterrupted`)."""
+        self._startup = startup = StartUp(self.stop_request)
+        with startup:
             startup.start("state directory", lambda: self.settings.state_dir.mkdir(parents=True, exist_ok=True))
+            startup.start("http", self.http.start if not self._port_open else lambda: None, self.http.stop)
             if self.checkpointer is not None:
-                startup.start("checkpoint restore", self._restore)
-            startup.start("http", self.http.start, self.http.stop)
+                startup.start("checkpoint restore", self._restore, background=True)
             startup.start("source", self.source.start, self.source.close)
             startup.start("scheduler", self._schedule_jobs, self.jobs.shutdown)
             startup.start(
@@ -289,6 +317,7 @@ class Monitor(Daemon):
 
     def _restore(self) -> None:
         assert self.checkpointer is not None
+        failpoints.reach("checkpoint-restore")  # tests: a restore as slow as a huge state makes it
         if self.replica is None:
             self.checkpointer.restore()
             return
@@ -297,8 +326,15 @@ class Monitor(Daemon):
         self.replica.publish_restored(self.registry, self.offsets)
 
     def _final_checkpoint(self) -> None:
-        if self.checkpointer is not None:
-            self.checkpointer.checkpoint(reason="shutdown")
+        """The shutdown checkpoint, waited for at most half the shutdown bound: one already being
+        written (a slow disk) is waited for first, and a write that takes longer is abandoned (the
+        last complete checkpoint stays, and only its offsets are committed)."""
+        if self.checkpointer is None:
+            return
+        checkpointer, bound = self.checkpointer, self.settings.shutdown_timeout_seconds / 2
+        if not BlockingCall("embmon-final-checkpoint", lambda: checkpointer.checkpoint(reason="shutdown")).wait(bound):
+            logger.warning("the shutdown checkpoint did not finish within %.1fs: abandoning it; a restart resumes "
+                           "from the last complete checkpoint", bound)
 
     def _intake(self) -> tuple[bool, bool, str]:
         return self.pipeline.alive, self.source.up, f"source {self.source.name} is not connected"

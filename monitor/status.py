@@ -92,6 +92,12 @@ class DaemonStatus:
     def source_error_counts(self) -> dict[str, int]:
         return self._source.error_counts()
 
+    def source_offset_resets(self) -> dict[str, int]:
+        return self._source.offset_reset_counts()
+
+    def source_progress(self) -> dict[str, float] | None:
+        return self._source.last_progress()
+
     def queue_depth(self) -> int:
         return self._pipeline.queue_depth()
 

@@ -64,6 +64,12 @@ class ReducerStatus(DaemonStatus):
         """None: the partials intake is the reducer's own topic, not a record source of producers'."""
         return {}
 
+    def source_offset_resets(self) -> dict[str, int]:
+        return {}
+
+    def source_progress(self) -> dict[str, float] | None:
+        return None
+
 
 class Reducer(Daemon):
     """Merged windows of every replica, their metrics, drift and probes: the global gauges."""

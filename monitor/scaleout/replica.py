@@ -258,6 +258,18 @@ class PublishedOffsetsSource(Source):
     def error_counts(self) -> dict[str, int]:
         return self.inner.error_counts()
 
+    def offset_reset_counts(self) -> dict[str, int]:
+        return self.inner.offset_reset_counts()
+
+    def last_progress(self) -> dict[str, float] | None:
+        return self.inner.last_progress()
+
+    def topic_ids(self) -> dict[str, str]:
+        return self.inner.topic_ids()
+
+    def remember_topic_ids(self, ids: Mapping[str, str]) -> None:
+        self.inner.remember_topic_ids(ids)
+
     def pause(self) -> None:
         self.inner.pause()
 
@@ -283,4 +295,9 @@ class PublishingHandoff(PartitionHandoff):
     def on_assigned(self, positions: Mapping[Partition, int]) -> None:
         super().on_assigned(positions)
         for key, position in positions.items():
+            self._role.floors[key] = position - 1
+
+    def on_reset(self, positions: Mapping[Partition, int]) -> None:
+        super().on_reset(positions)
+        for key, position in positions.items():  # the old floor belongs to the old log
             self._role.floors[key] = position - 1

@@ -35,6 +35,10 @@ class PartitionListener:
     def on_assigned(self, positions: Mapping[Partition, int]) -> None:
         """The consumer was sought to ``positions`` (next offset to read) on assignment."""
 
+    def on_reset(self, positions: Mapping[Partition, int]) -> None:
+        """The consumer's positions were found outside their logs and moved to ``positions``
+        (called on the poll thread): what is kept for these partitions is replaced."""
+
     def resume_offsets(self) -> dict[Partition, int]:
         """Per partition, the last offset the restorable state reflects (where to resume after)."""
         return {}
@@ -92,6 +96,21 @@ class Source:
     def error_counts(self) -> dict[str, int]:
         """Failed reads by reason (``embmon_source_errors_total``); empty for a source that has none."""
         return {}
+
+    def offset_reset_counts(self) -> dict[str, int]:
+        """Positions found outside their logs and reset, by reason (``embmon_source_offset_resets_total``)."""
+        return {}
+
+    def last_progress(self) -> dict[str, float] | None:
+        """Per topic, the unix time the source was last caught up or applied records, when it tells."""
+        return None
+
+    def topic_ids(self) -> dict[str, str]:
+        """The id of each topic as last seen (checkpointed, so a recreated topic is told after a restart)."""
+        return {}
+
+    def remember_topic_ids(self, ids: Mapping[str, str]) -> None:
+        """The topic ids a restored checkpoint holds (before :meth:`start`)."""
 
     def pause(self) -> None:
         """Stop fetching while polling goes on (backpressure); a no-op where nothing is fetched ahead."""

@@ -4,7 +4,23 @@ Offsets are committed only for records the state already reflects, and, with che
 only once a checkpoint holding that state is on disk (the daemon decides what ``commit`` gets).
 A broker that is unreachable at start-up or goes away later is not fatal: ``poll`` keeps
 retrying with bounded backoff and ``up`` reports the connection state for ``/readyz`` and
-``embmon_source_up``.
+``embmon_source_up``. kafka-python's bootstrap (the consumer's constructor, up to 30 s when no
+broker answers) and its close run in threads of their own (:class:`BlockingCall`), so neither
+start-up nor a stop request waits for a broker: a bootstrap still running at shutdown is
+abandoned, a close that takes over ``CLOSE_TIMEOUT_SECONDS`` too (both logged).
+
+Transactions: the consumer reads with ``isolation_level="read_committed"`` unless
+``kafka.options.isolation_level`` says ``read_uncommitted``: what an aborted transaction wrote is
+not what the model's consumers see. Lag is measured from the consumer's position, which
+kafka-python moves past transaction markers, so a caught-up consumer reads 0.
+
+Positions are checked against the log (``monitor/sources/kafka_positions.py``): a resume position
+outside it, or a topic that was recreated, is logged, counted and reset by
+``kafka.auto_offset_reset``, and nothing is committed from a position not yet verified.
+
+Progress (``embmon_source_last_progress_timestamp_seconds``): per topic, the last time the
+consumer was caught up (lag 0) or applied records; a consumer with records behind that applies
+none (a poll stuck, a partition it cannot read) leaves it behind, which an alert watches.
 
 Rebalances (docs/operations.md, "Rebalances"): kafka-python 3 runs the rebalance listener on its
 IO thread, where blocking consumer calls are forbidden, so the listener is asynchronous:
@@ -14,7 +30,8 @@ IO thread, where blocking consumer calls are forbidden, so the listener is async
   committed before the partitions go to their new owner;
 * assigned: for every partition the checkpoint knows, the consumer seeks to
   ``max(checkpoint offset + 1, group committed offset)`` and that position is committed for
-  visibility on the next poll.
+  visibility once a fetch there has shown it lies within the log; a partition that no offset
+  knows starts by ``kafka.auto_offset_reset``.
 
 Undecodable records (docs/operations.md, "Compression codecs"): a partition whose fetched records
 kafka-python cannot decompress (``UnsupportedCodecError``: the codec's library is not installed)
@@ -34,25 +51,33 @@ from dataclasses import dataclass
 from typing import Any
 
 from kafka import AsyncConsumerRebalanceListener, KafkaConsumer, TopicPartition
-from kafka.errors import KafkaError, UnsupportedCodecError
+from kafka.errors import KafkaConfigurationError, KafkaError, UnsupportedCodecError
 from kafka.structs import OffsetAndMetadata
 
 from monitor.config import KafkaSettings
 from monitor.counters import Tally
+from monitor.errors import ConfigError
+from monitor.lifecycle import BlockingCall
 from monitor.records import SourcePosition
 from monitor.sources.base import MessageKind, Partition, Source, SourceMessage
 from monitor.sources.kafka_internals import (
     any_broker_connected,
     close_failed_connect_sockets,
+    current_position,
     fetch_committed,
     take_fetch_failure,
     yield_to_loop,
 )
+from monitor.sources.kafka_positions import RESET_REASONS, PositionGuard, Reset, key_of
 from monitor.sources.reconnect import MAX_BACKOFF_SECONDS, Backoff, LagReading
 
 logger = logging.getLogger(__name__)
 
 HANDOFF_TIMEOUT_SECONDS = 60.0
+CLOSE_TIMEOUT_SECONDS = 3.0  # kafka-python's close (leave the group, close sockets): abandoned past this
+COMMIT_TIMEOUT_MS = 3_000  # a synchronous commit with no coordinator would otherwise retry for ever
+ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
+OFFSET_RESET_POLICIES = ("earliest", "latest")
 # embmon_source_errors_total{reason}: a fetched partition whose codec's library is missing; any
 # other error kafka-python raised from (or parked in) a poll
 ERROR_REASONS = ("unsupported_codec", "poll")
@@ -116,6 +141,27 @@ def codec_remedy(codec: str) -> str:
         "environment, then restart"
 
 
+def records_behind(end: int, position: int, polled: tuple[int, int] | None, applied: int | None) -> int:
+    """Records of one partition not yet reflected in the state: those after the consumer's
+    position up to the log's ``end`` (the last stable offset under read_committed), plus those
+    polled (first and last offset since assignment) but not yet applied.
+
+    The position, not the last applied offset, is the start: kafka-python moves it past the
+    marker a committed or aborted transaction leaves (one offset, no record), so a consumer that
+    read everything is 0 behind, not 1.
+
+    >>> records_behind(13, 13, (0, 11), 11)  # 12 is a transaction marker
+    0
+    >>> records_behind(13, 13, (0, 11), 4), records_behind(20, 13, None, None), records_behind(10, 40, None, None)
+    (7, 7, 0)
+    """
+    queued = 0
+    if polled is not None:
+        first, last = polled
+        queued = max(0, last - max(applied if applied is not None else -1, first - 1))
+    return max(0, end - position) + queued
+
+
 @dataclass
 class _Stall:
     """A partition paused because its records could not be decompressed, retried with backoff."""
@@ -145,6 +191,9 @@ class _Rebalance(AsyncConsumerRebalanceListener):
         if not keys or consumer is None:
             return
         logger.info("partitions %s: %s", "revoked" if commit else "lost", keys)
+        source._guard.revoked(partitions)
+        for key in keys:
+            source._polled.pop(key, None)
         offsets = await self._in_worker(consumer, lambda: source.listener.on_revoked(keys))
         if commit and offsets:
             payload = {TopicPartition(t, p): OffsetAndMetadata(o + 1, "", -1) for (t, p), o in offsets.items()}
@@ -158,24 +207,15 @@ class _Rebalance(AsyncConsumerRebalanceListener):
         self, consumer: KafkaConsumer, work: Callable[[], dict[Partition, int]]
     ) -> dict[Partition, int]:
         """Run blocking ``work`` in a thread while yielding to kafka-python's IO loop."""
-        done = threading.Event()
-        result: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                result["value"] = work() or {}
-            except Exception:  # noqa: BLE001 - reported, never raised into kafka-python's loop
-                logger.exception("partition hand-off failed")
-            finally:
-                done.set()
-
-        threading.Thread(target=run, name="embmon-handoff", daemon=True).start()
+        call = BlockingCall("embmon-handoff", work)
         deadline = time.monotonic() + HANDOFF_TIMEOUT_SECONDS
-        while not done.is_set() and time.monotonic() < deadline:
+        while not call.done and time.monotonic() < deadline:
             await yield_to_loop(consumer, 0.02)
-        if not done.is_set():
+        if not call.done:
             logger.error("partition hand-off took over %.0fs; continuing without it", HANDOFF_TIMEOUT_SECONDS)
-        return dict(result.get("value") or {})
+        elif call.error is not None:  # reported, never raised into kafka-python's loop
+            logger.error("partition hand-off failed", exc_info=call.error)
+        return dict(call.result or {})
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         source = self._source
@@ -190,24 +230,31 @@ class _Rebalance(AsyncConsumerRebalanceListener):
             committed = await fetch_committed(consumer, sorted(assigned), 10_000)
         except KafkaError as exc:
             logger.warning("cannot read committed offsets (%s); resuming from the checkpoint where there is one", exc)
+        guard = source._guard
         positions: dict[Partition, int] = {}
         for tp in sorted(assigned):
             key = (tp.topic, tp.partition)
             meta = committed.get(tp)
             group = meta.offset if meta is not None and meta.offset is not None and meta.offset >= 0 else None
-            if key not in known:
-                logger.info("partition %s: %s", key, start_reason(group, source.settings.auto_offset_reset))
+            position = seek_position(known.get(key), group)
+            commit = position - 1 if position is not None and (group is None or position > group) else None
+            recreated = guard.assigned(consumer, tp, commit)
+            if recreated is not None and (position is not None or group is not None):
+                # what the checkpoint and the group hold are offsets of the old topic
+                guard.reset_later(consumer, Reset(tp, "topic_recreated", position or group, recreated))
                 continue
-            position = seek_position(known[key], group)
-            assert position is not None
+            if position is None:
+                logger.info("partition %s: %s", key, start_reason(group, source.policy))
+                if group is None:
+                    guard.start_by_policy(consumer, tp)
+                continue
             consumer.seek(tp, position)
             positions[key] = position
-            if group is None or position > group:
-                source._pending_commit[key] = position - 1
             logger.info(
                 "partition %s: starting at offset %d, after what the restored checkpoint reflects (up to %d; "
                 "group committed %s)", key, position, known[key], group,
             )
+        guard.assignment_done({tp.topic for tp in assigned})
         source.listener.on_assigned(positions)
 
 
@@ -217,7 +264,17 @@ class KafkaSource(Source):
     def __init__(self, settings: KafkaSettings, clock: Callable[[], float] = time.monotonic):
         self.settings = settings
         self._clock = clock
+        self.policy = str(settings.options.get("auto_offset_reset", settings.auto_offset_reset))
+        if self.policy not in OFFSET_RESET_POLICIES:
+            raise ConfigError(f"kafka.options.auto_offset_reset: {self.policy!r} is not earliest or latest "
+                              "(the daemon resets positions itself; set kafka.auto_offset_reset)")
+        isolation = settings.options.get("isolation_level", "read_committed")
+        if isolation not in ISOLATION_LEVELS:
+            raise ConfigError(f"kafka.options.isolation_level: {isolation!r} is not read_committed or read_uncommitted")
         self._consumer: KafkaConsumer | None = None
+        self._connecting: BlockingCall[KafkaConsumer] | None = None
+        self._closed = False
+        self._reported_config_error = False
         self._kinds: dict[str, MessageKind] = {settings.embeddings_topic: "embeddings"}
         if settings.interactions_topic:
             self._kinds[settings.interactions_topic] = "interactions"
@@ -231,6 +288,11 @@ class KafkaSource(Source):
         self._errors: Tally[str] = Tally()
         self._stalls: dict[TopicPartition, _Stall] = {}
         self._reported_codecs: set[str] = set()
+        self._guard = PositionGuard(self.policy)
+        self._polled: dict[Partition, tuple[int, int]] = {}  # first and last offset polled since assignment
+        self._progress: dict[str, float] = {}  # topic -> unix time it was last caught up or applied records
+        self._applied_seen: dict[Partition, int] = {}
+        self._started_at: float | None = None
 
     def consumer_config(self) -> dict[str, Any]:
         """The kafka-python configuration: ours, then the pass-through options on top."""
@@ -240,32 +302,61 @@ class KafkaSource(Source):
             "group_id": s.group_id,
             "client_id": s.client_id,
             "enable_auto_commit": False,
-            "auto_offset_reset": s.auto_offset_reset,
+            "isolation_level": "read_committed",
             "max_poll_records": s.max_poll_records,
             "reconnect_backoff_max_ms": 10_000,
         }
         config.update(s.options)
         config["enable_auto_commit"] = False
+        # kafka.auto_offset_reset is applied here, not by kafka-python, so that every reset is seen
+        # (logged, counted, its offsets replaced): kafka-python only reports the partitions needing one
+        config["auto_offset_reset"] = "none"
         return config
 
     def start(self) -> None:
+        """Begin connecting in the background; never blocks (``poll`` picks the consumer up)."""
         close_failed_connect_sockets()
-        self._connect()
+        self._started_at = time.time()
+        self._begin_connect()
 
-    def _connect(self) -> bool:
-        if not self._backoff.ready():
+    def _begin_connect(self) -> None:
+        config = self.consumer_config()
+
+        def bootstrap() -> KafkaConsumer | None:
+            consumer = KafkaConsumer(**config)
+            if self._closed:  # the source closed while this waited for a broker: nobody will use it
+                consumer.close(autocommit=False, timeout_ms=0)
+                return None
+            return consumer
+
+        self._connecting = BlockingCall("embmon-kafka-bootstrap", bootstrap)
+
+    def _connect(self, timeout: float) -> bool:
+        """Pick up the consumer the background bootstrap made, waiting up to ``timeout`` for it;
+        start another bootstrap once the backoff allows. True when a consumer is ready."""
+        if self._connecting is None:
+            if self._backoff.ready():
+                self._begin_connect()
+            else:
+                time.sleep(min(timeout, self._backoff.remaining()))
+                return False
+        call = self._connecting
+        assert call is not None
+        if not call.wait(timeout):
             return False
-        try:
-            consumer = KafkaConsumer(**self.consumer_config())
-        except KafkaError as exc:
-            logger.warning(
-                "cannot reach Kafka at %s (%s); retrying in %.1fs",
-                ",".join(self.settings.bootstrap_servers),
-                type(exc).__name__,
-                self._backoff.failed(),
-            )
+        self._connecting = None
+        if call.error is not None or call.result is None:
             self._up = False
+            wait = self._backoff.failed()
+            if isinstance(call.error, KafkaConfigurationError):
+                if not self._reported_config_error:
+                    self._reported_config_error = True
+                    logger.error("kafka-python refuses the consumer settings (kafka.options): %s", call.error)
+            else:
+                logger.warning("cannot reach Kafka at %s (%s); retrying in %.1fs",
+                               ",".join(self.settings.bootstrap_servers), type(call.error).__name__, wait)
             return False
+        consumer = call.result
         self._consumer = consumer
         consumer.subscribe(topics=sorted(self._kinds), listener=_Rebalance(self))
         self._backoff.succeeded()
@@ -274,13 +365,13 @@ class KafkaSource(Source):
         return True
 
     def poll(self, timeout: float) -> list[SourceMessage]:
-        if self._consumer is None and not self._connect():
-            time.sleep(min(timeout, self._backoff.remaining()))
+        if self._consumer is None and not self._connect(timeout):
             return []
         consumer = self._consumer
         assert consumer is not None
         raised: KafkaError | None = None
         try:
+            self._reset_positions(consumer)
             if self._paused:  # backpressure: keep the group membership alive, fetch nothing
                 consumer.pause(*consumer.assignment())
             else:
@@ -295,6 +386,8 @@ class KafkaSource(Source):
         error = failure.error if failure is not None else raised
         if failure is not None and isinstance(error, UnsupportedCodecError):
             self._stall(consumer, failure.partition, failure.offset, error)
+        elif self._guard.take_error(consumer, error):
+            pass  # a position outside its log: reset below
         elif error is not None:
             self._errors.add("poll")
             logger.warning("Kafka poll failed: %s", error)
@@ -303,9 +396,15 @@ class KafkaSource(Source):
                 time.sleep(min(timeout, 1.0))
                 return []
         self._up = self._connected() and not self._stalls
+        self._guard.check(consumer, polled, self._kinds)
+        self._reset_positions(consumer)
         messages: list[SourceMessage] = []
         for tp, records in polled.items():
             kind = self._kinds.get(tp.topic, "embeddings")
+            if records:
+                key = key_of(tp)
+                first = self._polled.get(key, (records[0].offset, 0))[0]
+                self._polled[key] = (first, records[-1].offset)
             for record in records:
                 messages.append(
                     SourceMessage(
@@ -315,11 +414,26 @@ class KafkaSource(Source):
                         position=SourcePosition(tp.topic, tp.partition, record.offset),
                     )
                 )
+        self._pending_commit.update(self._guard.take_verified_commits())
         if self._pending_commit:
             pending, self._pending_commit = self._pending_commit, {}
             self.commit(pending)
         self._maybe_refresh_lag()
         return messages
+
+    def _reset_positions(self, consumer: KafkaConsumer) -> None:
+        """Carry out the resets that are due (poll thread): the daemon's offsets for each partition
+        are replaced by its new position, which is committed next."""
+        reset = self._guard.carry_out(consumer)
+        if not reset:
+            return
+        self.listener.on_reset(reset)
+        with self._committed_lock:
+            for key in reset:
+                self._committed.pop(key, None)
+        for key, position in reset.items():
+            self._polled.pop(key, None)
+            self._pending_commit[key] = position - 1
 
     def _stall(self, consumer: KafkaConsumer, tp: TopicPartition, offset: int, error: BaseException) -> None:
         """Pause ``tp``, whose records from ``offset`` kafka-python cannot decompress, until its next retry."""
@@ -357,6 +471,9 @@ class KafkaSource(Source):
     def error_counts(self) -> dict[str, int]:
         return {**dict.fromkeys(ERROR_REASONS, 0), **self._errors.snapshot()}
 
+    def offset_reset_counts(self) -> dict[str, int]:
+        return {**dict.fromkeys(RESET_REASONS, 0), **self._guard.counts.snapshot()}
+
     def _connected(self) -> bool:
         return self._consumer is None or any_broker_connected(self._consumer, default=self._up)
 
@@ -368,7 +485,7 @@ class KafkaSource(Source):
 
     def resume(self) -> None:
         if self._consumer is not None and self._paused:
-            held = {tp for tp, stall in self._stalls.items() if stall.held}
+            held = {tp for tp, stall in self._stalls.items() if stall.held} | self._guard.resetting
             self._consumer.resume(*(self._consumer.paused() - held))
         self._paused = False
 
@@ -380,7 +497,11 @@ class KafkaSource(Source):
         """Commit "state reflects up to and including" ``offsets`` for partitions assigned to us.
 
         Partitions not assigned (any more) are skipped: committing them could move the group
-        backwards under the replica that owns them now.
+        backwards under the replica that owns them now; so are partitions whose position is not
+        yet verified against the log (monitor/sources/kafka_positions.py). When ``offsets`` holds
+        the last record polled from a partition and the consumer's position is further on, the
+        offsets between are transaction markers (or aborted records) kafka-python skipped: the
+        position is committed, so the group's lag reads 0 too.
         """
         if self._consumer is None:
             return not offsets
@@ -388,18 +509,28 @@ class KafkaSource(Source):
             return True
         assigned = {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
         with self._committed_lock:
-            todo = {k: o for k, o in offsets.items() if k in assigned and self._committed.get(k) != o}
+            todo = {k: o for k, o in offsets.items()
+                    if k in assigned and self._committed.get(k) != o and self._guard.committable(k)}
         if not todo:
             return True
-        payload = {TopicPartition(t, p): OffsetAndMetadata(o + 1, "", -1) for (t, p), o in todo.items()}
+        payload = {TopicPartition(t, p): OffsetAndMetadata(self._next_offset(t, p, o), "", -1)
+                   for (t, p), o in todo.items()}
         try:
-            self._consumer.commit(offsets=payload)
+            self._consumer.commit(offsets=payload, timeout_ms=COMMIT_TIMEOUT_MS)
         except KafkaError as exc:
             # Not fatal: the next commit carries later offsets; a restart resumes from the checkpoint.
             logger.warning("offset commit failed (%s); will retry with the next commit", exc)
             return False
         self._note_committed(todo)
         return True
+
+    def _next_offset(self, topic: str, partition: int, last: int) -> int:
+        """The offset to commit after ``last``: past the markers that follow it, when nothing was polled after it."""
+        polled = self._polled.get((topic, partition))
+        if self._consumer is None or polled is None or polled[1] != last:
+            return last + 1
+        position = current_position(self._consumer, TopicPartition(topic, partition))
+        return max(last + 1, position or 0)
 
     def _note_committed(self, offsets: Mapping[Partition, int]) -> None:
         with self._committed_lock:
@@ -412,7 +543,7 @@ class KafkaSource(Source):
         if not assigned:
             return
         try:
-            ends = self._consumer.end_offsets(list(assigned))
+            ends = self._consumer.end_offsets(list(assigned), timeout_ms=5_000)
         except KafkaError:
             return
         applied = self.listener.applied_offsets()
@@ -420,18 +551,35 @@ class KafkaSource(Source):
         for tp, end in ends.items():
             if end is None:
                 continue
-            done = applied.get((tp.topic, tp.partition))
-            if done is None:  # nothing applied yet from this partition: measure from the fetch position
-                try:
-                    position = self._consumer.position(tp, timeout_ms=1000)
-                except KafkaError:
-                    continue
-                if position is None:
-                    continue
-                done = position - 1
-            # Records not yet reflected in state (queued or not fetched), not just not fetched.
-            lag[tp.topic] = lag.get(tp.topic, 0) + max(0, end - (done + 1))
+            position = current_position(self._consumer, tp)
+            if position is None:
+                continue
+            lag[tp.topic] = lag.get(tp.topic, 0) + records_behind(end, position, self._polled.get(key_of(tp)),
+                                                                  applied.get(key_of(tp)))
         self._lag.record(lag)
+        self._note_progress(lag, applied)
+
+    def _note_progress(self, lag: Mapping[str, int], applied: Mapping[Partition, int]) -> None:
+        """A topic progressed when it is caught up or one of its partitions applied records since the last look."""
+        now = time.time()
+        moved = {t for (t, p), offset in applied.items() if offset != self._applied_seen.get((t, p))}
+        self._applied_seen = dict(applied)
+        for topic, behind in lag.items():
+            if behind == 0 or topic in moved:
+                self._progress[topic] = now
+
+    def topic_ids(self) -> dict[str, str]:
+        return self._guard.known_topic_ids()
+
+    def remember_topic_ids(self, ids: Mapping[str, str]) -> None:
+        self._guard.remember_topic_ids(ids)
+
+    def last_progress(self) -> dict[str, float] | None:
+        """Per consumed topic, the unix time it was last caught up or applied records (the start
+        before either); None before the source started."""
+        if self._started_at is None:
+            return None
+        return {topic: self._progress.get(topic, self._started_at) for topic in self._kinds}
 
     def lag(self) -> dict[str, int] | None:
         return self._lag.lag
@@ -446,10 +594,26 @@ class KafkaSource(Source):
         return self._up
 
     def close(self) -> None:
-        if self._consumer is not None:
+        """Close the consumer within ``CLOSE_TIMEOUT_SECONDS``; a bootstrap still waiting for a
+        broker is abandoned (it closes what it makes, if it ever does)."""
+        self._closed = True
+        connecting, self._connecting = self._connecting, None
+        if connecting is not None and not connecting.done:
+            logger.warning("closing while the Kafka bootstrap still waits for %s: abandoning it",
+                           ",".join(self.settings.bootstrap_servers))
+        elif connecting is not None and connecting.result is not None:
+            self._consumer = connecting.result  # made, never picked up: close it below
+        consumer, self._consumer = self._consumer, None
+        self._up = False
+        if consumer is None:
+            return
+
+        def close() -> None:
             try:
-                self._consumer.close(autocommit=False)
+                consumer.close(autocommit=False, timeout_ms=int(CLOSE_TIMEOUT_SECONDS * 1000))
             except KafkaError as exc:
                 logger.warning("error closing the Kafka consumer: %s", exc)
-            self._consumer = None
-        self._up = False
+
+        if not BlockingCall("embmon-kafka-close", close).wait(CLOSE_TIMEOUT_SECONDS + 0.5):
+            logger.warning("the Kafka consumer did not close within %.0fs: leaving it to end with the process",
+                           CLOSE_TIMEOUT_SECONDS)

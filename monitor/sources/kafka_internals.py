@@ -12,6 +12,16 @@ kafka-python 3 runs rebalance listeners on its IO loop, where blocking consumer 
   ``bootstrap_connected`` only covers the bootstrap connection, which is closed once metadata is
   known.
 
+Where a partition's position is checked against its log (``monitor/sources/kafka_positions.py``):
+
+* :func:`topic_id` reads the topic's id (KIP-516, metadata v10+) from the client's cluster
+  metadata, which ``KafkaConsumer`` does not expose: a changed id is a deleted and recreated topic;
+* :func:`forget_highwater` clears the partition's last high watermark after a seek, so that the
+  next one the consumer reports comes from a fetch at the new position (kafka-python keeps the
+  old one until then, and takes a new one only from a fetch at the current position);
+* :func:`current_position` reads the position the consumer holds, without the network round
+  trips ``KafkaConsumer.position`` may make.
+
 Committing on revocation uses the public ``KafkaConsumer.commit_async``, awaited. Also here:
 :func:`close_failed_connect_sockets`, a fix for a file-descriptor leak in kafka-python 3.0.x, and
 :func:`take_fetch_failure`, which keeps a partition whose records cannot be read (a compression
@@ -51,6 +61,28 @@ def any_broker_connected(consumer: KafkaConsumer, default: bool) -> bool:
         return any(client.connected(node) for node in ids if node is not None)
     except Exception:  # noqa: BLE001 - a diagnostics probe must never break polling
         return default
+
+
+def topic_id(consumer: KafkaConsumer, topic: str) -> Any:
+    """The topic's id (a ``uuid.UUID``) from the last metadata, None when unknown or not sent."""
+    try:
+        return consumer._client.cluster.topic_id(topic)
+    except Exception:  # noqa: BLE001 - an id is a check's input, never worth breaking a poll
+        return None
+
+
+def forget_highwater(consumer: KafkaConsumer, partition: TopicPartition) -> None:
+    """Drop the partition's last known high watermark (after a seek: it described the old position)."""
+    state = consumer._subscription.assignment.get(partition)
+    if state is not None:
+        state.highwater = None
+
+
+def current_position(consumer: KafkaConsumer, partition: TopicPartition) -> int | None:
+    """The next offset the consumer will return for ``partition``; None while it has none (a reset pending)."""
+    state = consumer._subscription.assignment.get(partition)
+    position = getattr(state, "position", None)
+    return None if position is None else int(position.offset)
 
 
 def close_failed_connect_sockets() -> None:

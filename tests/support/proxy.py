@@ -1,5 +1,7 @@
 """A small threaded TCP forwarder that a test can cut (close every connection, refuse new ones)
-and restore, to simulate a broker outage without losing the broker's in-memory topics."""
+and restore, to simulate a broker outage without losing the broker's in-memory topics; or turn
+into a black hole (connections stay open and new ones are accepted, but nothing is forwarded: a
+broker that hangs, or a network that drops every packet)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ class TcpProxy:
         self._sockets: set[socket.socket] = set()
         self._listener: socket.socket | None = None
         self._thread: threading.Thread | None = None
+        self._holed = threading.Event()
         self.connections = 0
 
     def start(self) -> TcpProxy:
@@ -38,6 +41,11 @@ class TcpProxy:
                 client, _ = listener.accept()
             except OSError:
                 return
+            if self._holed.is_set():  # accepted, read, never answered
+                with self._lock:
+                    self._sockets.add(client)
+                threading.Thread(target=self._pipe, args=(client, client), name="proxy-hole", daemon=True).start()
+                continue
             try:
                 upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
             except OSError:
@@ -56,7 +64,8 @@ class TcpProxy:
                 data = src.recv(65536)
                 if not data:
                     break
-                dst.sendall(data)
+                if not self._holed.is_set():
+                    dst.sendall(data)
         except OSError:
             pass
         finally:
@@ -85,6 +94,10 @@ class TcpProxy:
     def restore(self) -> None:
         """Listen again on the same port."""
         self.start()
+
+    def black_hole(self) -> None:
+        """From now on forward nothing, either way, on open connections and new ones alike."""
+        self._holed.set()
 
     def stop(self) -> None:
         self.cut()

@@ -102,6 +102,7 @@ def _monitor(th: Thresholds) -> list[Alert]:
 def _ingest(th: Thresholds) -> list[Alert]:
     job = th.job
     lag = m("embmon_consumer_lag_records")
+    progress = m("embmon_source_last_progress_timestamp_seconds")
     return [
         Alert(
             name=f"{PREFIX}InvalidRecordsHigh",
@@ -133,6 +134,19 @@ def _ingest(th: Thresholds) -> list[Alert]:
             condition=Condition(lag, ">", 10000),
             gate=Condition(f"deriv({lag}[15m])", ">", 0),
             scenario_builder=_lag_scenario(job),
+        ),
+        Alert(
+            name=f"{PREFIX}SourceStalled",
+            group=INGEST_GROUP,
+            severity="warning",
+            for_="5m",
+            summary="The monitor has records to read on a topic but applies none.",
+            description="{{ $labels.instance }} was last caught up on topic {{ $labels.topic }}, or last applied "
+                        "a record from it, $VALUE ago.",
+            value_format="duration",
+            # the time stays behind only while records wait and none are applied (caught up: it follows the clock)
+            condition=Condition(f"time() - {progress}", ">", 600),
+            scenario_builder=age_scenario(progress, {"topic": "embeddings"}, job),
         ),
     ]
 
