@@ -160,7 +160,9 @@ class Checkpointer:
 
     def _failed(self, stage: str, reason: str) -> None:
         self.write_failures.add(stage)
-        self._log.warning(f"checkpoint:{stage}", "checkpoint (%s) failed at %s; keeping the previous one", reason, stage)
+        self._log.warning(
+            f"checkpoint:{stage}", "checkpoint (%s) failed at %s; keeping the previous one", reason, stage
+        )
         logger.debug("checkpoint failure", exc_info=True)
 
     def _capture(self) -> tuple[dict[str, Any] | None, Any, list[Any], dict[tuple[str, int], int]]:
@@ -204,7 +206,7 @@ class Checkpointer:
         """Load the newest usable checkpoint into the (still empty) state. Never raises."""
         try:
             path = self.store.load(self._install, self._unusable)
-        except Exception:  # noqa: BLE001 - never a crash loop: start empty instead
+        except Exception:  # never a crash loop: start empty instead
             self._unusable("unreadable", self.store.current, "unexpected error")
             logger.exception("checkpoint restore failed")
             return False
@@ -256,7 +258,7 @@ class Checkpointer:
             if component.name in saved:
                 try:
                     component.load_state_dict(saved[component.name])
-                except Exception:  # noqa: BLE001 - one component's state must not discard the rest
+                except Exception:  # one component's state must not discard the rest
                     self._unusable("invalid", f"component {component.name}", "load_state_dict raised; it starts empty")
                     logger.debug("component restore failure", exc_info=True)
 

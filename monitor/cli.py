@@ -63,7 +63,8 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
         "--reference-records",
         type=int,
         metavar="N",
-        help="when no reference is pinned or stored, the first N records of each (model, stream) form it (default 5000)",
+        help="when no reference is pinned or stored, the first N records of each (model, stream) form it "
+        "(default 5000)",
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -140,10 +140,13 @@ def _checkpoint_families(m: DaemonStatus, status: CheckpointStatus) -> Iterable[
     )
 
 
-def by_label(family: Metric, counts: Mapping[object, float], always: Sequence[str] = ()) -> Metric:
+_Labels = TypeVar("_Labels", bound=str | tuple[str, ...])  # one label value, or one per label
+
+
+def by_label(family: Metric, counts: Mapping[_Labels, float], always: Sequence[_Labels] = ()) -> Metric:
     """``family`` with one sample per key of ``counts`` (a label value or a tuple of them), sorted;
     the label values in ``always`` are present from the start, at 0 until counted."""
-    values = {**{key: 0.0 for key in always}, **counts}
+    values: dict[_Labels, float] = {**{key: 0.0 for key in always}, **counts}
     for key, count in sorted(values.items()):
         labels = list(key) if isinstance(key, tuple) else [key]
         family.add_metric(labels, float(count))  # type: ignore[attr-defined]

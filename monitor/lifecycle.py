@@ -157,7 +157,7 @@ class StartUp:
 def _quietly(name: str, stop: Callable[[], object]) -> None:
     try:
         stop()
-    except Exception:  # noqa: BLE001 - undoing a failed start-up must not hide its cause
+    except Exception:  # undoing a failed start-up must not hide its cause
         logger.warning("could not stop %s after a failed start-up", name, exc_info=True)
 
 

@@ -312,7 +312,8 @@ class Monitor(Daemon):
         """Stop intake, apply what was polled, checkpoint and commit."""
         if self._started:
             if not self.pipeline.stop(self.settings.shutdown_timeout_seconds):
-                logger.warning("ingest did not stop within %.1fs; exiting anyway", self.settings.shutdown_timeout_seconds)
+                timeout = self.settings.shutdown_timeout_seconds
+                logger.warning("ingest did not stop within %.1fs; exiting anyway", timeout)
             self.jobs.shutdown()
 
     def _restore(self) -> None:

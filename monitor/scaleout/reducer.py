@@ -74,6 +74,8 @@ class ReducerStatus(DaemonStatus):
 class Reducer(Daemon):
     """Merged windows of every replica, their metrics, drift and probes: the global gauges."""
 
+    checkpointer: Checkpointer  # always one (a replica's may be off)
+
     def __init__(
         self,
         settings: Settings,

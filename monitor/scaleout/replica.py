@@ -27,13 +27,13 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from monitor import failpoints
 from monitor.checkpoint import CheckpointError
 from monitor.checkpointer import Checkpointer
 from monitor.config import ConfigError, Settings
 from monitor.ingest import IngestPipeline
 from monitor.offsets import OffsetTracker, Partition
 from monitor.rebalance import PartitionHandoff
-from monitor import failpoints
 from monitor.scaleout.marker import CommitIntent, MarkerState, PublishedMarker, commit_happened
 from monitor.scaleout.partials import Offsets
 from monitor.scaleout.publisher import PartialsPublisher

@@ -131,8 +131,9 @@ def codec_of(error: BaseException) -> str:
 def codec_remedy(codec: str) -> str:
     """What to do about records compressed with ``codec``, for the log.
 
-    >>> codec_remedy("zstd")
-    "zstd-compressed records need the Python package zstandard: pip install zstandard in the daemon's environment, then restart"
+    >>> print(codec_remedy("zstd"))  # doctest: +NORMALIZE_WHITESPACE
+    zstd-compressed records need the Python package zstandard: pip install zstandard in the
+    daemon's environment, then restart
     """
     package = CODEC_PACKAGES.get(codec)
     if package is None:

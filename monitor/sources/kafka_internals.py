@@ -40,7 +40,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 async def fetch_committed(consumer: KafkaConsumer, partitions: list[Any], timeout_ms: int) -> dict[Any, Any]:
     """The group's committed ``OffsetAndMetadata`` per partition, awaited on the IO loop."""
-    return await consumer._coordinator.fetch_committed_offsets_async(partitions, timeout_ms)  # type: ignore[no-any-return]
+    return await consumer._coordinator.fetch_committed_offsets_async(partitions, timeout_ms)
 
 
 async def yield_to_loop(consumer: KafkaConsumer, seconds: float) -> None:
@@ -108,7 +108,7 @@ def close_failed_connect_sockets() -> None:
             raise
 
     connect._embmon = True  # type: ignore[attr-defined]
-    KafkaNetSocket.connect = connect  # type: ignore[method-assign]
+    KafkaNetSocket.connect = connect
 
 
 @dataclass(frozen=True)

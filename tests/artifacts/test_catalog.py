@@ -20,7 +20,8 @@ NOT_IN_SCENARIO = {
     "embmon_consumer_lag_records": "a Kafka consumer's lag (tests/service/test_load.py)",
     "embmon_consumer_lag_timestamp_seconds": "a Kafka consumer's lag (tests/service/test_load.py)",
     "embmon_source_errors_total": "a Kafka consumer's read errors (tests/sources/test_codecs.py)",
-    "embmon_source_last_progress_timestamp_seconds": "a Kafka consumer's progress (tests/service/test_source_progress.py)",
+    "embmon_source_last_progress_timestamp_seconds":
+        "a Kafka consumer's progress (tests/service/test_source_progress.py)",
     "embmon_source_offset_resets_total": "a Kafka consumer's offset resets (tests/service/test_offset_resets.py)",
     # single-process mode exports none of these: a replica or the reducer does
     **{name: "scale_out roles (tests/scaleout/test_reducer_kafka.py)" for name, spec in catalog.CATALOG.items()

@@ -129,7 +129,8 @@ def _ingest(th: Thresholds) -> list[Alert]:
             severity="warning",
             for_="15m",
             summary="The monitor falls further and further behind its Kafka topic.",
-            description="Consumer lag of {{ $labels.instance }} on topic {{ $labels.topic }} is $VALUE records and growing.",
+            description="Consumer lag of {{ $labels.instance }} on topic {{ $labels.topic }} is $VALUE records "
+            "and growing.",
             value_format="count",
             condition=Condition(lag, ">", 10000),
             gate=Condition(f"deriv({lag}[15m])", ">", 0),
