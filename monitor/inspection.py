@@ -13,13 +13,14 @@ import json
 import math
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from monitor.config import ConfigError, Settings, load_settings
-from monitor.decoding import Decoder
+from monitor.decoding import Decoder, RawMessage
 from monitor.quality.intrinsic import IntrinsicReport, report_from_matrix
 
 JSONL_CHUNK = 5000
@@ -92,7 +93,13 @@ def inspect_file(path: Path, settings: Settings) -> tuple[dict[tuple[str, str], 
     return reports, invalid
 
 
-def _decode_chunk(decoder, chunk, groups, pair_groups, invalid) -> None:  # type: ignore[no-untyped-def]
+def _decode_chunk(
+    decoder: Decoder,
+    chunk: Sequence[RawMessage],
+    groups: dict[tuple[str, str], list[np.ndarray]],
+    pair_groups: dict[tuple[str, str], list[Any]],
+    invalid: Counter[str],
+) -> None:
     if not chunk:
         return
     result = decoder.decode_embeddings(chunk)

@@ -90,7 +90,7 @@ class Reducer(Daemon):
         self.metrics_registry = daemon_metrics_registry()
         self.errors = InternalErrors()
         # the table reads like a registry: snapshot_windows(now)
-        self.refresher = Refresher(settings, self.table, self.errors, self.metrics_registry, clock)  # type: ignore
+        self.refresher = Refresher(settings, self.table, self.errors, self.metrics_registry, clock)  # type: ignore[arg-type]
         self.jobs = JobRunner(self.metrics_registry)
         self.http = HttpServer(self.metrics_registry, settings.http.host, settings.http.port, health=self.health,
                                readiness=self.readiness, **http_security(settings), **http_limits(settings))
@@ -113,7 +113,7 @@ class Reducer(Daemon):
             self.intake.offsets, self.errors, self.metrics_registry,
         )
         self.status = ReducerStatus(
-            source=self.intake, registry=self.table, refresher=self.refresher, pipeline=self.intake,  # type: ignore
+            source=self.intake, registry=self.table, refresher=self.refresher, pipeline=self.intake,  # type: ignore[arg-type]
             jobs=self.jobs, errors=self.errors, checkpointer=self.checkpointer, http=self.http,
             started_at=time.time(), wall_clock=time.time, rejected_files=self.context.rejected_files,
         )

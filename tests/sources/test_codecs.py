@@ -120,7 +120,7 @@ def codec_run(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Itera
             for codec in CODECS:
                 PRODUCE[producer](broker, topic, codec, model_of(codec, producer))
             models = [model_of(codec, producer) for codec in CODECS]
-            wait_until(lambda: all(records_of(scrape(monitor.http.port), m) == RECORDS for m in models),  # noqa: B023
+            wait_until(lambda models=models: all(records_of(scrape(monitor.http.port), m) == RECORDS for m in models),
                        timeout=60, message=f"every codec of {producer} counted")
             result["decompressed"][producer] = batches.counts - before
         result["seconds"] = time.monotonic() - started

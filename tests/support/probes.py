@@ -63,7 +63,7 @@ class SearchServer:
                 except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout tests)
                     pass
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
                 pass
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

@@ -271,7 +271,7 @@ class WebhookReceiver:
                 self.send_response(200)
                 self.end_headers()
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
                 pass
 
         server = ThreadingHTTPServer((LOOPBACK, 0), Handler)
