@@ -48,6 +48,7 @@ CANARIES = [f"canary-{i}" for i in range(3)]
 # Metrics the artifacts use that this synthetic set-up cannot produce, by design.
 NOT_FROM_SYNTHETIC = {
     "embmon_consumer_lag_records": "Kafka source only",
+    "embmon_source_last_progress_timestamp_seconds": "Kafka source only (one series per topic)",
     "embmon_alignment": "needs records sharing a pair_id",
     # a single daemon exports none of these; tests/test_prometheus_live_scaleout.py runs their
     # queries against replicas and a reducer
