@@ -5,7 +5,7 @@
 
 MMD (``drift.mmd.mmd_test``, 10,000 × 768 per side, 20 permutations) and exact k-NN
 (``retrieval.probes.knn.exact_topk``, 200 queries against 200,000 × 384, k = 10), each run
-alternately on numpy and on the torch code (``drift/mmd_torch.py``, ``retrieval/probes/knn_torch.py``)
+alternately on numpy and on the torch code (``drift/twosample/mmd_torch.py``, ``retrieval/probes/knn_torch.py``)
 with torch's CPU device, in one process so both see the same load; the median of ``--repeats``
 calls, and how far the answers differ.
 """
@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from monitor.drift import mmd, mmd_torch
+from monitor.drift.twosample import mmd, mmd_torch
 from monitor.retrieval.probes import knn, knn_torch
 
 

@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from monitor.drift.mmd import mmd_test
+from monitor.drift.twosample.mmd import mmd_test
 from monitor.quality.intrinsic import report_from_stats, uniformity
 from monitor.retrieval.probes.knn import exact_topk
 from monitor.state.stats import SufficientStats

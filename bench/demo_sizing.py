@@ -2,7 +2,7 @@
 
 The demo must never skip a job (a run due while the last one still runs) nor overrun one (a run
 longer than its timeout) on a 2-core machine. This runs the daemon in-process with the demo's own
-settings (:data:`monitor.demo.DEMO_SETTINGS`) for one loop of the script, times every job run,
+settings (:data:`monitor.cli.demo.DEMO_SETTINGS`) for one loop of the script, times every job run,
 and prints per job: runs, mean, max, interval, the max's share of the interval, skipped and
 overran; then how long ingest was paused by backpressure, CPU seconds per wall second (this
 process and the JSON worker) and the load average:
@@ -26,10 +26,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from monitor.cli.demo import DEMO_SETTINGS, PHASES
 from monitor.component import ScheduledJob
 from monitor.config import load_settings
-from monitor.demo import DEMO_SETTINGS, PHASES
-from monitor.service import Monitor
+from monitor.daemon.service import Monitor
 
 
 def main() -> None:
@@ -74,7 +74,7 @@ def main() -> None:
     if drift is not None:
         cut = sum(drift.snapshot().cuts.values())  # type: ignore[attr-defined]
         print(f"drift tests cut short by the cycle's time budget: {cut}")
-    print(f"ingest paused by backpressure (apply queue full) for {monitor.status.backpressure_seconds():.1f} s")
+    print(f"ingest paused by backpressure (apply queue full) for {monitor.daemon.status.backpressure_seconds():.1f} s")
     print(f"CPU {cpu / wall:.2f} s per wall second (daemon and JSON worker) over {wall:.0f} s; "
           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores")
 

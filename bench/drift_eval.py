@@ -49,16 +49,16 @@ from dataclasses import dataclass, replace
 import numpy as np
 import scipy.linalg
 
-from monitor.drift.calibration import TestResult
-from monitor.drift.centroid import centroid_test
-from monitor.drift.classifier import classifier_test
-from monitor.drift.detector_kinds import DEFAULT_DETECTOR_PARAMS
-from monitor.drift.detectors import OnlineDriftMonitor
-from monitor.drift.ks import ks_test
-from monitor.drift.mmd import mmd_test
+from monitor.drift.online.detector_kinds import DEFAULT_DETECTOR_PARAMS
+from monitor.drift.online.detectors import OnlineDriftMonitor
+from monitor.drift.online.signals import SignalBaseline
 from monitor.drift.settings import DriftSettings
-from monitor.drift.signals import SignalBaseline
-from monitor.drift.suite import run_drift_suite
+from monitor.drift.twosample.calibration import TestResult
+from monitor.drift.twosample.centroid import centroid_test
+from monitor.drift.twosample.classifier import classifier_test
+from monitor.drift.twosample.ks import ks_test
+from monitor.drift.twosample.mmd import mmd_test
+from monitor.drift.twosample.suite import run_drift_suite
 
 logger = logging.getLogger("drift_eval")
 
@@ -243,8 +243,8 @@ def calibration(args: argparse.Namespace) -> dict[str, object]:
     """The knob at 5 s, 60 s and 900 s on real embeddings (module docstring); prints as it goes."""
     from scipy import stats
 
-    from monitor.drift.region_shares import compare_regions
-    from monitor.drift.regions import fit_regions
+    from monitor.drift.attribution.region_shares import compare_regions
+    from monitor.drift.attribution.regions import fit_regions
     from tests.support import topics
     from tests.support.realdata import random_rotation
 

@@ -44,8 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kafka import KafkaConsumer, TopicPartition
 
 from monitor.config import load_settings
-from monitor.records import EmbeddingBatch
-from monitor.service import Monitor
+from monitor.daemon.service import Monitor
+from monitor.decoding.records import EmbeddingBatch
 from tests.support.broker import FAST_GROUP_OPTIONS, Broker
 
 ROWS_PER_BINARY_MESSAGE = 256
@@ -131,7 +131,7 @@ def cpu_seconds() -> float:
     (psutil, a bench extra, loads here: ``--rss-only`` runs without it.)"""
     import psutil
 
-    workers = [c for c in psutil.Process().children() if "monitor.json_workers" in " ".join(c.cmdline())]
+    workers = [c for c in psutil.Process().children() if "monitor.decoding.json_workers" in " ".join(c.cmdline())]
     return time.process_time() + sum(sum(w.cpu_times()[:2]) for w in workers)
 
 

@@ -24,7 +24,7 @@ import time
 import numpy as np
 import torch
 
-from monitor.drift.mmd import mmd_test
+from monitor.drift.twosample.mmd import mmd_test
 
 
 def embedding_like(rng: np.random.Generator, n: int, dim: int, shift: np.ndarray | None = None) -> np.ndarray:

@@ -142,7 +142,7 @@ class SteadyProducer(threading.Thread):
 
 def subwindow_bytes(dim: int, reservoir_size: int = 10_000, subwindows: int = 10) -> int:
     """Encoded size of one full sub-window partial (exactly what the replica sends)."""
-    from monitor.records import EmbeddingBatch
+    from monitor.decoding.records import EmbeddingBatch
     from monitor.scaleout.partials import encode_subwindow
     from monitor.state.window import SlidingWindow
 

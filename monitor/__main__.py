@@ -1,3 +1,3 @@
-from monitor.cli import main
+from monitor.cli.main import main
 
 raise SystemExit(main())

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.metrics_core import Metric
 
-from monitor.files import RejectedFiles
-from monitor.records import EmbeddingBatch, InteractionEvent
+from monitor.decoding.records import EmbeddingBatch, InteractionEvent
+from monitor.storage.durable_files import RejectedFiles
 
 if TYPE_CHECKING:
     from monitor.config import Settings
@@ -44,7 +44,7 @@ class MonitorContext:
     # (model, stream) -> the window snapshot the last refresh computed metrics from.
     latest_windows: Callable[[], Mapping[tuple[str, str], WindowSnapshot]]
     # Register an HTTP route on the daemon's port: (path, handler, methods, bearer_token).
-    # handler(environ) -> (status, content type, body); see monitor/exporter.py.
+    # handler(environ) -> (status, content type, body); see monitor/server/exporter.py.
     add_route: Callable[..., None] | None = None
     # Where a component sets aside a file of the state directory it cannot use (counted, logged).
     rejected_files: RejectedFiles = field(default_factory=RejectedFiles)

@@ -20,16 +20,16 @@ from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validat
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from monitor.canary.settings import CanarySettings
+from monitor.decoding.labels import LABEL_VALUE_RE
 from monitor.drift.settings import DaemonDriftSettings
 from monitor.errors import ConfigError  # re-exported: ``monitor.config.ConfigError``
-from monitor.kafka_options import CONSUMER_OPTIONS, RESERVED_OPTIONS
-from monitor.labels import LABEL_VALUE_RE
 from monitor.quality.settings import IntrinsicSettings
 from monitor.retrieval.settings import ProbeSettings
 from monitor.scaleout.settings import ScaleOutSettings
-from monitor.security import looks_secret, mask_query_secrets
+from monitor.server.security import looks_secret, mask_query_secrets
 from monitor.settings_base import MAX_DURATION_SECONDS
 from monitor.settings_base import Section as _Section
+from monitor.sources.kafka_options import CONSUMER_OPTIONS, RESERVED_OPTIONS
 
 ENV_PREFIX = "EMBMON_"
 
@@ -202,11 +202,11 @@ class HttpSettings(_Section):
     tls_certfile: Path | None = None
     tls_keyfile: Path | None = None
     tls_client_cafile: Path | None = None  # when set, clients must present a certificate it signed
-    # user -> "pbkdf2_sha256$<iterations>$<salt>$<base64 sha256 key>" (python -m monitor.security hash)
+    # user -> "pbkdf2_sha256$<iterations>$<salt>$<base64 sha256 key>" (python -m monitor.server.security hash)
     basic_auth_users: dict[str, SecretStr] = Field(default_factory=dict)
     admin_token: SecretStr | None = None  # bearer token for /admin/* routes
     admin_token_file: Path | None = None  # or a file holding it (Kubernetes secret volume)
-    # what one client can hold (docs/operations.md, "Connection limits"; monitor/http_server.py)
+    # what one client can hold (docs/operations.md, "Connection limits"; monitor/server/http_server.py)
     max_connections: int = Field(
         512, ge=1, le=100_000,
         description="open connections at most (Prometheus' --web.max-connections default); at the cap a new one "
@@ -243,7 +243,7 @@ class HttpSettings(_Section):
 
     @model_validator(mode="after")
     def _check_security(self) -> HttpSettings:
-        from monitor.security import check_password_hash_format
+        from monitor.server.security import check_password_hash_format
 
         if (self.tls_certfile is None) != (self.tls_keyfile is None):
             raise ValueError("tls_certfile and tls_keyfile must be set together")
@@ -267,7 +267,7 @@ class HttpSettings(_Section):
 
     @model_validator(mode="after")
     def _check_buffers(self) -> HttpSettings:
-        from monitor.http_server import MAX_BODY_BYTES
+        from monitor.server.http_server import MAX_BODY_BYTES
 
         buffered = self.max_connections * (self.max_header_bytes + MAX_BODY_BYTES)
         if buffered > _HTTP_BUFFER_BUDGET:
@@ -436,7 +436,7 @@ def _check_http_files(http: HttpSettings) -> None:
     """Read the admin token file and load the TLS files now, so that a short, empty or binary token or
     a file that is not PEM fails like any other setting (exit 2, one line naming the setting and the
     file), before the daemon logs or binds anything. The daemon reads them again when it starts."""
-    from monitor.security import read_token_file, server_ssl_context
+    from monitor.server.security import read_token_file, server_ssl_context
 
     if http.admin_token_file is not None:
         read_token_file(http.admin_token_file)

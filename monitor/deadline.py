@@ -4,7 +4,7 @@ Drift cycles: A cycle must end before the next one is due, or the scheduler skip
 stale exactly when it matters. So a cycle gets a deadline (``drift.cycle_budget`` of the
 interval); each (model, stream) gets an equal share of what is left when its turn comes; no test
 starts after its stream's deadline, and a permutation test stops drawing relabellings once it
-passes (its p-value stays valid, with a higher floor: :mod:`monitor.drift.permutation`). Nothing
+passes (its p-value stays valid, with a higher floor: :mod:`monitor.drift.twosample.permutation`). Nothing
 is pre-empted: a test that started runs to its end, which is why the budget is below the interval.
 
 Probe runs: each run gets ``timeout_seconds``; its loops call :meth:`Deadline.check` between

@@ -14,7 +14,7 @@ The one rule every ``device`` setting goes through (daemon, drift, probes):
 torch is an extra (``embedding-monitor[gpu]``): without it ``auto`` is the CPU, and a ``cuda``
 setting stops the daemon at start-up (monitor/extras.py).
 
-Only the CUDA implementations (``drift/mmd_torch.py``, ``retrieval/probes/knn_torch.py``, the
+Only the CUDA implementations (``drift/twosample/mmd_torch.py``, ``retrieval/probes/knn_torch.py``, the
 device paths of ``state/stats.py`` and ``quality/intrinsic.py``) import torch, and only after
 :func:`use_cuda` said yes. The answer is computed once per setting value.
 """

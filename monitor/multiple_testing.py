@@ -1,8 +1,8 @@
 """Corrections for testing many things at once: Holm (family-wise error) and Benjamini–Hochberg (false discovery rate).
 
-Holm decides the drift cycle across its tests (:func:`monitor.drift.suite.apply_multiplicity`).
+Holm decides the drift cycle across its tests (:func:`monitor.drift.twosample.suite.apply_multiplicity`).
 Benjamini–Hochberg serves the KS drift test (across principal components,
-:mod:`monitor.drift.ks`), the region shares and the retrieval comparisons (across metrics,
+:mod:`monitor.drift.twosample.ks`), the region shares and the retrieval comparisons (across metrics,
 :mod:`monitor.retrieval.stats`).
 """
 

@@ -5,7 +5,7 @@
   that was healthy and ready and counted nothing;
 * every duration (a float field named ``*seconds``) has an upper bound of at most
   :data:`MAX_DURATION_SECONDS`, so an absurd value (``1e300``) is refused at start instead of
-  overflowing a timer later. tests/service/test_config.py walks the settings tree to hold every
+  overflowing a timer later. tests/package/test_config.py walks the settings tree to hold every
   section, present and future, to both rules.
 """
 

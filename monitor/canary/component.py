@@ -21,13 +21,13 @@ import numpy as np
 from prometheus_client.metrics_core import Metric
 
 from monitor import catalog
-from monitor.admin_http import json_response, model_and_stream
 from monitor.canary.pins import Pins, PinStore, unit
 from monitor.canary.settings import CanarySettings
 from monitor.component import Component, MonitorContext, ScheduledJob
 from monitor.config import ConfigError
+from monitor.decoding.records import EmbeddingBatch
 from monitor.logs import RateLimitedLog
-from monitor.records import EmbeddingBatch
+from monitor.server.admin_routes import json_response, model_and_stream
 from monitor.state import checks
 
 logger = logging.getLogger(__name__)

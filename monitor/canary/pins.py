@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from monitor.canary.settings import pin_problem
-from monitor.files import atomic_write, remove_stale_temporaries
+from monitor.storage.durable_files import atomic_write, remove_stale_temporaries
 
 PINS_FILE = "canary-pins.json"
 PINS_MAX_BYTES = 64 * 2**20  # 1000 canaries of d = 1536 are about 30 MB of JSON

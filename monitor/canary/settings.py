@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from monitor.labels import LABEL_VALUE_RE
+from monitor.decoding.labels import LABEL_VALUE_RE
 
 MAX_CANARIES_PER_MODEL = 1000
 

@@ -1,0 +1,1 @@
+"""Drift against a reference: two-sample tests, references, online change detectors, attribution."""

@@ -1,7 +1,7 @@
 """The drift admin endpoints: re-pin a reference (``POST /admin/baseline``), explain the last cycle.
 
 Both need the bearer token ``http.admin_token`` (without one configured every ``/admin/*`` route
-answers 403, :mod:`monitor.exporter`). The CLI clients (``embedding-monitor baseline``,
+answers 403, :mod:`monitor.server.exporter`). The CLI clients (``embedding-monitor baseline``,
 ``embedding-monitor drift explain``) take the paths from here, so this module stays light:
 no numpy, no torch, no river.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-from monitor.admin_http import Response, json_response, model_and_stream
-from monitor.drift.explain import explanation
+from monitor.drift.attribution.explain import explanation
+from monitor.server.admin_routes import Response, json_response, model_and_stream
 
 BASELINE_PATH = "/admin/baseline"
 EXPLAIN_PATH = "/admin/drift/explain"

@@ -2,34 +2,34 @@
 
 One :class:`DriftComponent` serves every (model, stream) (docs/drift.md, "In the daemon"):
 
-* **references**, most specific first: a **pinned file** (:mod:`monitor.drift.pinned`;
+* **references**, most specific first: a **pinned file** (:mod:`monitor.drift.references.pinned`;
   ``MODEL/STREAM`` over ``MODEL`` over ``drift.reference.path``); an **explicit capture** or a
-  file prepared offline, stored in the state directory (:mod:`monitor.drift.store`); a **lagged
-  window** (``drift.reference.lagged_seconds``, :mod:`monitor.drift.lagged`); the **first N
-  records** (:mod:`monitor.drift.first_records`), built on the ingest thread in bounded memory.
+  file prepared offline, stored in the state directory (:mod:`monitor.drift.references.store`); a **lagged
+  window** (``drift.reference.lagged_seconds``, :mod:`monitor.drift.references.lagged`); the **first N
+  records** (:mod:`monitor.drift.references.first_records`), built on the ingest thread in bounded memory.
   Every reference but a lagged one is written to ``<state_dir>/references`` (by a background
   writer) and reloaded at start, so a restart never re-captures; a pinned file replaces the
   stored reference only when its content differs from the file last applied to that stream;
 * **test cycle** (the ``drift`` job, every ``drift.interval_seconds``): for each (model, stream)
   with a reference and at least :attr:`DriftComponent.min_records` window records, run
-  :func:`~monitor.drift.suite.run_drift_suite` on the window sample the last refresh published
+  :func:`~monitor.drift.twosample.suite.run_drift_suite` on the window sample the last refresh published
   (``context.latest_windows()``) against the reference sample, with BLAS/torch threads capped
   (``drift.threads``, default: all cores but one, so ingest keeps a core), and publish an
   immutable result. A window already tested (same end time) is not tested again;
-* **online detectors** (:class:`~monitor.drift.detectors.OnlineDriftMonitor`), fed every
+* **online detectors** (:class:`~monitor.drift.online.detectors.OnlineDriftMonitor`), fed every
   accepted batch on the ingest thread once the stream has a reference (vectorised signals,
   aggregated mini-batches);
 * **time budget**: a cycle has ``drift.cycle_budget × interval_seconds`` (on the context's clock);
   each (model, stream) gets an equal share of what is left when its turn comes, and its tests stop
   at that deadline (:mod:`monitor.deadline`); tests cut short are counted;
-* **regions** (:mod:`monitor.drift.regions`): fitted on a reference the first time a cycle needs
+* **regions** (:mod:`monitor.drift.attribution.regions`): fitted on a reference the first time a cycle needs
   them (never on the ingest thread), stored with it, so every cycle also says where the window
   moved;
 * ``POST /admin/baseline?model=M[&stream=S]`` (:mod:`monitor.drift.admin`; bearer token
   ``http.admin_token``; without a token configured every ``/admin/*`` route answers 403): the
   current window becomes the reference, written to the state directory before the response;
 * ``GET /admin/drift/explain?model=M[&stream=S]`` (same token): the last cycle's explanation
-  (:mod:`monitor.drift.explain`).
+  (:mod:`monitor.drift.attribution.explain`).
 
 Scrapes read published values only (:mod:`monitor.drift.export`).
 """
@@ -52,19 +52,19 @@ from prometheus_client.metrics_core import Metric
 from monitor.component import Component, MonitorContext, ScheduledJob
 from monitor.config import ConfigError
 from monitor.deadline import Deadline
+from monitor.decoding.records import EmbeddingBatch
 from monitor.drift.admin import add_drift_routes
-from monitor.drift.detectors import OnlineDriftMonitor, build_detector
+from monitor.drift.attribution.regions import Regions, fit_regions
 from monitor.drift.export import ChangeTotals, CycleResult, DriftSnapshot, ReferenceInfo, StreamKey, families
-from monitor.drift.first_records import FirstRecords
-from monitor.drift.lagged import LaggedRing
-from monitor.drift.pinned import PinnedFiles
-from monitor.drift.profile import ReferenceProfile, subsample_ids, subsample_index
-from monitor.drift.regions import Regions, fit_regions
+from monitor.drift.online.detectors import OnlineDriftMonitor, build_detector
+from monitor.drift.references.first_records import FirstRecords
+from monitor.drift.references.lagged import LaggedRing
+from monitor.drift.references.pinned import PinnedFiles
+from monitor.drift.references.profile import ReferenceProfile, subsample_ids, subsample_index
+from monitor.drift.references.store import ReferenceStore, StoredReference
 from monitor.drift.settings import DriftSettings
-from monitor.drift.store import ReferenceStore, StoredReference
 from monitor.drift.stream_state import STATE_VERSION, DriftTotals, StreamSlot
-from monitor.drift.suite import run_drift_suite
-from monitor.records import EmbeddingBatch
+from monitor.drift.twosample.suite import run_drift_suite
 from monitor.state.window import WindowSnapshot
 
 logger = logging.getLogger(__name__)

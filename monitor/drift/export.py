@@ -37,10 +37,10 @@ from typing import Any
 from prometheus_client.metrics_core import Metric
 
 from monitor import catalog
-from monitor.drift.calibration import TestResult
-from monitor.drift.region_shares import RegionReport
-from monitor.drift.suite import DriftReport
-from monitor.records import StreamKey
+from monitor.decoding.records import StreamKey
+from monitor.drift.attribution.region_shares import RegionReport
+from monitor.drift.twosample.calibration import TestResult
+from monitor.drift.twosample.suite import DriftReport
 
 ChangeKey = tuple[str, str, str, str]  # (model, stream, signal, detector)
 TestKey = tuple[str, str, str]  # (model, stream, test)

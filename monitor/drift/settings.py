@@ -2,10 +2,10 @@
 
 One knob sets how often the operator accepts a false drift alarm (``false_alarm_every``); the
 per-cycle and per-test p-value thresholds, and how many permutations the permutation tests need
-to be able to reach them, follow from it (see :mod:`monitor.drift.calibration`). Where that is
+to be able to reach them, follow from it (see :mod:`monitor.drift.twosample.calibration`). Where that is
 more than ``max_permutations`` (short cycles: 5 s with one false alarm a month needs two
 million), the MMD and centroid tests use their held-out null instead, which reaches any alpha
-(:mod:`monitor.drift.heldout`). A setting that would make a test unable to ever detect is
+(:mod:`monitor.drift.twosample.heldout`). A setting that would make a test unable to ever detect is
 rejected here, at start-up, with a message saying what to change.
 
 Examples
@@ -35,20 +35,20 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from monitor.drift.calibration import (
+from monitor.drift.online.detector_kinds import (
+    DEFAULT_DETECTOR_PARAMS,
+    DEFAULT_DETECTORS,
+    SIGNALS,
+    DetectorKind,
+    check_detector_params,
+)
+from monitor.drift.twosample.calibration import (
     Multiplicity,
     cycle_alpha,
     cycle_alpha_for_sustained,
     parse_duration,
     per_test_alpha,
     permutations_needed,
-)
-from monitor.drift.detector_kinds import (
-    DEFAULT_DETECTOR_PARAMS,
-    DEFAULT_DETECTORS,
-    SIGNALS,
-    DetectorKind,
-    check_detector_params,
 )
 from monitor.settings_base import MAX_DURATION_SECONDS
 from monitor.settings_base import Section as _Section
@@ -65,7 +65,7 @@ _TARGET_RE = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,129}$")  # MODEL or MODEL/STREAM
 
 
 class MMDSettings(_Section):
-    """Kernel two-sample test (:mod:`monitor.drift.mmd`)."""
+    """Kernel two-sample test (:mod:`monitor.drift.twosample.mmd`)."""
 
     enabled: bool = True
     null: NullChoice = Field("auto", description=_NULL_HELP)
@@ -79,7 +79,7 @@ class MMDSettings(_Section):
 
 
 class KSSettings(_Section):
-    """Per-component Kolmogorov–Smirnov tests with Benjamini–Hochberg (:mod:`monitor.drift.ks`)."""
+    """Per-component Kolmogorov–Smirnov tests with Benjamini–Hochberg (:mod:`monitor.drift.twosample.ks`)."""
 
     enabled: bool = True
     basis: Literal["pca_pooled", "pca_reference", "raw"] = "pca_pooled"
@@ -87,7 +87,7 @@ class KSSettings(_Section):
 
 
 class CentroidSettings(_Section):
-    """Cosine distance between the means (:mod:`monitor.drift.centroid`)."""
+    """Cosine distance between the means (:mod:`monitor.drift.twosample.centroid`)."""
 
     enabled: bool = True
     null: NullChoice = Field("auto", description=_NULL_HELP)
@@ -96,7 +96,7 @@ class CentroidSettings(_Section):
 
 
 class ClassifierSettings(_Section):
-    """Domain-classifier AUC test (:mod:`monitor.drift.classifier`)."""
+    """Domain-classifier AUC test (:mod:`monitor.drift.twosample.classifier`)."""
 
     enabled: bool = True
     train_fraction: float = Field(0.5, gt=0, lt=1)
@@ -106,7 +106,10 @@ class ClassifierSettings(_Section):
 
 
 class RegionSettings(_Section):
-    """What moved: a k-means partition of the reference and each cycle's share test (:mod:`monitor.drift.regions`)."""
+    """What moved: a k-means partition of the reference and each cycle's share test.
+
+    See :mod:`monitor.drift.attribution.regions`.
+    """
 
     enabled: bool = True
     max_regions: int = Field(16, ge=2, le=16, description="k is min(this, held-out reference rows / 50)")
@@ -114,7 +117,7 @@ class RegionSettings(_Section):
 
 
 class OnlineSettings(_Section):
-    """river detectors on per-record signals, fed on the ingest thread (:mod:`monitor.drift.detectors`).
+    """river detectors on per-record signals, fed on the ingest thread (:mod:`monitor.drift.online.detectors`).
 
     Parameter names are checked here; their values when the drift component builds the detectors
     at start-up (river's constructors check them), so loading settings never imports river.

@@ -2,7 +2,7 @@
 
 The component (:mod:`monitor.drift.component`) decides *when* these change; this module owns
 *what* they are and how they survive a restart. Reference arrays are not here: they live in the
-state directory (:mod:`monitor.drift.store`), the checkpoint only names the one a slot used.
+state directory (:mod:`monitor.drift.references.store`), the checkpoint only names the one a slot used.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from monitor.drift.detectors import ChangePoint, OnlineDriftMonitor
 from monitor.drift.export import ERROR_STAGES, ChangeKey, ChangeTotals, CycleResult, StreamKey, TestKey
-from monitor.drift.first_records import FirstRecords
-from monitor.drift.online_state import decode_monitor, encode_monitor
-from monitor.drift.profile import ReferenceProfile
-from monitor.drift.store import StoredReference
+from monitor.drift.online.detectors import ChangePoint, OnlineDriftMonitor
+from monitor.drift.online.online_state import decode_monitor, encode_monitor
+from monitor.drift.references.first_records import FirstRecords
+from monitor.drift.references.profile import ReferenceProfile
+from monitor.drift.references.store import StoredReference
 
 logger = logging.getLogger(__name__)
 

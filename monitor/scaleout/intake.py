@@ -8,7 +8,7 @@ topic (far enough for every replica's newest full publication whose sub-windows 
 and what followed it; the merge table ignores anything older or repeated) and where
 ``kafka.auto_offset_reset`` says in the interactions topic.
 
-Interactions are decoded as in a replica (:class:`~monitor.decoding.Decoder`) and handed to the
+Interactions are decoded as in a replica (:class:`~monitor.decoding.decoder.Decoder`) and handed to the
 components (the retrieval probes' buffers); nothing here reads embeddings.
 
 One thread polls and applies; :meth:`PartialsReader.at_batch_boundary` runs checkpoint captures
@@ -26,11 +26,11 @@ from typing import Any, TypeVar
 
 from monitor.component import Component
 from monitor.config import Settings
-from monitor.counters import InternalErrors, Tally
-from monitor.decoding import Decoder, DecodeResult, RawMessage
-from monitor.ingest import OVERFLOW_STREAM
+from monitor.daemon.counters import InternalErrors, Tally
+from monitor.daemon.ingest import OVERFLOW_STREAM
+from monitor.daemon.offsets import OffsetTracker, Partition
+from monitor.decoding.decoder import Decoder, DecodeResult, RawMessage
 from monitor.logs import RateLimitedLog
-from monitor.offsets import OffsetTracker, Partition
 from monitor.scaleout.partials import PartialError
 from monitor.scaleout.table import MergeTable
 from monitor.sources.reconnect import Backoff, LagReading

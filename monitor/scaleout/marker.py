@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from monitor.files import atomic_write
+from monitor.storage.durable_files import atomic_write
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ one partition of the topic (chosen by the replica id), so a reader sees them in 
 * a sub-window partial carries one sub-window of one (model, stream) exactly as the replica's
   window holds it: the :class:`~monitor.state.stats.SufficientStats` and
   :class:`~monitor.state.reservoir.Reservoir` state dicts and the alignment sums, in the
-  checkpoint container (:mod:`monitor.checkpoint`: sha256-checked, never pickled). Larger than
+  checkpoint container (:mod:`monitor.storage.checkpoint_format`: sha256-checked, never pickled). Larger than
   ``max_record_bytes``, it is split into chunks, each a record;
 * the manifest lists every sub-window the replica holds at that epoch with the epoch of the
   publication that last sent it, the window geometry and the source offsets the state reflects.
@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from monitor import checkpoint as ckpt
 from monitor.state.reservoir import Reservoir
 from monitor.state.stats import SufficientStats
+from monitor.storage import checkpoint_format as ckpt
 
 KIND_HEADER, EPOCH_HEADER, CHUNK_HEADER = "embmon-kind", "embmon-epoch", "embmon-chunk"
 SUBWINDOW, MANIFEST = "subwindow", "manifest"

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from monitor.config import Settings
-from monitor.counters import Tally
+from monitor.daemon.counters import Tally
 from monitor.logs import RateLimitedLog
 from monitor.scaleout.partials import (
     EpochClock,

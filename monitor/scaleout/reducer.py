@@ -1,17 +1,17 @@
 """The reducer role: one daemon that merges every replica's publications and exports the global gauges.
 
-Wiring (the counterpart of :class:`monitor.service.Monitor` for ``scale_out.role: reducer``):
+Wiring (the counterpart of :class:`monitor.daemon.service.Monitor` for ``scale_out.role: reducer``):
 
 * :class:`~monitor.scaleout.intake.PartialsReader` reads the partials topic (and the interactions
   topic) by assignment, into the :class:`~monitor.scaleout.table.MergeTable` (and the probes);
 * the refresh job computes the intrinsic metrics of the merged windows
-  (:class:`~monitor.refresh.Refresher`, reading the table as it reads a replica's registry);
+  (:class:`~monitor.daemon.refresh.Refresher`, reading the table as it reads a replica's registry);
 * the components run on the merged windows: drift test cycles against pinned, captured, lagged or
   first-window references, and the retrieval probes, fed the interactions this reducer reads.
   What needs the record stream in order cannot run here: the online change detectors are off,
   and a first-records reference becomes the first merged window holding ``drift.reference.records``
   records (docs/deployment.md, "What the reducer cannot do");
-* checkpoints (:class:`~monitor.checkpointer.Checkpointer`) hold the table, the components' state
+* checkpoints (:class:`~monitor.daemon.checkpointing.Checkpointer`) hold the table, the components' state
   and the reader's positions, taken between two polls, so a restart resumes exactly once;
 * the HTTP port exports what a single daemon exports, minus the ingest counters of embeddings
   (each replica exports its own), plus the reducer's view of the replicas.
@@ -24,22 +24,22 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from monitor.checkpointer import Checkpointer
-from monitor.collector import ComponentCollector, CoreCollector, OperationsCollector
 from monitor.component import Component, MonitorContext
-from monitor.components import ComponentFactory, default_component_factories
 from monitor.config import ConfigError, Settings
-from monitor.counters import InternalErrors
-from monitor.decoding import Decoder
-from monitor.exporter import HttpServer
-from monitor.jobs import JobRunner
-from monitor.lifecycle import StartUp
-from monitor.refresh import Published, Refresher
+from monitor.daemon.checkpointing import Checkpointer
+from monitor.daemon.counters import InternalErrors
+from monitor.daemon.features import ComponentFactory, default_component_factories
+from monitor.daemon.jobs import JobRunner
+from monitor.daemon.lifecycle import StartUp
+from monitor.daemon.refresh import Published, Refresher
+from monitor.daemon.service import Daemon, daemon_metrics_registry, http_limits, http_security
+from monitor.daemon.status import DaemonStatus, StreamCounts
+from monitor.decoding.decoder import Decoder
 from monitor.scaleout.export import ReducerCollector
 from monitor.scaleout.intake import PartialsReader
 from monitor.scaleout.table import MergeTable
-from monitor.service import Daemon, daemon_metrics_registry, http_limits, http_security
-from monitor.status import DaemonStatus, StreamCounts
+from monitor.server.collector import ComponentCollector, CoreCollector, OperationsCollector
+from monitor.server.exporter import HttpServer
 
 logger = logging.getLogger(__name__)
 

@@ -27,18 +27,18 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from monitor import failpoints
-from monitor.checkpoint import CheckpointError
-from monitor.checkpointer import Checkpointer
 from monitor.config import ConfigError, Settings
-from monitor.ingest import IngestPipeline
-from monitor.offsets import OffsetTracker, Partition
-from monitor.rebalance import PartitionHandoff
+from monitor.daemon import failpoints
+from monitor.daemon.checkpointing import Checkpointer
+from monitor.daemon.ingest import IngestPipeline
+from monitor.daemon.offsets import OffsetTracker, Partition
+from monitor.daemon.rebalance import PartitionHandoff
 from monitor.scaleout.marker import CommitIntent, MarkerState, PublishedMarker, commit_happened
 from monitor.scaleout.partials import Offsets
 from monitor.scaleout.publisher import PartialsPublisher
-from monitor.sources import PartitionListener, Source, SourceMessage
+from monitor.sources.base import PartitionListener, Source, SourceMessage
 from monitor.state.registry import StateRegistry
+from monitor.storage.checkpoint_format import CheckpointError
 
 logger = logging.getLogger(__name__)
 

@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 
 from monitor.config import Settings
-from monitor.counters import Tally
+from monitor.daemon.counters import Tally
+from monitor.decoding.records import StreamKey
 from monitor.logs import RateLimitedLog
-from monitor.records import StreamKey
 from monitor.scaleout.partials import (
     Chunk,
     ChunkAssembler,

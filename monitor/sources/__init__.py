@@ -1,20 +1,20 @@
-"""Where records come from. The daemon only sees :class:`Source`; it never knows which one runs.
+"""Where records come from. The daemon only sees :class:`~monitor.sources.base.Source`; it never
+knows which one runs.
 
-A source yields :class:`SourceMessage` batches from ``poll``, each message tagged with the kind of
-stream it belongs to (``embeddings`` or ``interactions``) and, for Kafka, its position, so that the
-daemon can commit exactly the offsets its state reflects.
+A source yields :class:`~monitor.sources.base.SourceMessage` batches from ``poll``, each message
+tagged with the kind of stream it belongs to (``embeddings`` or ``interactions``) and, for Kafka,
+its position, so that the daemon can commit exactly the offsets its state reflects.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from monitor.sources.base import MessageKind, Partition, PartitionListener, Source, SourceMessage
-
 if TYPE_CHECKING:
     from monitor.config import Settings
+    from monitor.sources.base import Source
 
-__all__ = ["MessageKind", "Partition", "PartitionListener", "Source", "SourceMessage", "build_source"]
+__all__ = ["build_source"]
 
 
 def build_source(settings: Settings) -> Source:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from monitor.records import SourcePosition
+from monitor.decoding.records import SourcePosition
 
 MessageKind = Literal["embeddings", "interactions"]
 Partition = tuple[str, int]  # (topic, partition)

@@ -55,10 +55,10 @@ from kafka.errors import KafkaConfigurationError, KafkaError, UnsupportedCodecEr
 from kafka.structs import OffsetAndMetadata
 
 from monitor.config import KafkaSettings
-from monitor.counters import Tally
+from monitor.daemon.counters import Tally
+from monitor.daemon.lifecycle import BlockingCall
+from monitor.decoding.records import SourcePosition
 from monitor.errors import ConfigError
-from monitor.lifecycle import BlockingCall
-from monitor.records import SourcePosition
 from monitor.sources.base import MessageKind, Partition, Source, SourceMessage
 from monitor.sources.kafka_internals import (
     any_broker_connected,

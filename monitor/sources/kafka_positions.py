@@ -46,7 +46,7 @@ from typing import Any
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError, LogTruncationError, NoOffsetForPartitionError, OffsetOutOfRangeError
 
-from monitor.counters import Tally
+from monitor.daemon.counters import Tally
 from monitor.sources.base import Partition
 from monitor.sources.kafka_internals import current_position, forget_highwater, topic_id
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from monitor.config import Settings
+from monitor.decoding.records import EmbeddingBatch, StreamKey
 from monitor.devices import use_cuda
-from monitor.records import EmbeddingBatch, StreamKey
 from monitor.state import checks
 from monitor.state.window import SlidingWindow, WindowSnapshot
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from monitor.records import EmbeddingBatch
+from monitor.decoding.records import EmbeddingBatch
 from monitor.state import checks
 from monitor.state.pairs import PositivePairMatcher
 from monitor.state.reservoir import Reservoir, uniform_sample
@@ -142,7 +142,7 @@ class SlidingWindow:
 
     Examples
     --------
-    >>> from monitor.records import EmbeddingBatch
+    >>> from monitor.decoding.records import EmbeddingBatch
     >>> rng = np.random.default_rng(0)
     >>> window = SlidingWindow(dim=4, window_seconds=60, subwindows=6, reservoir_size=12)
     >>> for t in range(0, 120, 5):

@@ -17,12 +17,12 @@ DOCS = REPO / "docs" / "metrics.md"
 # Declared, but the fixed scenario cannot show them (it has no live Kafka consumer); the tests
 # named after each scrape them.
 NOT_IN_SCENARIO = {
-    "embmon_consumer_lag_records": "a Kafka consumer's lag (tests/service/test_load.py)",
-    "embmon_consumer_lag_timestamp_seconds": "a Kafka consumer's lag (tests/service/test_load.py)",
+    "embmon_consumer_lag_records": "a Kafka consumer's lag (tests/daemon/test_load.py)",
+    "embmon_consumer_lag_timestamp_seconds": "a Kafka consumer's lag (tests/daemon/test_load.py)",
     "embmon_source_errors_total": "a Kafka consumer's read errors (tests/sources/test_codecs.py)",
     "embmon_source_last_progress_timestamp_seconds":
-        "a Kafka consumer's progress (tests/service/test_source_progress.py)",
-    "embmon_source_offset_resets_total": "a Kafka consumer's offset resets (tests/service/test_offset_resets.py)",
+        "a Kafka consumer's progress (tests/daemon/test_source_progress.py)",
+    "embmon_source_offset_resets_total": "a Kafka consumer's offset resets (tests/daemon/test_offset_resets.py)",
     # single-process mode exports none of these: a replica or the reducer does
     **{name: "scale_out roles (tests/scaleout/test_reducer_kafka.py)" for name, spec in catalog.CATALOG.items()
        if spec.area == "scale_out"},

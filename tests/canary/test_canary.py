@@ -17,9 +17,9 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from monitor.config import ConfigError, load_settings
+from monitor.daemon.service import Monitor
 from monitor.quality.intrinsic import report_from_matrix
-from monitor.service import Monitor
-from monitor.sources import SourceMessage
+from monitor.sources.base import SourceMessage
 from tests.support.realdata import minilm_embeddings, random_rotation
 
 MODEL = "minilm"
@@ -145,7 +145,7 @@ def test_a_bad_pins_file_is_a_configuration_error_naming_the_line(tmp_path: Path
 def test_repin_through_the_admin_endpoint_accepts_the_new_model_and_is_logged(
     tmp_path: Path, vectors: np.ndarray, monitors: list[Monitor], caplog: pytest.LogCaptureFixture
 ) -> None:
-    from monitor.cli import main
+    from monitor.cli.main import main
 
     monitor = daemon(monitors, tmp_path / "state")
     monitor.start()
@@ -193,7 +193,7 @@ def test_stored_pins_that_cannot_be_used_are_set_aside_and_the_canaries_still_ca
     tmp_path: Path, vectors: np.ndarray, monitors: list[Monitor], caplog: pytest.LogCaptureFixture,
     content: str, reason: str, declared: int | None, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from monitor.cli import main
+    from monitor.cli.main import main
 
     state = tmp_path / "state"
     state.mkdir()

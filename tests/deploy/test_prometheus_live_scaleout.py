@@ -31,8 +31,8 @@ from monitor.artifacts.catalog import METRICS
 from monitor.artifacts.rules import build_rules
 from monitor.artifacts.thresholds import Thresholds
 from monitor.config import load_settings
+from monitor.daemon.service import Monitor
 from monitor.scaleout.reducer import Reducer
-from monitor.service import Monitor
 from tests.support.artifact_queries import all_queries, sources, substitute, unanswered
 from tests.support.broker import Broker, free_port, kafka_daemon_overrides
 from tests.support.prometheus import PrometheusServer

@@ -39,7 +39,7 @@ from tests.support.waiting import wait_until
 
 PROBES = ("livenessProbe", "readinessProbe", "startupProbe")
 HANDLERS = {"httpGet", "tcpSocket", "exec", "grpc"}
-# what answers without a broker: the ingest threads are alive (monitor/service.py, Daemon.health)
+# what answers without a broker: the ingest threads are alive (monitor/daemon/service.py, Daemon.health)
 BROKER_FREE_PATHS = {"/healthz"}
 NATIVE_MIN_VERSION = "1.29.0"  # SidecarContainers on by default (beta); 1.28 had it behind a gate
 DEFAULT_GRACE_SECONDS = 30  # terminationGracePeriodSeconds when a pod does not set it

@@ -1,1 +1,1 @@
-"""Drift tests, references and the drift component (monitor/drift, monitor/baseline.py)."""
+"""Drift tests, references and the drift component (monitor/drift, monitor/drift/baseline_cli.py)."""

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from monitor.cli import main
-from monitor.drift.lagged import LaggedRing
-from monitor.drift.profile import ReferenceProfile
-from monitor.drift.store import ReferenceStore
+from monitor.cli.main import main
+from monitor.drift.references.lagged import LaggedRing
+from monitor.drift.references.profile import ReferenceProfile
+from monitor.drift.references.store import ReferenceStore
 from tests.support.drift import Harness, axis, settings_for, unit_rows
 
 

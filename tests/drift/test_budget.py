@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 from monitor.deadline import Deadline
-from monitor.drift.calibration import TestResult
 from monitor.drift.export import suite_p_value
-from monitor.drift.permutation import sequential_permutation_test
 from monitor.drift.settings import DriftSettings
-from monitor.drift.suite import RUN_ORDER, run_drift_suite
+from monitor.drift.twosample.calibration import TestResult
+from monitor.drift.twosample.permutation import sequential_permutation_test
+from monitor.drift.twosample.suite import RUN_ORDER, run_drift_suite
 from tests.support.drift import Harness, axis, settings_for, unit_rows
 
 
@@ -80,7 +80,7 @@ def fake_tests(monkeypatch: pytest.MonkeyPatch, clock: FakeClock, seconds: float
         return run
 
     for name in RUN_ORDER:
-        monkeypatch.setattr(f"monitor.drift.suite.{name}_test", fake(name))
+        monkeypatch.setattr(f"monitor.drift.twosample.suite.{name}_test", fake(name))
     return started
 
 

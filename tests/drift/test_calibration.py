@@ -11,7 +11,9 @@ import pytest
 from pydantic import ValidationError
 from scipy import stats
 
-from monitor.drift.calibration import (
+from monitor.drift.references.profile import ReferenceProfile
+from monitor.drift.settings import DriftSettings
+from monitor.drift.twosample.calibration import (
     TestResult,
     cycle_alpha,
     cycle_alpha_for_sustained,
@@ -20,10 +22,8 @@ from monitor.drift.calibration import (
     sustained_false_alarm_every,
     sustained_onset_probability,
 )
-from monitor.drift.permutation import sequential_p_value
-from monitor.drift.profile import ReferenceProfile
-from monitor.drift.settings import DriftSettings
-from monitor.drift.suite import apply_multiplicity, run_drift_suite, thread_limit
+from monitor.drift.twosample.permutation import sequential_p_value
+from monitor.drift.twosample.suite import apply_multiplicity, run_drift_suite, thread_limit
 from monitor.multiple_testing import holm_reject
 
 NULL_WINDOWS = 300

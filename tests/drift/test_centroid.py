@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from monitor.drift.centroid import centroid_test, cosine_distance
+from monitor.drift.twosample.centroid import centroid_test, cosine_distance
 
 
 def _embeddings(rng: np.random.Generator, n: int, d: int, pull: np.ndarray, noise: float = 0.5) -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from monitor.drift.classifier import classifier_test
+from monitor.drift.twosample.classifier import classifier_test
 
 
 def test_flags_a_mean_shift_and_stays_quiet_on_the_null() -> None:

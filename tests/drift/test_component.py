@@ -15,13 +15,13 @@ import pytest
 import yaml
 from river import drift as river_drift
 
-from monitor import checkpoint as ckpt
-from monitor.cli import build_parser, settings_from_args
+from monitor.cli.main import build_parser, settings_from_args
 from monitor.config import ConfigError, Settings, deep_merge, load_settings
-from monitor.drift.lagged import LAGGED_DIR
-from monitor.drift.online_state import decode_detector, encode_detector
-from monitor.drift.profile import ReferenceProfile
-from monitor.drift.store import ReferenceStore, StoredReference
+from monitor.drift.online.online_state import decode_detector, encode_detector
+from monitor.drift.references.lagged import LAGGED_DIR
+from monitor.drift.references.profile import ReferenceProfile
+from monitor.drift.references.store import ReferenceStore, StoredReference
+from monitor.storage import checkpoint_format as ckpt
 from tests.support.drift import BASE_DRIFT, DIM, Harness, axis, settings_for, unit_rows
 
 
@@ -309,7 +309,7 @@ def test_a_failing_drift_test_is_counted_and_left_out_of_the_verdict(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise FloatingPointError("degenerate sample")
 
-    monkeypatch.setattr("monitor.drift.suite.classifier_test", broken)
+    monkeypatch.setattr("monitor.drift.twosample.suite.classifier_test", broken)
     h = Harness(settings_for(tmp_path / "state"))
     h.feed("m", "s", unit_rows(rng, 600, axis(0)))
     h.publish()

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from river import drift as river_drift
 
-from monitor.drift.detector_kinds import DEFAULT_DETECTOR_PARAMS, DETECTOR_PARAMETERS
-from monitor.drift.detectors import DetectorStatus, OnlineDriftMonitor, build_detector
-from monitor.drift.signals import SignalBaseline, record_signals
+from monitor.drift.online.detector_kinds import DEFAULT_DETECTOR_PARAMS, DETECTOR_PARAMETERS
+from monitor.drift.online.detectors import DetectorStatus, OnlineDriftMonitor, build_detector
+from monitor.drift.online.signals import SignalBaseline, record_signals
 
 DIM = 16
 CHANGE_AT = 10_000

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from monitor.config import deep_merge, load_settings
+from monitor.daemon.service import Monitor
 from monitor.drift.component import DriftComponent
-from monitor.drift.store import ReferenceStore
-from monitor.service import Monitor
+from monitor.drift.references.store import ReferenceStore
 from tests.support import daemons
 from tests.support.broker import Broker, kafka_daemon_overrides
 from tests.support.drift import BASE_DRIFT

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from monitor.cli import main
+from monitor.cli.main import main
 from monitor.config import load_settings
-from monitor.drift.store import ReferenceStore
-from monitor.service import Monitor
+from monitor.daemon.service import Monitor
+from monitor.drift.references.store import ReferenceStore
 from tests.support import daemons
 from tests.support.scrape import scrape, value
 from tests.support.waiting import wait_until

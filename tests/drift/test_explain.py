@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from monitor.cli import main
+from monitor.cli.main import main
 from monitor.config import load_settings
 from tests.support import daemons, topics
 from tests.support.drift import MODEL, STREAM, TopicStream
@@ -126,7 +126,7 @@ def test_drift_explain_asks_a_running_daemon(
 def test_the_drift_command_registers_without_numpy() -> None:
     code = """
         import argparse
-        from monitor.drift_cli import add_drift_parser
+        from monitor.drift.cli import add_drift_parser
         add_drift_parser(argparse.ArgumentParser().add_subparsers())
     """
     assert loaded_after(code, ("numpy",)) == []

@@ -1,7 +1,7 @@
 """Held-out nulls: the Mann–Whitney tail they rely on, their level and their power.
 
 A permutation p-value cannot go below ``1 / (1 + permutations)``; the held-out tests
-(:mod:`monitor.drift.heldout`) reach any alpha because their null is the rank distribution of
+(:mod:`monitor.drift.twosample.heldout`) reach any alpha because their null is the rank distribution of
 held-out rows. That is only honest if the p-value used in the far tail is not smaller than the
 exact one: checked against the exact Mann–Whitney distribution.
 """
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from monitor.drift.centroid import centroid_test
-from monitor.drift.heldout import (
+from monitor.drift.twosample.centroid import centroid_test
+from monitor.drift.twosample.heldout import (
     direction_witness,
     heldout_rank_test,
     kernel_witness,
@@ -21,7 +21,7 @@ from monitor.drift.heldout import (
     rank_test,
     split_halves,
 )
-from monitor.drift.mmd import mmd_test
+from monitor.drift.twosample.mmd import mmd_test
 
 
 @pytest.mark.parametrize(("n", "slack"), [(30, 50.0), (100, 2.5)])

@@ -28,7 +28,7 @@ import pytest
 from scipy import stats
 
 from monitor.drift.settings import DriftSettings
-from monitor.drift.suite import run_drift_suite
+from monitor.drift.twosample.suite import run_drift_suite
 from tests.support import topics
 from tests.support.drift import TopicStream
 

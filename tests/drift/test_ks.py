@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from monitor.drift.ks import ks_p_values, ks_statistics, ks_test, pca_basis
+from monitor.drift.twosample.ks import ks_p_values, ks_statistics, ks_test, pca_basis
 from monitor.multiple_testing import benjamini_hochberg
 
 

@@ -7,8 +7,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from monitor.drift.calibration import TestResult
-from monitor.drift.mmd import (
+from monitor.drift.twosample.calibration import TestResult
+from monitor.drift.twosample.mmd import (
     kernel_label_products,
     median_bandwidth,
     mmd2_unbiased,
@@ -142,7 +142,7 @@ def test_rejects_bad_input(x_shape: tuple, y_shape: tuple, kwargs: dict, message
         mmd_test(np.ones(x_shape, np.float32), np.ones(y_shape, np.float32), device="cpu", **kwargs)
 
 
-# The CUDA path (monitor/drift/mmd_torch.py) run on torch's CPU backend against the numpy path:
+# The CUDA path (monitor/drift/twosample/mmd_torch.py) run on torch's CPU backend against the numpy path:
 # the same tiles in the same precisions, so they agree to float32 rounding of the kernel entries
 # (measured: ~1e-7 relative on the products and the statistic) and give the same p-values.
 TORCH_RTOL = 1e-6
@@ -150,7 +150,7 @@ TORCH_RTOL = 1e-6
 
 @pytest.mark.parametrize("block_size", [1024, 128, 77])
 def test_the_torch_kernel_products_equal_the_numpy_ones(block_size: int) -> None:
-    from monitor.drift.mmd_torch import TorchKernel
+    from monitor.drift.twosample.mmd_torch import TorchKernel
 
     rng = np.random.default_rng(11)
     pooled = _sample(rng, 600, 48)
@@ -163,7 +163,7 @@ def test_the_torch_kernel_products_equal_the_numpy_ones(block_size: int) -> None
 def test_an_mmd_test_on_the_torch_kernel_gives_the_numpy_answer(
     monkeypatch: pytest.MonkeyPatch, shift: float, null: str
 ) -> None:
-    from monitor.drift import mmd, mmd_torch
+    from monitor.drift.twosample import mmd, mmd_torch
 
     rng = np.random.default_rng(12)
     x, y = _sample(rng, 300, 32, shift), _sample(rng, 250, 32)

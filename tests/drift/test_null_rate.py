@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from monitor.drift.region_shares import compare_regions
-from monitor.drift.regions import fit_regions
+from monitor.drift.attribution.region_shares import compare_regions
+from monitor.drift.attribution.regions import fit_regions
 from monitor.drift.settings import DriftSettings
-from monitor.drift.suite import run_drift_suite
+from monitor.drift.twosample.suite import run_drift_suite
 from tests.support import topics
 
 CYCLES = 150

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from monitor.drift.permutation import check_permutation_budget, relabellings, sequential_permutation_test
+from monitor.drift.twosample.permutation import check_permutation_budget, relabellings, sequential_permutation_test
 
 LABELS = np.r_[np.ones(30), np.zeros(40)]
 VALUES = np.random.default_rng(0).normal(size=70)

@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-from monitor.drift.detectors import OnlineDriftMonitor
+from monitor.drift.online.detectors import OnlineDriftMonitor
+from monitor.drift.online.signals import SignalBaseline
 from monitor.drift.settings import DriftSettings
-from monitor.drift.signals import SignalBaseline
-from monitor.drift.suite import DriftReport, run_drift_suite
+from monitor.drift.twosample.suite import DriftReport, run_drift_suite
 from tests.support.realdata import help_topic_sentences, minilm_encode
 
 SENTENCES = 1000

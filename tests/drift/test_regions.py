@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from monitor.drift.profile import ReferenceProfile
-from monitor.drift.region_shares import compare_regions
-from monitor.drift.regions import MIN_ROWS_PER_REGION, fit_regions, kmeans
-from monitor.drift.store import ReferenceStore
-from monitor.records import EmbeddingBatch
+from monitor.decoding.records import EmbeddingBatch
+from monitor.drift.attribution.region_shares import compare_regions
+from monitor.drift.attribution.regions import MIN_ROWS_PER_REGION, fit_regions, kmeans
+from monitor.drift.references.profile import ReferenceProfile
+from monitor.drift.references.store import ReferenceStore
 from tests.support.drift import Harness, axis, settings_for, unit_rows
 
 

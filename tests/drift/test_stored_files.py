@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from monitor.cli import main
-from monitor.drift.pinned import load_reference_file
-from monitor.drift.profile import REFERENCE_MAX_BYTES, ReferenceProfile
-from monitor.drift.store import META_KEY, ReferenceStore, StoredReference
+from monitor.cli.main import main
+from monitor.drift.references.pinned import load_reference_file
+from monitor.drift.references.profile import REFERENCE_MAX_BYTES, ReferenceProfile
+from monitor.drift.references.store import META_KEY, ReferenceStore, StoredReference
 from tests.support.drift import Harness, axis, settings_for, unit_rows
 from tests.support.mounts import peak_rss_growth
 from tests.support.paths import REPO
@@ -133,7 +133,7 @@ def test_a_crafted_stored_reference_is_set_aside_at_start_and_listed_as_unreadab
 # maximum would start from this process's own, which Linux hands down through fork and exec)
 _MEASURED_CLI = (
     "import sys\n"
-    "from monitor.cli import main\n"
+    "from monitor.cli.main import main\n"
     "code = main(sys.argv[1:])\n"
     "peak = next(line for line in open('/proc/self/status') if line.startswith('VmHWM:'))\n"
     "print('peak', int(peak.split()[1]) * 1024, file=sys.stderr)\n"

@@ -31,6 +31,6 @@ def test_no_test_module_imports_another() -> None:
 
 def test_every_folder_of_tests_is_a_package_so_module_names_may_repeat() -> None:
     folders = {path.parent for path in modules_of(TESTS)}
-    assert folders > {TESTS / "drift", TESTS / "service"}
+    assert folders > {TESTS / "drift", TESTS / "daemon"}
     assert sorted(str(f.relative_to(REPO)) for f in folders if not (f / "__init__.py").exists()) == []
     assert [p.name for p in TESTS.glob("test_*.py")] == []  # tests live in the package folders

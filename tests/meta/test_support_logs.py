@@ -1,11 +1,11 @@
 from tests.support.logs import tracebacks
 
-OURS = """2026-11-24 20:06:07,177 INFO monitor.lifecycle: received SIGTERM
-2026-11-24 20:06:08,817 ERROR monitor.ingest: source poll failed
+OURS = """2026-11-24 20:06:07,177 INFO monitor.daemon.lifecycle: received SIGTERM
+2026-11-24 20:06:08,817 ERROR monitor.daemon.ingest: source poll failed
 Traceback (most recent call last):
   File "x.py", line 1, in poll
 ValueError: boom
-2026-11-24 20:06:08,852 INFO monitor.service: embedding-monitor stopped
+2026-11-24 20:06:08,852 INFO monitor.daemon.service: embedding-monitor stopped
 """
 CLIENT_RACE = """2026-11-24 20:06:08,817 ERROR kafka.net.transport: <KafkaTCPTransport [none] (closed)>: Error receiving
 Traceback (most recent call last):

@@ -12,6 +12,7 @@ import pydantic
 import pytest
 import torch
 
+from monitor.decoding.records import EmbeddingBatch
 from monitor.quality import intrinsic
 from monitor.quality.intrinsic import (
     IntrinsicReport,
@@ -22,7 +23,6 @@ from monitor.quality.intrinsic import (
     uniformity,
 )
 from monitor.quality.settings import IntrinsicSettings
-from monitor.records import EmbeddingBatch
 from monitor.state.stats import SufficientStats
 from monitor.state.window import SlidingWindow
 from tests.support.realdata import help_topic_sentences, minilm_encode

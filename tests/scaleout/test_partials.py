@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from monitor.config import load_settings
-from monitor.records import EmbeddingBatch
+from monitor.decoding.records import EmbeddingBatch
 from monitor.scaleout.marker import CommitIntent, MarkerState, PublishedMarker, commit_happened
 from monitor.scaleout.partials import (
     Chunk,

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from monitor.config import load_settings
+from monitor.decoding.records import EmbeddingBatch
 from monitor.drift.admin import capture_baseline
-from monitor.records import EmbeddingBatch
 from monitor.scaleout.publisher import PartialsPublisher
 from monitor.scaleout.reducer import Reducer
 from monitor.state.registry import StateRegistry

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from monitor import failpoints
 from monitor.config import Settings, load_settings
+from monitor.daemon import failpoints
 from monitor.quality.intrinsic import report_from_matrix
 from monitor.scaleout.marker import PublishedMarker
 from tests.support import daemons

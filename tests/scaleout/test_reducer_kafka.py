@@ -26,8 +26,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from monitor import catalog
 from monitor.config import load_settings
+from monitor.daemon.service import Monitor
 from monitor.scaleout.reducer import Reducer
-from monitor.service import Monitor
 from tests.support import daemons
 from tests.support.broker import Broker, kafka_daemon_overrides
 from tests.support.scrape import scrape, value

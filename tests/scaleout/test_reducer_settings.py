@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from monitor.cli import main
+from monitor.cli.main import main
 from monitor.config import ConfigError, load_settings
+from monitor.daemon.service import Monitor
 from monitor.scaleout.reducer import Reducer
 from monitor.scaleout.settings import default_replica_id
-from monitor.service import Monitor
 
 
 def test_single_is_the_default_and_a_replica_id_defaults_to_the_host_name() -> None:

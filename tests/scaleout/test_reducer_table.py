@@ -10,13 +10,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from monitor import checkpoint as ckpt
 from monitor.config import load_settings
+from monitor.decoding.records import EmbeddingBatch
 from monitor.quality.intrinsic import report_from_snapshot
-from monitor.records import EmbeddingBatch
 from monitor.scaleout.publisher import PartialsPublisher
 from monitor.scaleout.table import MergeTable
 from monitor.state.registry import StateRegistry
+from monitor.storage import checkpoint_format as ckpt
 from tests.support.scaleout import MemoryProducer, feed
 
 T0 = 2_000_000.0

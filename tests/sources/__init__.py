@@ -1,1 +1,1 @@
-"""Sources and the decoding of what they deliver (monitor/sources, monitor/decoding.py, monitor/json_*)."""
+"""Sources and the decoding of what they deliver (monitor/sources, monitor/decoding/decoder.py, monitor/json_*)."""

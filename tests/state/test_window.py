@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as scipy_stats
 
-from monitor.records import EmbeddingBatch
+from monitor.decoding.records import EmbeddingBatch
 from monitor.state.pairs import PositivePairMatcher
 from monitor.state.stats import SufficientStats
 from monitor.state.window import SlidingWindow, WindowSnapshot

@@ -1,6 +1,6 @@
 """Daemons for tests, started with the settings a test gives and always stopped.
 
-In this process: ``running(daemon)`` starts a built :class:`~monitor.service.Monitor` or
+In this process: ``running(daemon)`` starts a built :class:`~monitor.daemon.service.Monitor` or
 :class:`~monitor.scaleout.reducer.Reducer` and stops it on the way out, whatever the test did
 (``stop()`` is idempotent, so a test may stop it earlier to look at what the shutdown left);
 ``monitor(settings, ...)`` and ``reducer(settings, ...)`` build one first; ``stopped_after(daemon)``
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from monitor.config import Settings
+from monitor.daemon.service import Daemon, Monitor
 from monitor.scaleout.reducer import Reducer
-from monitor.service import Daemon, Monitor
 from tests.support.broker import FAST_GROUP_OPTIONS, Broker, free_port
 from tests.support.paths import REPO
 
@@ -121,7 +121,7 @@ def cli_argv(*args: str, prelude: str = "") -> list[str]:
     that interpreter (e.g. :func:`tests.support.imports.without`), then the same CLI."""
     if not prelude:
         return [sys.executable, "-m", "monitor", *args]
-    return [sys.executable, "-c", f"{prelude}\nfrom monitor.cli import main\nraise SystemExit(main())\n", *args]
+    return [sys.executable, "-c", f"{prelude}\nfrom monitor.cli.main import main\nraise SystemExit(main())\n", *args]
 
 
 @contextlib.contextmanager

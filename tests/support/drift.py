@@ -13,9 +13,9 @@ from prometheus_client.registry import Collector
 
 from monitor.component import MonitorContext
 from monitor.config import Settings, deep_merge, load_settings
+from monitor.decoding.records import EmbeddingBatch
 from monitor.drift.component import DriftComponent
 from monitor.drift.export import CycleResult
-from monitor.records import EmbeddingBatch
 from monitor.state.registry import StateRegistry
 from monitor.state.window import WindowSnapshot
 from tests.support import topics

@@ -7,15 +7,15 @@ time (timestamps, durations, ages) or the process (``process_*``, ``python_*``) 
 rest must not change unless a change means to change them.
 
 ``python -m tests.support.golden --write`` rewrites ``tests/fixtures/golden-metrics.json`` after
-an intended change (say why in the commit); ``tests/service/test_golden.py`` compares against it.
+an intended change (say why in the commit); ``tests/daemon/test_golden.py`` compares against it.
 
 Tolerance: values are compared at ``rtol`` 1e-6 (``atol`` 1e-9 near zero). Every value is a
 deterministic function of the input, but not of the bits: BLAS kernels (``OPENBLAS_CORETYPE``),
 numpy's SIMD paths and thread counts change summation order and FMA use, which moves float32
 sums by about 1e-7 relative and float64 ones by far less. Nothing in the scenario amplifies that
 past 1e-6: rank statistics merge scores equal up to rounding into ties
-(:func:`monitor.drift.heldout.merge_rounding_ties`), the one place where last-bit noise used to
-flip a result. ``tests/service/test_golden.py`` runs the comparison under every OpenBLAS kernel,
+(:func:`monitor.drift.twosample.heldout.merge_rounding_ties`), the one place where last-bit noise used to
+flip a result. ``tests/daemon/test_golden.py`` runs the comparison under every OpenBLAS kernel,
 numpy SIMD level and thread count this CPU can run. ``--write`` keeps a stored value that the new
 one matches within the tolerance, so a rewrite's diff shows only what really changed.
 """
@@ -59,8 +59,8 @@ def _unit(x: np.ndarray) -> np.ndarray:
 
 def scenario(tmp: Path) -> tuple[dict[str, Any], list[list[Any]]]:
     """The settings overrides and the polls (lists of source messages) of the fixed scenario."""
-    from monitor.records import SourcePosition
-    from monitor.sources import SourceMessage
+    from monitor.decoding.records import SourcePosition
+    from monitor.sources.base import SourceMessage
 
     rng = np.random.default_rng(20261122)
     d_alpha, d_beta = 24, 12
@@ -161,8 +161,8 @@ def run_scenario(tmp: Path) -> str:
     from prometheus_client import generate_latest
 
     from monitor.config import load_settings
-    from monitor.service import Monitor
-    from monitor.sources import Source
+    from monitor.daemon.service import Monitor
+    from monitor.sources.base import Source
     from tests.support import daemons
 
     class _Idle(Source):

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from monitor.sources import Source, SourceMessage
+from monitor.sources.base import Source, SourceMessage
 
 
 def cosine_ranking(query: np.ndarray, documents: np.ndarray, k: int) -> list[int]:
@@ -109,7 +109,7 @@ def paused_jobs(monitor: Any) -> list[str]:
 
 def window_of(vectors: np.ndarray, ids: Sequence[str], model: str = "m", stream: str = "documents") -> Any:
     """A real window snapshot whose sample holds every row (reservoir at least the row count)."""
-    from monitor.records import EmbeddingBatch
+    from monitor.decoding.records import EmbeddingBatch
     from monitor.state.window import SlidingWindow
 
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)

@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from monitor.deadline import Deadline
-from monitor.records import EmbeddingBatch, InteractionEvent
+from monitor.decoding.records import EmbeddingBatch, InteractionEvent
 from monitor.retrieval.probes.base import ConfiguredProbe, EventBuffer, ProbeResult, identified_rows, sample, summarise
 from monitor.retrieval.probes.deadline import ProbeError
 from monitor.retrieval.probes.knn import exact_topk

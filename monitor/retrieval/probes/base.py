@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import numpy as np
 
 from monitor.deadline import Deadline
+from monitor.decoding.records import EmbeddingBatch, InteractionEvent
 from monitor.logs import RateLimitedLog
-from monitor.records import EmbeddingBatch, InteractionEvent
 from monitor.retrieval.metrics import parse_metric
 from monitor.retrieval.settings import ProbeSettings, ProbeSpec, StatisticsSettings
 from monitor.retrieval.stats import bootstrap_ci, slice_report

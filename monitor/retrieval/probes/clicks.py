@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from monitor.deadline import Deadline
-from monitor.records import EmbeddingBatch, InteractionEvent
+from monitor.decoding.records import EmbeddingBatch, InteractionEvent
 from monitor.retrieval.metrics import RankedResults, evaluate
 from monitor.retrieval.probes.base import (
     ALL,

@@ -29,8 +29,8 @@ from prometheus_client.metrics_core import Metric
 
 from monitor.component import Component, MonitorContext, ScheduledJob
 from monitor.config import ConfigError
+from monitor.decoding.records import EmbeddingBatch, InteractionEvent
 from monitor.logs import RateLimitedLog
-from monitor.records import EmbeddingBatch, InteractionEvent
 from monitor.retrieval.probes.base import Probe, ProbeResult
 from monitor.retrieval.probes.deadline import ProbeDeadline, ProbeTimeout
 from monitor.retrieval.probes.export import OUTCOMES, ProbeSnapshot, families

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from monitor.config import load_settings
-from monitor.records import EmbeddingBatch, InteractionEvent
+from monitor.decoding.records import EmbeddingBatch, InteractionEvent
 from monitor.retrieval.metrics import RankedResults, evaluate
 from monitor.retrieval.probes.clicks import catalog_coverage, gini, merge_events, popularity_bias
 from monitor.retrieval.probes.component import ProbeComponent

@@ -12,7 +12,7 @@ import pytest
 
 from monitor.config import load_settings
 from monitor.deadline import Deadline
-from monitor.records import InteractionEvent
+from monitor.decoding.records import InteractionEvent
 from monitor.retrieval.probes.base import Probe, ProbeResult, sample
 from monitor.retrieval.probes.component import ProbeComponent
 from monitor.retrieval.probes.deadline import ProbeDeadline, ProbeError, ProbeTimeout
@@ -180,8 +180,8 @@ def test_failing_and_timing_out_endpoints_fail_alone_through_the_daemon(tmp_path
 def test_probe_state_survives_a_checkpoint_round_trip(tmp_path: Path) -> None:
     """Buffered events, the catalog, the vector cache, run counters and last successes come back
     through the daemon's checkpoint encoding, and the restored probes compute the same numbers."""
-    from monitor import checkpoint
-    from monitor.records import EmbeddingBatch
+    from monitor.decoding.records import EmbeddingBatch
+    from monitor.storage import checkpoint_format as checkpoint
 
     rng = np.random.default_rng(3)
     docs = rng.standard_normal((40, 6)).astype(np.float32)

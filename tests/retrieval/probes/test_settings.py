@@ -56,7 +56,7 @@ def test_probes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_no_probe_is_configured_by_default() -> None:
-    from monitor.components import default_component_factories
+    from monitor.daemon.features import default_component_factories
     from monitor.retrieval.probes.component import ProbeComponent
 
     settings = load_settings()

@@ -1,0 +1,400 @@
+"""The daemon: one object that wires source, ingest, state, jobs, components and the HTTP port.
+
+The parts, in data-flow order (docs/architecture.md):
+
+* :mod:`monitor.daemon.ingest`: poll and apply threads, decoding, backpressure, commits;
+* :mod:`monitor.daemon.offsets`: applied, durable and committed offsets; :mod:`monitor.daemon.rebalance`: the
+  hand-off when partitions move;
+* :mod:`monitor.daemon.checkpointing`: capture at a batch boundary, durable write, restore;
+* :mod:`monitor.daemon.refresh`: the intrinsic metrics of every window, published as one snapshot;
+* :mod:`monitor.daemon.jobs`: the scheduler that runs refresh, checkpoint and component jobs;
+* :mod:`monitor.server.collector`: scrape-time families, reading :class:`~monitor.daemon.status.DaemonStatus`;
+* :mod:`monitor.daemon.lifecycle`: signals, exception-safe start-up, bounded shutdown;
+* :mod:`monitor.scaleout`: with ``scale_out.role: replica`` this daemon publishes each checkpoint's
+  state and commits only published offsets (and computes no window metrics); the reducer role is
+  another daemon (:class:`monitor.scaleout.reducer.Reducer`) sharing :class:`Daemon`'s lifecycle.
+
+Exactly-once state (docs/operations.md): a checkpoint holds all state and the offsets it
+reflects; with checkpointing on, only offsets in a durable checkpoint are committed, so the
+group's committed offset is never ahead of what a restart can restore. On assignment each
+partition resumes at max(checkpoint offset + 1, committed offset).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+
+from monitor.component import Component, MonitorContext, ScheduledJob
+from monitor.config import Settings
+from monitor.daemon import failpoints
+from monitor.daemon.checkpointing import Checkpointer, checkpoint_interval, checkpointing_enabled
+from monitor.daemon.counters import InternalErrors
+from monitor.daemon.features import ComponentFactory, default_component_factories
+from monitor.daemon.ingest import IngestPipeline
+from monitor.daemon.jobs import JobRunner
+from monitor.daemon.lifecycle import (
+    BlockingCall,
+    ShutdownWatchdog,
+    StartInterrupted,
+    StartUp,
+    StopRequest,
+    capture_signals,
+)
+from monitor.daemon.offsets import OffsetTracker
+from monitor.daemon.rebalance import PartitionHandoff
+from monitor.daemon.refresh import Published, Refresher
+from monitor.daemon.status import DaemonStatus
+from monitor.decoding.decoder import Decoder
+from monitor.scaleout.export import PublisherCollector
+from monitor.scaleout.replica import (
+    PublishedOffsetsSource,
+    PublishingHandoff,
+    ReplicaRole,
+    check_replica_settings,
+    replica_source_settings,
+)
+from monitor.server.collector import ComponentCollector, CoreCollector, OperationsCollector
+from monitor.server.exporter import HttpServer
+from monitor.server.http_server import ConnectionLimits
+from monitor.server.security import AuthLimits, is_loopback_host, read_token_file, server_ssl_context
+from monitor.sources import build_source
+from monitor.sources.base import Source
+from monitor.state.registry import StateRegistry
+
+logger = logging.getLogger(__name__)
+
+
+def daemon_metrics_registry() -> CollectorRegistry:
+    """A fresh registry with what every exporter shows (process_resident_memory_bytes, python_info,
+    GC): prometheus-client puts those only on its global default registry."""
+    registry = CollectorRegistry(auto_describe=False)
+    for standard in (ProcessCollector, PlatformCollector, GCCollector):
+        standard(registry=registry)
+    return registry
+
+
+class Daemon:
+    """The lifecycle every role shares: signals first, start, wait for a stop request, stop once."""
+
+    settings: Settings
+    components: list[Component]
+    errors: InternalErrors
+    http: HttpServer
+    jobs: JobRunner
+    checkpointer: Checkpointer | None
+    refresher: Refresher
+    computes_windows = True  # schedules the refresh of window metrics
+
+    def __init__(self, stop_request: StopRequest | None = None) -> None:
+        self.stop_request = stop_request or StopRequest()
+        self._startup: StartUp | None = None
+        self._started = False
+        self._stopped = False
+        self._stop_lock = threading.Lock()
+
+    def serve(self, stop_after: float | None = None, on_started: Callable[[], None] | None = None) -> None:
+        """The whole life of the daemon: signals first, start, wait for a stop request, stop.
+
+        A stop request in any phase, start-up included, ends the process within the shutdown
+        bound (``shutdown_timeout_seconds`` + 1.5 s), with status 0 (:class:`ShutdownWatchdog`)."""
+        with capture_signals(self.stop_request):
+            watchdog = ShutdownWatchdog(self.stop_request, self.settings.shutdown_timeout_seconds + 1.5).start()
+            try:
+                self.start()
+            except StartInterrupted:
+                pass  # logged by StartUp; stop() below releases what had started
+            else:
+                if on_started is not None:
+                    on_started()
+                self.stop_request.wait(timeout=stop_after)
+            self.stop()
+            watchdog.finished()
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def _shutdown(self) -> None:
+        """Stop intake and jobs (the role's own parts), within the configured bound."""
+
+    def refresh(self) -> Published:
+        """Recompute and publish every window's metrics now (the scheduled job)."""
+        return self.refresher.refresh()
+
+    @property
+    def published(self) -> Published:
+        return self.refresher.published
+
+    def _intake(self) -> tuple[bool, bool, str]:
+        """(threads alive, source connected, what to say when it is not)."""
+        raise NotImplementedError
+
+    def health(self) -> tuple[bool, str]:
+        """Liveness: the process can do its work (intake threads alive). Broker outages do not count."""
+        if not self._started or self.stop_request.requested:
+            return True, "ok"  # starting (maybe still being built) or stopping
+        alive, _, _ = self._intake()
+        if not alive:
+            return False, "ingest thread died"
+        return True, "ok"
+
+    def readiness(self) -> tuple[bool, str]:
+        """Readiness: the source is connected and metrics have been computed at least once."""
+        if not self._started:
+            part = self._startup.current if self._startup is not None else None
+            return False, f"starting: {part}" if part else "not started"
+        _, up, why = self._intake()
+        if not up:
+            return False, why
+        if self.computes_windows and self.refresher.published.computed_at is None:
+            return False, "no metrics computed yet"
+        return True, "ready"
+
+    def _schedule_jobs(self) -> None:
+        if self.computes_windows:
+            self.jobs.schedule(ScheduledJob("refresh", self.refresh, self.settings.refresh_seconds), run_soon=True)
+        if self.checkpointer is not None:
+            interval = checkpoint_interval(self.settings)
+            self.jobs.schedule(ScheduledJob("checkpoint", self.checkpointer.checkpoint, interval))
+        for component in self.components:
+            for job in component.jobs():
+                self.jobs.schedule(job)
+        self.jobs.start()
+
+    def stop(self) -> None:
+        """Stop intake, save what must be saved, and shut down within the configured bound."""
+        with self._stop_lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        self.stop_request.request()
+        self._shutdown()
+        for component in self.components:
+            with self.errors.guard(f"close:{component.name}"):
+                component.close()
+        self.http.stop()
+        logger.info("embedding-monitor stopped")
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_request.requested
+
+
+class Monitor(Daemon):
+    """Wires the daemon's parts together and runs their lifecycle."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        source: Source | None = None,
+        clock: Callable[[], float] = time.time,
+        component_factories: list[ComponentFactory] | None = None,
+        *,
+        early_port: bool = False,
+        stop_request: StopRequest | None = None,
+    ):
+        """``early_port`` (the CLI): bind and serve the HTTP port as soon as it is built, before the
+        components (whose imports take a second or more), so that ``/healthz`` answers within about
+        a second of the process's start; ``stop_request``: one the caller's signal handlers already set."""
+        super().__init__(stop_request)
+        self.settings = settings
+        self.clock = clock
+        self._port_open = early_port
+        # scale_out.role replica: publish each checkpoint's state for the reducer (monitor/scaleout/)
+        self.replica: ReplicaRole | None = None
+        if settings.scale_out.role == "replica":
+            check_replica_settings(settings)
+            self.replica = ReplicaRole(settings)
+            self.computes_windows = False  # the reducer does
+        self.registry = StateRegistry(settings)
+        self.decoder = Decoder(
+            settings.limits,
+            default_stream=default_stream(settings),
+            declared_dims={name: m.dim for name, m in settings.models.items() if m.dim},
+            admit=self.registry.admit,
+            admit_model=self.registry.admit_model,
+        )
+        self.metrics_registry = daemon_metrics_registry()
+        self.errors = InternalErrors()
+        self.offsets = OffsetTracker(durable_commits=checkpointing_enabled(settings))
+        self.refresher = Refresher(settings, self.registry, self.errors, self.metrics_registry, clock)
+        self.jobs = JobRunner(self.metrics_registry)
+        self.http = HttpServer(
+            self.metrics_registry,
+            settings.http.host,
+            settings.http.port,
+            health=self.health,
+            readiness=self.readiness,
+            **http_security(settings),
+            **http_limits(settings),
+        )
+        if early_port:
+            self.http.start()
+        self.source = source or build_source(replica_source_settings(settings) if self.replica else settings)
+        if self.replica is not None:
+            self.source = PublishedOffsetsSource(self.source, self.replica)
+        self.context = MonitorContext(
+            settings=settings,
+            registry=self.registry,
+            clock=clock,
+            state_dir=settings.state_dir,
+            latest_windows=lambda: self.refresher.published.windows,
+            add_route=self.http.add_route,
+        )
+        if component_factories is None:
+            # a replica's drift and probe gauges would be partial answers: the reducer runs them
+            component_factories = [] if self.replica else default_component_factories(settings)
+        self.components: list[Component] = [factory(self.context) for factory in component_factories]
+        self.pipeline = IngestPipeline(
+            settings, self.source, self.decoder, self.registry, self.components, self.offsets, self.errors, clock
+        )
+        self.checkpointer = (
+            Checkpointer(
+                settings, self.source, self.registry, self.decoder, self.pipeline, self.components, self.offsets,
+                self.errors, self.metrics_registry, observer=self.replica,
+            )
+            if checkpointing_enabled(settings)
+            else None
+        )
+        self.source.set_listener(
+            PublishingHandoff(self.pipeline, self.offsets, self.checkpointer, self.replica)
+            if self.replica is not None
+            else PartitionHandoff(self.pipeline, self.offsets, self.checkpointer)
+        )
+        self.status = DaemonStatus(
+            source=self.source,
+            registry=self.registry,
+            refresher=self.refresher,
+            pipeline=self.pipeline,
+            jobs=self.jobs,
+            errors=self.errors,
+            checkpointer=self.checkpointer,
+            http=self.http,
+            started_at=time.time(),
+            wall_clock=time.time,
+            rejected_files=self.context.rejected_files,
+        )
+        self.metrics_registry.register(CoreCollector(self.status))
+        self.metrics_registry.register(ComponentCollector(self.components, self.errors))
+        self.metrics_registry.register(OperationsCollector(self.status))
+        if self.replica is not None:
+            self.metrics_registry.register(PublisherCollector(self.replica.publisher))
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Start the HTTP port, restore, then start source, scheduler and ingest; on failure undo and raise.
+
+        The port comes first: ``/healthz`` (what a sidecar's probes may ask) answers while a large
+        checkpoint is restored and while no broker answers; ``/readyz`` says what is still starting,
+        then whether the source is connected (docs/deployment.md, "Probes"). The source connects in
+        the background (kafka-python's bootstrap blocks for up to 30 s), and a stop request during
+        the restore abandons it (:class:`~monitor.daemon.lifecycle.StartInterrupted`)."""
+        self._startup = startup = StartUp(self.stop_request)
+        with startup:
+            startup.start("state directory", lambda: self.settings.state_dir.mkdir(parents=True, exist_ok=True))
+            startup.start("http", self.http.start if not self._port_open else lambda: None, self.http.stop)
+            if self.checkpointer is not None:
+                startup.start("checkpoint restore", self._restore, background=True)
+            startup.start("source", self.source.start, self.source.close)
+            startup.start("scheduler", self._schedule_jobs, self.jobs.shutdown)
+            startup.start(
+                "ingest",
+                lambda: self.pipeline.start(on_intake_end=self._final_checkpoint),
+                lambda: self.pipeline.stop(self.settings.shutdown_timeout_seconds),
+            )
+        self._started = True
+        logger.info(
+            "embedding-monitor serving http://%s:%d/metrics, source=%s, state in %s",
+            self.settings.http.host, self.http.port, self.source.name, self.settings.state_dir,
+        )
+
+    def _shutdown(self) -> None:
+        """Stop intake, apply what was polled, checkpoint and commit."""
+        if self._started:
+            if not self.pipeline.stop(self.settings.shutdown_timeout_seconds):
+                timeout = self.settings.shutdown_timeout_seconds
+                logger.warning("ingest did not stop within %.1fs; exiting anyway", timeout)
+            self.jobs.shutdown()
+
+    def _restore(self) -> None:
+        assert self.checkpointer is not None
+        failpoints.reach("checkpoint-restore")  # tests: a restore as slow as a huge state makes it
+        if self.replica is None:
+            self.checkpointer.restore()
+            return
+        self.replica.before_restore()
+        self.checkpointer.restore()
+        self.replica.publish_restored(self.registry, self.offsets)
+
+    def _final_checkpoint(self) -> None:
+        """The shutdown checkpoint, waited for at most half the shutdown bound: one already being
+        written (a slow disk) is waited for first, and a write that takes longer is abandoned (the
+        last complete checkpoint stays, and only its offsets are committed)."""
+        if self.checkpointer is None:
+            return
+        checkpointer, bound = self.checkpointer, self.settings.shutdown_timeout_seconds / 2
+        if not BlockingCall("embmon-final-checkpoint", lambda: checkpointer.checkpoint(reason="shutdown")).wait(bound):
+            logger.warning("the shutdown checkpoint did not finish within %.1fs: abandoning it; a restart resumes "
+                           "from the last complete checkpoint", bound)
+
+    def _intake(self) -> tuple[bool, bool, str]:
+        return self.pipeline.alive, self.source.up, f"source {self.source.name} is not connected"
+
+
+def http_security(settings: Settings) -> dict[str, Any]:
+    """The HTTP server's TLS context, basic-auth users and admin token, from the settings."""
+    http = settings.http
+    token: str | None = None
+    if http.admin_token is not None:
+        token = http.admin_token.get_secret_value()
+    elif http.admin_token_file is not None:
+        token = read_token_file(http.admin_token_file)
+    context = None
+    if http.tls_certfile is not None and http.tls_keyfile is not None:
+        context = server_ssl_context(http.tls_certfile, http.tls_keyfile, http.tls_client_cafile)
+    credentials = [name for name, present in (("the admin token", token is not None),
+                                              ("basic-auth passwords", bool(http.basic_auth_users))) if present]
+    if credentials and context is None and not is_loopback_host(http.host):
+        logger.warning(
+            "http: %s will cross the network in clear text: http.host is %r and no TLS is configured "
+            "(set http.tls_certfile and http.tls_keyfile, or bind 127.0.0.1 behind a TLS proxy)",
+            " and ".join(credentials), http.host,
+        )
+    return {
+        "ssl_context": context,
+        "basic_auth_users": {u: h.get_secret_value() for u, h in http.basic_auth_users.items()} or None,
+        "admin_token": token,
+    }
+
+
+def http_limits(settings: Settings) -> dict[str, Any]:
+    """What one HTTP client may hold and how failed basic-auth guesses are refused, from the settings."""
+    http = settings.http
+    return {
+        "limits": ConnectionLimits(
+            max_connections=http.max_connections, max_header_bytes=http.max_header_bytes,
+            read_timeout=http.read_timeout_seconds, idle_timeout=http.idle_timeout_seconds,
+            write_timeout=http.write_timeout_seconds, workers=http.workers,
+        ),
+        "auth_limits": AuthLimits(
+            failures_before_backoff=http.auth_failures_before_backoff, backoff_seconds=http.auth_backoff_seconds,
+            concurrent_verifications=http.auth_concurrent_verifications,
+        ),
+    }
+
+
+def default_stream(settings: Settings) -> str:
+    """The stream of records that name none: the source's own default."""
+    if settings.source == "file":
+        return settings.file.stream
+    if settings.source == "synthetic":
+        return settings.synthetic.stream
+    return settings.kafka.default_stream

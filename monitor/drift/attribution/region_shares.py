@@ -1,0 +1,203 @@
+"""Which regions of the reference gained or lost share in the window, and what is new: the explanation.
+
+Each cycle assigns the window sample to the reference's regions (:mod:`monitor.drift.attribution.regions`)
+and, per region, compares the window's count with the held-out reference's by Fisher's exact
+test (two-sided, conditional on the region's total: exact under no drift, since the held-out
+reference rows and the window rows are exchangeable given the centres). The novel share gets the
+same test against the held-out reference's own share beyond the radius (about 1%). Benjamini–
+Hochberg across the regions and the novel share; one of them has *shifted* when its adjusted
+p-value is at most the cycle's alpha, so an unchanged window names one in at most about an
+alpha's share of cycles (under no drift BH's adjusted minimum is Simes' test of "nothing
+changed").
+
+Exemplars, so a person can open the items that moved: per region, the reference's ids nearest
+its centre (what the region is about, chosen when the regions were fitted) and the window's ids
+*least like any reference row* among the window rows of that region (largest distance to the
+nearest reference row: in a region that gained share, the arrivals; the rows nearest the centre
+would show the same old items as the reference's); for the novel share, the novel rows nearest
+the novel rows' own mean (the most typical of what is new).
+
+The share test does not enter the cycle's drift verdict (the suite's tests decide, with the whole
+budget); it explains it. numpy and scipy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from monitor.drift.attribution.regions import Regions, exemplar_ids, ranked_ids
+from monitor.multiple_testing import benjamini_hochberg
+
+
+@dataclass(frozen=True)
+class RegionShift:
+    """One region at one cycle: its shares, its share test and exemplar ids from both sides."""
+
+    region: int
+    reference_share: float
+    window_share: float
+    p_value: float  # Fisher's exact test of the share change
+    p_adjusted: float  # Benjamini–Hochberg across the regions
+    shifted: bool
+    reference_exemplars: tuple[str, ...] = ()
+    window_exemplars: tuple[str, ...] = ()
+
+    @property
+    def change(self) -> float:
+        return self.window_share - self.reference_share
+
+
+@dataclass(frozen=True)
+class RegionReport:
+    """Every region's shift, the novel share (its test, its exemplars), at the level ``alpha``."""
+
+    regions: tuple[RegionShift, ...]
+    novel_share: float
+    novel_exemplars: tuple[str, ...]
+    alpha: float
+    window_rows: int
+    reference_rows: int
+    novel_reference_share: float = 0.0
+    novel_p_value: float = 1.0
+    novel_p_adjusted: float = 1.0
+
+    @property
+    def novel_shifted(self) -> bool:
+        return self.novel_p_adjusted <= self.alpha
+
+    @property
+    def shifted(self) -> tuple[int, ...]:
+        return tuple(r.region for r in self.regions if r.shifted)
+
+    def ranked(self) -> list[RegionShift]:
+        """Regions by the size of their share change, largest first (then by adjusted p-value)."""
+        return sorted(self.regions, key=lambda r: (-abs(r.change), r.p_adjusted, r.region))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "regions": [
+                [r.region, r.reference_share, r.window_share, r.p_value, r.p_adjusted, r.shifted,
+                 list(r.reference_exemplars), list(r.window_exemplars)]
+                for r in self.regions
+            ],
+            "novel_share": self.novel_share,
+            "novel_exemplars": list(self.novel_exemplars),
+            "alpha": self.alpha,
+            "window_rows": self.window_rows,
+            "reference_rows": self.reference_rows,
+            "novel": [self.novel_reference_share, self.novel_p_value, self.novel_p_adjusted],
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> RegionReport:
+        regions = tuple(
+            RegionShift(int(j), float(rs), float(ws), float(p), float(pa), bool(s), tuple(map(str, re)),
+                        tuple(map(str, we)))
+            for j, rs, ws, p, pa, s, re, we in state["regions"]
+        )
+        novel = [float(v) for v in state.get("novel") or (0.0, 1.0, 1.0)]
+        return cls(regions, float(state["novel_share"]), tuple(map(str, state["novel_exemplars"])),
+                   float(state["alpha"]), int(state["window_rows"]), int(state["reference_rows"]), *novel)
+
+
+def share_p_values(window_counts: np.ndarray, reference_counts: np.ndarray) -> np.ndarray:
+    """Two-sided Fisher exact p-value per region: window count of m vs reference count of n.
+
+    Examples
+    --------
+    >>> share_p_values(np.array([50, 50]), np.array([50, 50])).round(3).tolist()
+    [1.0, 1.0]
+    >>> bool(share_p_values(np.array([90, 10]), np.array([50, 50]))[0] < 1e-8)
+    True
+    """
+    m, n = int(window_counts.sum()), int(reference_counts.sum())
+    return np.array([
+        stats.fisher_exact([[int(w), m - int(w)], [int(r), n - int(r)]]).pvalue
+        for w, r in zip(window_counts, reference_counts, strict=True)
+    ])
+
+
+def compare_regions(
+    regions: Regions,
+    window_sample: np.ndarray,
+    window_ids: Sequence[str | None] | None,
+    reference_sample: np.ndarray,
+    alpha: float,
+    exemplars: int = 3,
+) -> RegionReport:
+    """Shares of the window sample (m, d) in each region vs the reference's, tested at ``alpha`` (BH).
+
+    ``reference_sample`` only serves the window exemplars (module docstring).
+
+    Examples
+    --------
+    >>> from monitor.drift.attribution.regions import fit_regions
+    >>> rng = np.random.default_rng(0)
+    >>> blob = lambda c, n: rng.normal(c, 0.1, size=(n, 4))
+    >>> reference = np.concatenate([blob(0.0, 300), blob(1.0, 300)])
+    >>> regions = fit_regions(reference, max_regions=2, seed=1)
+    >>> same = compare_regions(regions, np.concatenate([blob(0.0, 150), blob(1.0, 150)]), None, reference, 0.01)
+    >>> same.shifted, round(same.novel_share, 2), same.novel_shifted
+    ((), 0.01, False)
+    >>> window = np.concatenate([blob(0.0, 60), blob(1.0, 140), blob(3.0, 100)])
+    >>> ids = [f"doc-{i}" for i in range(300)]
+    >>> moved = compare_regions(regions, window, ids, reference, 0.01, exemplars=2)
+    >>> len(moved.shifted), round(moved.novel_share, 2), moved.novel_shifted, len(moved.novel_exemplars)
+    (2, 0.34, True, 2)
+    >>> all(int(i.split("-")[1]) >= 200 for i in moved.novel_exemplars)  # the new blob's own rows
+    True
+    """
+    window = np.asarray(window_sample, dtype=np.float64)
+    labels, distances = regions.assign(window)
+    counts = np.bincount(labels, minlength=regions.k)
+    novel = distances > regions.novel_radius
+    novel_reference = regions.novel_reference_count
+    p_values = np.r_[
+        share_p_values(counts, regions.reference_counts),
+        share_p_values(np.array([novel.sum(), len(window) - novel.sum()]),
+                       np.array([novel_reference, regions.reference_rows - novel_reference]))[0],
+    ]
+    adjusted = benjamini_hochberg(p_values)
+    unfamiliar = -nearest_distance(window, np.asarray(reference_sample, dtype=np.float64))
+    window_exemplars = ranked_ids(labels, unfamiliar, window_ids, regions.k, exemplars)
+    novel_exemplars: tuple[str, ...] = ()
+    if novel.any() and window_ids is not None:
+        novel_rows = np.flatnonzero(novel)
+        centre = window[novel_rows].mean(axis=0, keepdims=True)
+        novel_exemplars = exemplar_ids(
+            window[novel_rows], [window_ids[i] for i in novel_rows.tolist()], centre, exemplars
+        )[0]
+    reference_shares = regions.reference_shares
+    shifts = tuple(
+        RegionShift(
+            region=j,
+            reference_share=float(reference_shares[j]),
+            window_share=float(counts[j] / len(window)),
+            p_value=float(p_values[j]),
+            p_adjusted=float(adjusted[j]),
+            shifted=bool(adjusted[j] <= alpha),
+            reference_exemplars=regions.exemplar_ids[j],
+            window_exemplars=window_exemplars[j],
+        )
+        for j in range(regions.k)
+    )
+    return RegionReport(
+        shifts, float(novel.mean()), novel_exemplars, float(alpha), len(window), regions.reference_rows,
+        novel_reference / regions.reference_rows, float(p_values[-1]), float(adjusted[-1]),
+    )
+
+
+def nearest_distance(rows: np.ndarray, others: np.ndarray, block: int = 1024) -> np.ndarray:
+    """Each row's Euclidean distance to its nearest row of ``others`` (blocked: memory ~ block × len(others))."""
+    out = np.empty(len(rows))
+    others_sq = (others * others).sum(axis=1)
+    for start in range(0, len(rows), block):
+        part = rows[start : start + block]
+        d2 = (part * part).sum(axis=1)[:, None] + others_sq[None, :] - 2.0 * part @ others.T
+        out[start : start + block] = np.sqrt(np.clip(d2.min(axis=1), 0.0, None))
+    return out

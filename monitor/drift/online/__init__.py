@@ -1,0 +1,1 @@
+"""River change detectors on per-record signals: what runs between drift cycles."""

@@ -1,0 +1,1 @@
+"""Where a drift reference comes from (pinned, lagged, first records) and how it is stored."""

@@ -1,0 +1,246 @@
+"""One drift-test cycle: run the enabled tests on bounded samples, correct for multiplicity, decide.
+
+The reference a window is compared with is a :class:`~monitor.drift.references.profile.ReferenceProfile`.
+
+Within a time budget. Tests run cheapest first (KS, classifier, centroid, MMD) and none starts
+after the cycle's deadline; a permutation test stops drawing at it (:mod:`monitor.deadline`).
+The correction is always over the *planned* family, every enabled test, with a test that was
+skipped or raised counted as ``p = 1``: which tests finish depends on the clock, and the clock
+on the data (a drifted window keeps a permutation test busy), so shrinking the family to the
+tests that finished would not keep the cycle's false-alarm rate at alpha; padding it does,
+under any dependence.
+
+With the reference's regions, the cycle also says *where* the window moved
+(:mod:`monitor.drift.attribution.region_shares`); that explanation is not part of the verdict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from monitor.deadline import Deadline
+from monitor.drift.attribution.region_shares import RegionReport, compare_regions
+from monitor.drift.attribution.regions import Regions
+from monitor.drift.references.profile import subsample_ids, subsample_index, uniform_subsample
+from monitor.drift.settings import DriftSettings
+from monitor.drift.twosample.calibration import Multiplicity, TestResult, per_test_alpha
+from monitor.drift.twosample.centroid import centroid_test
+from monitor.drift.twosample.classifier import classifier_test
+from monitor.drift.twosample.ks import ks_test
+from monitor.drift.twosample.mmd import mmd_test
+from monitor.multiple_testing import holm_reject, holm_thresholds
+
+logger = logging.getLogger(__name__)
+
+RUN_ORDER = ("ks", "classifier", "centroid", "mmd")  # cheapest first: a deadline cuts the costly ones
+
+
+@dataclass(frozen=True)
+class DriftReport:
+    """The outcome of one cycle: per-test results (thresholds already corrected) and the verdict.
+
+    ``detected`` is true when any test rejected at its corrected threshold; under no drift that
+    happens with probability at most ``cycle_alpha``. ``planned`` are the enabled tests, the
+    family the correction is over. ``errors`` names tests that raised and ``cut`` tests the
+    deadline cut short (``skipped``: never started; ``truncated``: a permutation test that
+    stopped drawing, its result is in ``results``); tests without a result count as ``p = 1``.
+    ``regions``: where the window moved, when the reference has regions.
+    """
+
+    results: tuple[TestResult, ...]
+    detected: bool
+    cycle_alpha: float
+    multiplicity: str
+    window_size: int
+    reference_size: int
+    seconds: float
+    errors: Mapping[str, str] = field(default_factory=dict)
+    planned: tuple[str, ...] = ()
+    cut: Mapping[str, str] = field(default_factory=dict)
+    regions: RegionReport | None = None
+
+    @property
+    def family_size(self) -> int:
+        """Tests the correction is over: the planned ones (at least those with a result)."""
+        return max(len(self.planned), len(self.results))
+
+    def result(self, test: str) -> TestResult:
+        """The result of one test by name (``mmd``, ``ks``, ``centroid``, ``classifier``)."""
+        for result in self.results:
+            if result.test == test:
+                return result
+        raise KeyError(f"no result for test {test!r}; ran {[r.test for r in self.results]}")
+
+    @property
+    def detected_tests(self) -> tuple[str, ...]:
+        return tuple(r.test for r in self.results if r.detected)
+
+
+@contextlib.contextmanager
+def thread_limit(threads: int | None) -> Iterator[None]:
+    """Cap numpy/scipy BLAS, OpenMP and (when loaded) torch intra-op threads for the duration, then restore.
+
+    torch's and OpenBLAS's thread pools spin-wait between calls; interleaved on a small machine
+    (or one shared with the ingest thread) they slow each other down several-fold, worst on small
+    samples. The limits are process-wide while they hold. torch is capped only if something
+    already imported it (a CUDA path): the CPU tests run in numpy, and importing torch here would
+    cost every daemon its memory.
+    """
+    if threads is None:
+        yield
+        return
+    torch = sys.modules.get("torch")
+    previous = torch.get_num_threads() if torch is not None else None
+    if torch is not None:
+        torch.set_num_threads(threads)
+    try:
+        with threadpool_limits(limits=threads):
+            yield
+    finally:
+        if torch is not None and previous is not None:
+            torch.set_num_threads(previous)
+
+
+def apply_multiplicity(
+    results: Sequence[TestResult], alpha: float, method: Multiplicity, family: int | None = None
+) -> tuple[TestResult, ...]:
+    """Re-decide each test with its corrected threshold so the cycle's false-alarm rate is ≤ ``alpha``.
+
+    ``family``: how many tests were planned (default: those in ``results``); the missing ones
+    count as ``p = 1``, so the thresholds are those of the whole family.
+    """
+    if not results:
+        return ()
+    missing = max(0, (family or len(results)) - len(results))
+    p = [r.p_value for r in results] + [1.0] * missing
+    if method == "bonferroni":
+        thresholds = np.full(len(p), per_test_alpha(alpha, len(p)))
+        decisions = np.asarray(p) <= thresholds
+    elif method == "holm":
+        thresholds = holm_thresholds(p, alpha)
+        decisions = holm_reject(p, alpha)
+    else:
+        raise ValueError(f"unknown multiplicity correction {method!r}; use 'bonferroni' or 'holm'")
+    return tuple(  # the missing tests' thresholds and decisions (the tail of both) are dropped
+        replace(r, threshold=float(t), detected=bool(d))
+        for r, t, d in zip(results, thresholds, decisions, strict=False)
+    )
+
+
+def run_drift_suite(
+    window_sample: np.ndarray,
+    reference_sample: np.ndarray,
+    settings: DriftSettings,
+    seed: int | None = None,
+    *,
+    deadline: Deadline | None = None,
+    window_ids: tuple[str | None, ...] | None = None,
+    regions: Regions | None = None,
+) -> DriftReport:
+    """Run every enabled test on (sub)samples of the window and the reference; one verdict.
+
+    Samples larger than ``settings.window_sample_size`` / ``reference_sample_size`` are
+    subsampled uniformly. Each test runs at the Bonferroni threshold ``cycle_alpha / k`` and is
+    then re-decided by ``settings.multiplicity`` (Holm can only add detections once one test
+    rejected; the verdict is the same). ``seed`` (default ``settings.seed``) makes the cycle
+    deterministic: subsampling, permutations and the classifier's split all derive from it.
+    ``deadline``: no test starts after it, permutation tests stop drawing at it (module
+    docstring). ``regions`` (and the window rows' ``window_ids``, for exemplars): the
+    explanation of where the window moved, at the cycle's alpha.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> settings = DriftSettings(interval_seconds=60, false_alarm_every="1h")  # alpha = 1/60
+    >>> reference = rng.normal(size=(400, 16)).astype(np.float32)
+    >>> run_drift_suite(rng.normal(size=(400, 16)).astype(np.float32), reference, settings).detected
+    False
+    >>> shifted = rng.normal(size=(400, 16)).astype(np.float32) + 0.25
+    >>> report = run_drift_suite(shifted, reference, settings)
+    >>> report.detected, report.detected_tests
+    (True, ('mmd', 'ks', 'centroid', 'classifier'))
+    """
+    started = time.perf_counter()
+    window = np.asarray(window_sample, dtype=np.float32)
+    reference = np.asarray(reference_sample, dtype=np.float32)
+    if window.ndim != 2 or reference.ndim != 2 or window.shape[1] != reference.shape[1]:
+        raise ValueError(f"samples must be 2-D with the same dimension; got {window.shape} and {reference.shape}")
+    seeds = np.random.SeedSequence(settings.seed if seed is None else seed).spawn(6)
+    kept = subsample_index(len(window), settings.window_sample_size, np.random.default_rng(seeds[0]))
+    window, window_ids = window[kept], subsample_ids(window_ids, kept)
+    reference = uniform_subsample(reference, settings.reference_sample_size, np.random.default_rng(seeds[1]))
+    deadline = deadline or Deadline.never()
+
+    alpha = settings.test_alpha
+    runners: dict[str, Callable[[], TestResult]] = {
+        "mmd": lambda: mmd_test(
+            window, reference, alpha=alpha, permutations=settings.permutations_for("mmd"),
+            stop_after=settings.mmd.stop_after, bandwidth=settings.mmd.bandwidth, seed=seeds[2],
+            device=settings.device, block_size=settings.mmd.block_size, null=settings.null_for("mmd"),
+            deadline=deadline,
+        ),
+        "ks": lambda: ks_test(
+            window, reference, alpha=alpha, basis=settings.ks.basis, components=settings.ks.components,
+            seed=seeds[3],
+        ),
+        "centroid": lambda: centroid_test(
+            window, reference, alpha=alpha, permutations=settings.permutations_for("centroid"),
+            stop_after=settings.centroid.stop_after, seed=seeds[4], null=settings.null_for("centroid"),
+            deadline=deadline,
+        ),
+        "classifier": lambda: classifier_test(
+            window, reference, alpha=alpha, train_fraction=settings.classifier.train_fraction,
+            regularization=settings.classifier.regularization,
+            squared_components=settings.classifier.squared_components, max_iter=settings.classifier.max_iter,
+            seed=seeds[5],
+        ),
+    }
+    planned = settings.enabled_tests
+    raw: dict[str, TestResult] = {}
+    errors: dict[str, str] = {}
+    cut: dict[str, str] = {}
+    explained = None
+    with thread_limit(settings.threads):
+        if regions is not None:
+            explained = compare_regions(
+                regions, window, window_ids, reference, settings.cycle_alpha, settings.regions.exemplars
+            )
+        for name in sorted(planned, key=RUN_ORDER.index):
+            if deadline.expired():
+                cut[name] = "skipped"
+                continue
+            try:
+                raw[name] = runners[name]()
+            except Exception as error:  # one broken test must not hide the others' verdicts
+                logger.exception("drift test %s failed", name)
+                errors[name] = f"{type(error).__name__}: {error}"
+                continue
+            if raw[name].extra.get("truncated"):
+                cut[name] = "truncated"
+    in_order = [raw[name] for name in planned if name in raw]
+    results = apply_multiplicity(in_order, settings.cycle_alpha, settings.multiplicity, family=len(planned))
+    if cut:
+        logger.info("drift suite: the deadline cut %s", ", ".join(f"{t} ({how})" for t, how in sorted(cut.items())))
+    report = DriftReport(
+        results=results,
+        detected=any(r.detected for r in results),
+        cycle_alpha=settings.cycle_alpha,
+        multiplicity=settings.multiplicity,
+        window_size=len(window),
+        reference_size=len(reference),
+        seconds=time.perf_counter() - started,
+        errors=errors,
+        planned=planned,
+        cut=cut,
+        regions=explained,
+    )
+    logger.debug("drift suite: detected=%s tests=%s in %.2fs", report.detected, report.detected_tests, report.seconds)
+    return report

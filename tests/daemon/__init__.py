@@ -1,0 +1,1 @@
+"""The daemon as a whole: lifecycle, ingest, offsets, checkpoints, outages, golden values."""

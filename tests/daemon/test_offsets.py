@@ -1,0 +1,41 @@
+"""The offset tracker: what is applied, durable and committed, and what a commit may carry."""
+
+from __future__ import annotations
+
+from monitor.daemon.offsets import OffsetTracker
+
+A, B = ("t", 0), ("t", 1)
+
+
+def test_with_checkpoints_only_durable_offsets_are_committed() -> None:
+    offsets = OffsetTracker(durable_commits=True)
+    offsets.mark_applied({A: 10, B: 3})
+    assert offsets.to_commit() == {} and not offsets.all_durable()
+    offsets.mark_durable({A: 7})
+    assert offsets.to_commit() == {A: 7} and offsets.resume_offsets() == {A: 7}
+    offsets.mark_committed({A: 7})
+    assert offsets.to_commit() == {}
+    offsets.mark_durable({A: 10, B: 3})
+    assert offsets.all_durable() and offsets.to_commit() == {A: 10, B: 3}
+
+
+def test_without_checkpoints_applied_offsets_are_committed() -> None:
+    offsets = OffsetTracker(durable_commits=False)
+    offsets.mark_applied({A: 4})
+    assert offsets.to_commit() == {A: 4} and offsets.resume_offsets() == {A: 4}
+
+
+def test_offsets_never_move_backwards_and_assignment_accounts_for_what_precedes_it() -> None:
+    offsets = OffsetTracker(durable_commits=True)
+    offsets.mark_applied({A: 9})
+    offsets.mark_applied({A: 5})
+    assert offsets.applied() == {A: 9}
+    offsets.mark_assigned({A: 3, B: 20})  # sought to 20 on B: 0..19 are another replica's or done
+    assert offsets.applied() == {A: 9, B: 19} and offsets.durable() == {A: 2, B: 19}
+
+
+def test_restore_sets_applied_and_durable_together() -> None:
+    offsets = OffsetTracker(durable_commits=True)
+    offsets.mark_applied({A: 100})
+    offsets.restore({A: 40})
+    assert offsets.applied() == offsets.durable() == {A: 40} and offsets.all_durable()

@@ -1,0 +1,1 @@
+"""Decoding binary and JSON input, fuzzed, and the JSON worker processes."""

@@ -1,0 +1,138 @@
+"""JSON decoding in worker processes: the same result as in-process, and no record lost when a worker dies."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from monitor.config import LimitSettings, load_settings
+from monitor.decoding.decoder import Decoder
+from monitor.decoding.json_workers import JsonWorkerPool
+from monitor.decoding.records import SourcePosition
+from monitor.sources.base import Source, SourceMessage
+from tests.support import daemons
+from tests.support.waiting import wait_until
+
+
+def _messages(n: int = 200, seed: int = 0) -> list[bytes]:
+    rng = np.random.default_rng(seed)
+    good = [
+        orjson.dumps({"id": f"d{i}", "model": "m", "vector": rng.standard_normal(8).tolist(), "stream": "s",
+                      "ts": 1.5 * i, "slice": "head" if i % 2 else None, "pair_id": f"p{i // 2}"})
+        for i in range(n)
+    ]  # fmt: skip
+    odd = [
+        b"{not json", b"[1, 2]", b'{"id": "x", "model": "m"}', b'{"id": true, "model": "m", "vector": [1.0]}',
+        b'{"id": "a", "model": "m", "vector": [NaN, 1, 2, 3, 4, 5, 6, 7]}',
+        b'{"id": "b", "model": "m", "vector": [0,0,0,0,0,0,0,0]}',
+        b'{"id": "c", "model": "m", "vector": [[1],[2],[3],[4],[5],[6],[7],[8]]}',
+        b'{"id": "d", "model": "m", "vector": [1, 2]}',
+        b'{"id": "e", "model": "bad model", "vector": [1.0]}', b'{"id": "f", "model": "m", "vector": "1,2"}',
+        b'{"id": "g", "model": "m", "vector": [1,2,3,4,5,6,7,8], "vector": [1,2,3,4,5,6,7,"x"]}',
+    ]  # fmt: skip
+    return good[: n // 2] + odd + good[n // 2 :]
+
+
+def _same(a, b) -> None:  # type: ignore[no-untyped-def]
+    assert a.rejected == b.rejected
+    assert len(a.batches) == len(b.batches)
+    for x, y in zip(a.batches, b.batches, strict=True):
+        assert (x.model, x.stream, x.ids, x.slices, x.pair_ids) == (y.model, y.stream, y.ids, y.slices, y.pair_ids)
+        np.testing.assert_array_equal(x.vectors, y.vectors)
+        np.testing.assert_array_equal(x.norms, y.norms)
+        np.testing.assert_array_equal(x.timestamps, y.timestamps)
+
+
+@pytest.fixture
+def pool_and_decoders():  # type: ignore[no-untyped-def]
+    here, there = Decoder(LimitSettings()), Decoder(LimitSettings())
+    failures: list[int] = []
+    pool = JsonWorkerPool(there.json, workers=2, on_failure=lambda: failures.append(1), timeout=5.0)
+    yield here, there, pool, failures
+    pool.close()
+
+
+def test_a_worker_decodes_exactly_as_in_process(pool_and_decoders) -> None:  # type: ignore[no-untyped-def]
+    here, there, pool, failures = pool_and_decoders
+    for seed in range(3):  # three polls over two workers, finished in order
+        pairs = [(m, ()) for m in _messages(seed=seed)]
+        _same(there.finish_embeddings(there.start_embeddings(pairs, pool.submit)), here.decode_embeddings(pairs))
+    assert failures == [] and len(pool.pids()) == 2
+    assert here.dims == there.dims == {"m": 8}
+
+
+def test_pipelined_polls_keep_their_order(pool_and_decoders) -> None:  # type: ignore[no-untyped-def]
+    here, there, pool, _ = pool_and_decoders
+    polls = [[(m, ()) for m in _messages(n=40, seed=seed)] for seed in range(4)]
+    started = [there.start_embeddings(polls[0], pool.submit), there.start_embeddings(polls[1], pool.submit)]
+    results = [there.finish_embeddings(started[0]), there.finish_embeddings(started[1])]
+    for poll, result in zip(polls[:2], results, strict=True):
+        _same(result, here.decode_embeddings(poll))
+
+
+@pytest.mark.parametrize("how", ["kill", "hang"])
+def test_a_dead_or_hung_worker_loses_nothing_and_is_replaced(pool_and_decoders, how: str) -> None:  # type: ignore[no-untyped-def]
+    here, there, pool, failures = pool_and_decoders
+    pool.timeout = 1.0
+    pairs = [(m, ()) for m in _messages()]
+    for _ in range(2):  # both workers started; the next poll goes to the first again
+        there.finish_embeddings(there.start_embeddings(pairs, pool.submit))
+    victim = pool.pids()[0]
+    os.kill(victim, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+    try:
+        result = there.finish_embeddings(there.start_embeddings(pairs, pool.submit))
+    finally:
+        if how == "hang":
+            with contextlib.suppress(ProcessLookupError):  # the pool killed it already
+                os.kill(victim, signal.SIGKILL)
+    _same(result, here.decode_embeddings(pairs))
+    assert failures == [1]
+    again = there.finish_embeddings(there.start_embeddings(pairs, pool.submit))
+    _same(again, here.decode_embeddings(pairs))
+    assert victim not in pool.pids() and failures == [1]
+
+
+class _JsonTopic(Source):
+    """A source that serves a fixed list of JSON messages, a few per poll."""
+
+    name = "kafka"
+
+    def __init__(self, values: list[bytes]):
+        self.values = values
+        self.offset = 0
+
+    def poll(self, timeout: float) -> list[SourceMessage]:
+        time.sleep(0.01)  # pacing: a trickle, so that a test can kill a worker half-way
+        if self.offset >= len(self.values):
+            return []
+        batch = self.values[self.offset : self.offset + 50]
+        first, self.offset = self.offset, self.offset + len(batch)
+        return [SourceMessage(value=v, headers=(), kind="embeddings", position=SourcePosition("t", 0, first + i))
+                for i, v in enumerate(batch)]  # fmt: skip
+
+
+def test_the_daemon_survives_a_worker_crash_and_counts_it(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    values = [
+        orjson.dumps({"id": f"d{i}", "model": "m", "vector": rng.standard_normal(16).tolist()}) for i in range(3000)
+    ]
+    settings = load_settings(overrides={
+        "http": {"host": "127.0.0.1", "port": 0}, "state_dir": str(tmp_path), "drift": {"enabled": False},
+        "checkpoint": {"enabled": False}, "decoding": {"json_workers": 1}, "kafka": {"default_stream": "s"},
+    })  # fmt: skip
+    source = _JsonTopic(values)
+    with daemons.monitor(settings, source=source) as monitor:
+        pool = monitor.pipeline._json_workers
+        assert pool is not None
+        wait_until(lambda: pool.pids() and source.offset >= 500, timeout=30)
+        os.kill(pool.pids()[0], signal.SIGKILL)
+        wait_until(lambda: (s := monitor.registry.get("m", "s")) is not None and s.records_total == 3000, timeout=30)
+        assert monitor.errors.counts.snapshot().get("json_worker", 0) >= 1
+        assert monitor.offsets.applied() == {("t", 0): 2999}

@@ -1,0 +1,1 @@
+"""The package's face: settings, light imports, devices, extras."""

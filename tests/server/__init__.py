@@ -1,0 +1,1 @@
+"""The HTTP port: security and resource limits."""
