@@ -83,6 +83,8 @@ DAEMON_CONFIG = {
     "canaries": {"ids": {MODEL: CANARIES}},
     "window": {"seconds": 4.0, "subwindows": 2, "reservoir_size": 500},
     "refresh_seconds": 1.0,
+    # on for the checkpoint alerts' signals (by default only the Kafka source checkpoints)
+    "checkpoint": {"enabled": True, "interval_seconds": 2.0},
     "probes": {
         "statistics": {"resamples": 200},
         "clicks": [{"name": "clicks", "model": MODEL, "k": [5, 10], "metrics": list(PROBE_METRIC_FAMILIES),

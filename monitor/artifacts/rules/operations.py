@@ -28,7 +28,7 @@ INGEST_GROUP = "embedding-monitor.ingest"
 
 
 def alerts(th: Thresholds) -> list[Alert]:
-    return [*_monitor(th), *_ingest(th)]
+    return [*_monitor(th), *_ingest(th), *_state(th)]
 
 
 def _monitor(th: Thresholds) -> list[Alert]:
@@ -209,3 +209,62 @@ def _lag_scenario(job: str) -> ScenarioBuilder:
         )
 
     return build
+
+
+def _state(th: Thresholds) -> list[Alert]:
+    """The state directory: checkpoints that stop being written, and files found unusable at start-up.
+
+    Commits follow checkpoints, so a daemon that cannot checkpoint also stops committing: a restart
+    would re-read everything since its last checkpoint, and a lost volume would lose it all. A file
+    set aside at start-up (a checkpoint, a stored reference, the canary pins) means the daemon runs
+    on older or rebuilt state; it starts anyway, so without an alert nobody would look.
+    """
+    job = th.job
+    age = m("embmon_checkpoint_age_seconds")
+    restore = m("embmon_checkpoint_restore_failures_total")
+    rejected = m("embmon_state_files_rejected_total")
+    return [
+        Alert(
+            name=f"{PREFIX}CheckpointStale",
+            group=SELF_GROUP,
+            severity="warning",
+            for_="5m",
+            summary="The monitor has not written a checkpoint for too long (and so commits no offsets).",
+            description="The last checkpoint of {{ $labels.instance }} was written $VALUE ago "
+                        "(embmon_checkpoint_write_failures_total says at which stage writes fail).",
+            value_format="duration",
+            # 30 default intervals; exported only where checkpoints are on (the Kafka source)
+            condition=Condition(age, ">", 900),
+            scenario_builder=steady_scenario(age, target_labels(job), 1800, 20, target_labels(job)),
+        ),
+        Alert(
+            name=f"{PREFIX}CheckpointRejected",
+            group=SELF_GROUP,
+            severity="warning",
+            for_="1m",
+            summary="At start-up the monitor refused a checkpoint file: it runs on an older state, or an empty one.",
+            description="{{ $labels.instance }} moved $VALUE checkpoint file(s) aside at start-up "
+                        "(reason {{ $labels.reason }}).",
+            value_format="count",
+            condition=Condition(f"sum by (job, instance, reason) ({restore})", ">", 0),
+            scenario_builder=steady_scenario(
+                restore, {**target_labels(job), "reason": "corrupt"}, 1, 0, {**target_labels(job), "reason": "corrupt"}
+            ),
+            live_signals=(restore,),
+        ),
+        Alert(
+            name=f"{PREFIX}StateFileRejected",
+            group=SELF_GROUP,
+            severity="warning",
+            for_="1m",
+            summary="At start-up the monitor set aside an unreadable stored reference or canary pins file.",
+            description="{{ $labels.instance }} moved $VALUE {{ $labels.file }} file(s) aside at start-up; "
+                        "drift or the canaries started again from their configured sources.",
+            value_format="count",
+            condition=Condition(f"sum by (job, instance, file) ({rejected})", ">", 0),
+            scenario_builder=steady_scenario(
+                rejected, {**target_labels(job), "file": "reference"}, 1, 0, {**target_labels(job), "file": "reference"}
+            ),
+            live_signals=(rejected,),
+        ),
+    ]
