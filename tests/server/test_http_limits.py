@@ -32,7 +32,9 @@ import pytest
 from monitor.server.http_server import BoundedHttpServer, ConnectionLimits
 from monitor.server.security import AuthLimits, BasicAuth, Verdict, hash_password
 from tests.support import daemons
-from tests.support.scrape import Samples, scrape
+from tests.support.broker import Broker, free_port
+from tests.support.producers import KnownSequence
+from tests.support.scrape import Samples, scrape, value
 from tests.support.tls import self_signed
 from tests.support.waiting import wait_until
 
@@ -307,6 +309,43 @@ def test_releasing_two_thousand_held_connections_at_once_starves_nothing(tmp_pat
         assert progress(proc.port)[0] > records
         assert "raised the open-file limit from 1024 to 2756 for http.max_connections=2500" in proc.output()
 
+
+
+@pytest.mark.slow
+def test_releasing_held_connections_starves_no_kafka_poll(broker: Broker, tmp_path: Path) -> None:
+    """The same release against a Kafka consumer with a 2.5 s session: a starved poll or heartbeat
+    would cost the partitions (a revocation in the log) and a second assignment; counts stay exact."""
+    topic, group, port = "held-release", "held-release-group", free_port()
+    broker.create_topics(topic, partitions=2)
+    env = {"EMBMON_HTTP__MAX_CONNECTIONS": "2500", "EMBMON_HTTP__MAX_HEADER_BYTES": "16384"}
+    with KnownSequence(broker, topic) as producer, \
+            daemons.crash_tested(broker, topic, group, tmp_path / "state", tmp_path / "run.log", port, env) as proc:
+        wait_until(lambda: value(scrape(port), "embmon_records_total", model="bin", stream="default"), timeout=40,
+                   message="records from Kafka")
+        socks = connect(port, 1000) + connect(port, 1000, SLOW_HEAD)
+        try:
+            wait_until(lambda: open_files(proc.proc.pid) >= 2000, timeout=10, message="all 2,000 held")
+            with Sampler(lambda: timed(port), 0.05) as scrapes:
+                wait_until(lambda: len(scrapes.values) >= 5, timeout=10, message="scrapes before the release")
+                released = time.monotonic()
+                close_all(socks)
+                wait_until(lambda: open_files(proc.proc.pid) < 200, timeout=10, message="the daemon closed them all")
+                wait_until(lambda: sum(t > released + 1.0 for t, _ in scrapes.values) >= 5, timeout=20,
+                           message="scrapes after the release")
+        finally:
+            close_all(socks)
+        producer.join(timeout=60)
+        assert producer.error is None
+        expected = producer.MESSAGES * 20
+        wait_until(lambda: value(scrape(port), "embmon_records_total", model="bin", stream="default") == expected,
+                   timeout=30, message="every record counted once")
+        during = [seconds for t, (status, seconds) in scrapes.values if t >= released - 0.5]
+        output = proc.output()
+    print(f"\nreleasing 2,000 held connections beside a Kafka consumer: {len(during)} scrapes around it, "
+          f"max {max(during) * 1000:.0f} ms; assignments {output.count('assigned partitions')}")
+    assert max(during) < 1.0
+    assert output.count("assigned partitions") == 1  # no rebalance: the one assignment at start-up
+    assert "partitions revoked" not in output and "partitions lost" not in output
 
 PASSWORD = "right-password-0123"
 ITERATIONS = 300_000  # above the minimum: the old dummy (100k) would have answered unknown users 3x faster
