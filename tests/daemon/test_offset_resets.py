@@ -116,6 +116,7 @@ def test_a_topic_recreated_under_a_running_daemon_is_read_from_its_start(
     assert re.search(r"the log's first offset is 0, its end \d+", error), error
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("new_records", [600, 1500], ids=["shorter", "longer"])
 def test_a_topic_recreated_while_the_daemon_was_stopped_is_told_by_its_id(
     broker: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture, new_records: int
@@ -142,6 +143,7 @@ def test_a_topic_recreated_while_the_daemon_was_stopped_is_told_by_its_id(
     assert re.search(r"topic id \S+ is now \S+\)\. Resuming at offset 0 \(auto_offset_reset=earliest\)", error), error
 
 
+@pytest.mark.slow
 def test_a_crafted_checkpoint_offset_is_never_committed_and_the_position_resets(
     broker: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

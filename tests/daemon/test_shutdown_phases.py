@@ -148,6 +148,7 @@ def test_sigterm_while_polling(broker: Broker, tmp_path: Path) -> None:
                   ready=lambda d: counted(d, 500), log=tmp_path / "run.log", env=EARLIEST, bootstrap=broker.bootstrap)
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 def test_sigterm_while_a_checkpoint_is_being_written(broker: Broker, tmp_path: Path) -> None:
     """Every checkpoint write stalls for a minute (a fail point: a disk that stopped answering). The

@@ -58,6 +58,7 @@ def test_a_bad_isolation_level_stops_the_cli_with_one_line_naming_it(tmp_path: P
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.broker
 def test_a_transactional_producers_committed_records_are_counted_exactly_and_lag_reads_0(
     broker: Broker, state_dir: Path

@@ -193,6 +193,7 @@ def test_the_probes_answer_with_the_broker_unreachable_and_sigterm_stops_well_wi
     assert "embedding-monitor stopped" in daemon.output() and "Traceback" not in daemon.output()
 
 
+@pytest.mark.slow
 @pytest.mark.prometheus
 def test_a_sidecar_that_never_connects_raises_source_down_not_down_or_absent(tmp_path: Path) -> None:
     job = Thresholds().job
