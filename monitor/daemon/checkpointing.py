@@ -259,8 +259,8 @@ class Checkpointer:
             if component.name in saved:
                 try:
                     component.load_state_dict(saved[component.name])
-                except Exception:  # one component's state must not discard the rest
-                    self._unusable("invalid", f"component {component.name}", "load_state_dict raised; it starts empty")
+                except Exception as exc:  # one component's state must not discard the rest
+                    self._unusable("invalid", f"component {component.name}", f"{exc}; it starts empty")
                     logger.debug("component restore failure", exc_info=True)
 
     def _check_compatible(self, state: Any) -> None:

@@ -318,6 +318,28 @@ def test_a_crafted_checkpoint_with_impossible_values_is_refused_and_the_previous
     assert aside.exists() and ckpt.read_file(store.previous)["offsets"] == [["t", 0, 3], ["t", 1, 1]]
 
 
+def test_a_crafted_component_state_costs_that_component_only(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Probe state with a value no run produces: the windows and offsets of the same checkpoint are
+    restored, the probes start empty, and the one ERROR line says which value."""
+    probes = {"probes": {"clicks": [{"name": "clicks", "model": "m", "k": [3]}]}}
+    monitor = make_monitor(tmp_path, **probes)
+    feed(monitor, np.random.default_rng(1), 0)
+    assert monitor.checkpointer.checkpoint()
+    monitor.stop()
+    store = ckpt.CheckpointStore(tmp_path)
+    rewrite(store.current, lambda state: state["components"]["probes"]["probes"]["clicks"]["buffer"].__setitem__(
+        "dropped", -1))
+    restored = make_monitor(tmp_path, **probes)
+    assert restored.checkpointer.restore()
+    assert restored.checkpointer.restored_from == str(store.current)
+    assert restored.registry.get("m", "documents").records_total == 40
+    assert restored.checkpointer.restore_failures.snapshot() == {"invalid": 1}
+    [line] = [r.getMessage() for r in caplog.records if "is unusable" in r.getMessage()]
+    assert "component probes" in line and "dropped events is -1, outside" in line and "it starts empty" in line
+    [probe_component] = [c for c in restored.components if c.name == "probes"]
+    assert probe_component.probes["clicks"].dropped_events == 0  # type: ignore[attr-defined]
+
+
 def test_an_unexpected_decode_error_takes_the_same_path_and_the_good_previous_survives(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

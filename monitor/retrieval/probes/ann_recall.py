@@ -63,6 +63,7 @@ from monitor.decoding.records import EmbeddingBatch, InteractionEvent
 from monitor.retrieval.probes.base import ConfiguredProbe, EventBuffer, ProbeResult, identified_rows, sample, summarise
 from monitor.retrieval.probes.deadline import ProbeError
 from monitor.retrieval.probes.knn import exact_topk
+from monitor.state import checks
 
 if TYPE_CHECKING:
     from monitor.component import MonitorContext
@@ -128,8 +129,12 @@ def _decode_served(state: Mapping[str, Any]) -> list[ServedQuery]:
     rows = list(vectors) if isinstance(vectors, np.ndarray) else list(vectors)
     if not (len(rows) == len(state["served"]) == len(state["slices"])):
         raise ValueError("ANN buffer state holds mismatched fields")
+    dims = {np.shape(v) for v in rows}
+    if len(dims) > 1 or any(len(d) != 1 for d in dims):
+        raise checks.InvalidState(f"ANN buffer query vectors have shapes {sorted(dims)}, expected one dimension")
     return [
-        ServedQuery(np.asarray(v, dtype=np.float32), tuple(str(d) for d in served), None if s is None else str(s))
+        ServedQuery(checks.finite_array(np.asarray(v), np.shape(v), "a buffered query vector", np.float32),
+                    tuple(str(d) for d in served), None if s is None else str(s))
         for v, served, s in zip(rows, state["served"], state["slices"], strict=True)
     ]
 
@@ -178,9 +183,11 @@ class VectorCache:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         ids = [str(i) for i in state["ids"]]
-        vectors = np.asarray(state["vectors"], dtype=np.float32)
+        vectors = np.asarray(state["vectors"])
         if ids and (vectors.ndim != 2 or vectors.shape[0] != len(ids)):
             raise ValueError("vector cache state holds mismatched ids and vectors")
+        if ids:
+            vectors = checks.finite_array(vectors, vectors.shape, "cached document vectors", np.float32)
         with self._lock:
             self._vectors, self._ids, self._slot, self._next = None, [None] * self.capacity, {}, 0
         if ids:

@@ -24,6 +24,7 @@ from monitor.logs import RateLimitedLog
 from monitor.retrieval.metrics import parse_metric
 from monitor.retrieval.settings import ProbeSettings, ProbeSpec, StatisticsSettings
 from monitor.retrieval.stats import bootstrap_ci, slice_report
+from monitor.state import checks
 
 if TYPE_CHECKING:
     from monitor.component import MonitorContext
@@ -211,14 +212,14 @@ class EventBuffer(Generic[T]):
         return {"times": times, "items": encode(items), "dropped": dropped}
 
     def load_state_dict(self, state: Mapping[str, Any], decode: Callable[[Any], list[T]]) -> None:
-        times = np.asarray(state["times"], dtype=np.float64)
+        """Checked whole before anything is installed: a value no run produces raises ``InvalidState``."""
         items = decode(state["items"])
-        if times.ndim != 1 or len(items) != times.shape[0]:
-            raise ValueError("buffer state holds mismatched times and items")
+        times = checks.finite_array(np.asarray(state["times"]), (len(items),), "probe buffer times")
+        dropped = checks.count(state["dropped"], "probe buffer dropped events")
         keep = slice(max(0, len(items) - self.capacity), None)
         with self._lock:
             self._ring = deque(zip(times[keep].tolist(), items[keep], strict=True))
-            self.dropped = int(state["dropped"])
+            self.dropped = dropped
 
 
 def identified_rows(sample_ids: Sequence[str | None]) -> tuple[list[str], np.ndarray]:

@@ -66,6 +66,7 @@ from monitor.retrieval.probes.base import (
     summarise,
 )
 from monitor.retrieval.stats import fold_slices
+from monitor.state import checks
 
 if TYPE_CHECKING:
     from monitor.component import MonitorContext
@@ -330,8 +331,9 @@ def _decode_events(rows: list[list[Any]]) -> list[InteractionEvent]:
         out.append(InteractionEvent(
             model=str(model), query_id=None if query_id is None else str(query_id),
             results=tuple(str(r) for r in results), clicks=tuple(str(c) for c in clicks),
-            relevance={str(k): float(v) for k, v in relevance.items()}, slice=None if slice_ is None else str(slice_),
-            ts=None if ts is None else float(ts),
+            relevance={str(k): checks.finite(v, "a buffered relevance grade") for k, v in relevance.items()},
+            slice=None if slice_ is None else str(slice_),
+            ts=None if ts is None else checks.finite(ts, "a buffered event's time"),
         ))
     return out
 

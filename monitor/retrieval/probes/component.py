@@ -34,6 +34,7 @@ from monitor.logs import RateLimitedLog
 from monitor.retrieval.probes.base import Probe, ProbeResult
 from monitor.retrieval.probes.deadline import ProbeDeadline, ProbeTimeout
 from monitor.retrieval.probes.export import OUTCOMES, ProbeSnapshot, families
+from monitor.state import checks
 
 if TYPE_CHECKING:
     from monitor.retrieval.settings import ProbeSettings
@@ -163,17 +164,29 @@ class ProbeComponent(Component):
         """Restore what ``state_dict`` saved for the probes still configured (others are ignored)."""
         if state.get("version") != _STATE_VERSION:
             raise ValueError(f"unsupported probe state version {state.get('version')!r}")
-        for name, probe_state in dict(state.get("probes") or {}).items():
-            if name in self.probes:
-                self.probes[name].load_state_dict(probe_state)
+        saved_runs = {
+            (str(name), str(outcome)): checks.count(count, f"probe runs of {name} ({outcome})")
+            for name, outcome, count in state.get("runs") or []
+        }
+        saved_last = {
+            str(k): checks.finite(v, f"last success of probe {k}", low=0.0)
+            for k, v in dict(state.get("last_success") or {}).items()
+        }
+        empty = {name: probe.state_dict() for name, probe in self.probes.items()}  # nothing restored yet
+        try:
+            for name, probe_state in dict(state.get("probes") or {}).items():
+                if name in self.probes:
+                    self.probes[name].load_state_dict(probe_state)
+        except Exception:
+            for name, probe in self.probes.items():  # all or nothing: the checkpoint says "starts empty"
+                probe.load_state_dict(empty[name])
+            raise
         with self._lock:
             old = self._snapshot
             runs = dict(old.runs)
-            for name, outcome, count in state.get("runs") or []:
-                if (name, outcome) in runs:
-                    runs[(name, outcome)] = int(count)
+            runs.update({key: n for key, n in saved_runs.items() if key in runs})
             last = dict(old.last_success)
-            last.update({k: float(v) for k, v in dict(state.get("last_success") or {}).items() if k in last})
+            last.update({k: v for k, v in saved_last.items() if k in last})
             self._snapshot = ProbeSnapshot(results=old.results, runs=runs, durations=old.durations, last_success=last)
 
     # ------------------------------------------------------------------ scrape

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -177,11 +178,9 @@ def test_failing_and_timing_out_endpoints_fail_alone_through_the_daemon(tmp_path
     assert value(s, "embmon_job_runs_total", job="probe:slow", outcome="timeout") >= 1
 
 
-def test_probe_state_survives_a_checkpoint_round_trip(tmp_path: Path) -> None:
-    """Buffered events, the catalog, the vector cache, run counters and last successes come back
-    through the daemon's checkpoint encoding, and the restored probes compute the same numbers."""
+def filled_probes(tmp_path: Path) -> tuple[Callable[[], ProbeComponent], ProbeComponent, tuple[str, ...]]:
+    """A click and an ANN probe with buffered events, a catalog and a vector cache; and a maker of empty twins."""
     from monitor.decoding.records import EmbeddingBatch
-    from monitor.storage import checkpoint_format as checkpoint
 
     rng = np.random.default_rng(3)
     docs = rng.standard_normal((40, 6)).astype(np.float32)
@@ -211,6 +210,15 @@ def test_probe_state_survives_a_checkpoint_round_trip(tmp_path: Path) -> None:
             ),
             now=450.0 + i,
         )
+    return fresh, comp, ids
+
+
+def test_probe_state_survives_a_checkpoint_round_trip(tmp_path: Path) -> None:
+    """Buffered events, the catalog, the vector cache, run counters and last successes come back
+    through the daemon's checkpoint encoding, and the restored probes compute the same numbers."""
+    from monitor.storage import checkpoint_format as checkpoint
+
+    fresh, comp, ids = filled_probes(tmp_path)
     before = {name: comp.run_probe(name) for name in ("ann", "clicks")}
     tree_arrays: list[np.ndarray] = []
     blob = checkpoint.encode(checkpoint.flatten(comp.state_dict(), tree_arrays), tree_arrays)
@@ -229,3 +237,39 @@ def test_probe_state_survives_a_checkpoint_round_trip(tmp_path: Path) -> None:
     assert value(samples, "embmon_probe_last_success_timestamp_seconds", probe="clicks") == 500.0
     with pytest.raises(ValueError, match="unsupported probe state version"):
         fresh().load_state_dict({"version": 99})
+
+
+def _probe(name: str) -> Callable[[dict], dict]:
+    return lambda state: state["probes"][name]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda s: s["runs"][0].__setitem__(2, -4), "is -4, outside"),
+        (lambda s: s["last_success"].__setitem__("ann", float("nan")), "last success of probe ann is nan"),
+        (lambda s: _probe("ann")(s)["buffer"].__setitem__("dropped", -1), "dropped events is -1"),
+        (lambda s: _probe("clicks")(s)["buffer"]["times"].__setitem__(3, np.inf), "times holds NaN or infinity"),
+        (lambda s: _probe("clicks")(s)["buffer"]["items"][0][4].__setitem__("x", float("nan")), "relevance grade"),
+        (lambda s: _probe("ann")(s)["buffer"]["items"]["vectors"].__setitem__((2, 0), np.nan), "query vector holds NaN"),
+        (lambda s: _probe("ann")(s)["cache"]["vectors"].__setitem__((0, 1), np.inf), "cached document vectors"),
+    ],
+    ids=["negative-runs", "nan-last-success", "negative-dropped", "infinite-time", "nan-grade", "nan-query",
+         "infinite-cached-vector"],
+)
+def test_a_crafted_probe_state_is_refused_whole_and_the_probes_start_empty(
+    tmp_path: Path, change: Callable[[dict], None], message: str
+) -> None:
+    """A checkpoint whose probe state holds values no run produces: the component raises (the
+    checkpoint counts it ``invalid`` and keeps the windows) and not one probe keeps part of it."""
+    fresh, comp, _ = filled_probes(tmp_path)
+    comp.run_probe("ann")
+    state = comp.state_dict()
+    change(state)
+    restored = fresh()
+    with pytest.raises(ValueError, match=message):
+        restored.load_state_dict(state)
+    assert [len(p.buffer) for p in restored.probes.values()] == [0, 0]  # type: ignore[attr-defined]
+    assert len(restored.probes["ann"].cache) == 0  # type: ignore[attr-defined]
+    assert restored.probes["clicks"].catalog.get("m") is None  # type: ignore[attr-defined]
+    assert value(collect(restored), "embmon_probe_runs_total", probe="ann", outcome="success") == 0
