@@ -63,7 +63,7 @@ from monitor.drift.references.pinned import PinnedFiles
 from monitor.drift.references.profile import ReferenceProfile, subsample_ids, subsample_index
 from monitor.drift.references.store import ReferenceStore, StoredReference
 from monitor.drift.settings import DriftSettings
-from monitor.drift.stream_state import STATE_VERSION, DriftTotals, StreamSlot
+from monitor.drift.stream_state import STATE_VERSION, DriftTotals, StreamSlot, check_entry, parse_totals
 from monitor.drift.twosample.suite import run_drift_suite
 from monitor.state.window import WindowSnapshot
 
@@ -405,6 +405,9 @@ class DriftComponent(Component):
         """Restore what fits the references on disk (a reference changed since: its detectors start afresh)."""
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"unsupported drift state version {state.get('version')!r}")
+        for entry in state.get("streams") or []:  # all or nothing: refused before any stream takes part of it
+            check_entry(entry)
+        parse_totals(state)
         builds = self.reference_settings.fallback_mode == "first_records"
         with self._lock:
             for entry in state.get("streams") or []:

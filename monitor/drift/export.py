@@ -41,6 +41,7 @@ from monitor.decoding.records import StreamKey
 from monitor.drift.attribution.region_shares import RegionReport
 from monitor.drift.twosample.calibration import TestResult
 from monitor.drift.twosample.suite import DriftReport
+from monitor.state import checks
 
 ChangeKey = tuple[str, str, str, str]  # (model, stream, signal, detector)
 TestKey = tuple[str, str, str]  # (model, stream, test)
@@ -87,28 +88,37 @@ class CycleResult:
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> CycleResult:
+        """A checkpointed verdict; a value no cycle produces raises :class:`~monitor.state.checks.InvalidState`."""
         tests = tuple(_test_from_state(entry) for entry in state["tests"])
         regions = state.get("regions")
         report = DriftReport(
-            results=tests, detected=bool(state["detected"]), cycle_alpha=float(state["cycle_alpha"]),
-            multiplicity=str(state["multiplicity"]), window_size=int(state["window_size"]),
-            reference_size=int(state["reference_size"]), seconds=float(state["seconds"]),
+            results=tests, detected=bool(state["detected"]),
+            cycle_alpha=checks.probability(state["cycle_alpha"], "cycle alpha"),
+            multiplicity=str(state["multiplicity"]), window_size=checks.count(state["window_size"], "window size"),
+            reference_size=checks.count(state["reference_size"], "reference size"),
+            seconds=checks.finite(state["seconds"], "cycle seconds", low=0.0),
             errors={str(k): str(v) for k, v in dict(state["errors"]).items()},
             planned=tuple(str(t) for t in state.get("planned") or ()),
             cut={str(k): str(v) for k, v in dict(state.get("cut") or {}).items()},
             regions=None if regions is None else RegionReport.from_state_dict(dict(regions)),
         )
-        return cls(report, bool(state["sustained"]), float(state["computed_at"]), float(state["reference_captured_at"]))
+        return cls(report, bool(state["sustained"]), checks.finite(state["computed_at"], "cycle time"),
+                   checks.finite(state["reference_captured_at"], "reference time"))
 
 
 def _test_from_state(entry: list[Any]) -> TestResult:
     """One checkpointed test result (checkpoints written before the p-value floor have 6 fields)."""
     test, statistic, p_value, threshold, detected, ratio = entry[:6]
     floor = entry[6] if len(entry) > 6 else None
-    extra = {} if ratio is None else {"drifted_components_ratio": float(ratio)}
+    name = str(test)
+    extra = {} if ratio is None else {"drifted_components_ratio": checks.probability(ratio, f"{name} drifted ratio")}
     if floor is not None:
-        extra["p_value_floor"] = float(floor)
-    return TestResult(str(test), float(statistic), float(p_value), float(threshold), bool(detected), extra)
+        extra["p_value_floor"] = checks.probability(floor, f"{name} p-value floor")
+    return TestResult(
+        name, checks.finite(statistic, f"{name} statistic"), checks.probability(p_value, f"{name} p-value"),
+        checks.probability(threshold, f"{name} threshold"), bool(detected), extra,
+    )
+
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from monitor.drift.online.online_state import decode_monitor, encode_monitor
 from monitor.drift.references.first_records import FirstRecords
 from monitor.drift.references.profile import ReferenceProfile
 from monitor.drift.references.store import StoredReference
+from monitor.state import checks
 
 logger = logging.getLogger(__name__)
 
@@ -83,8 +84,27 @@ class StreamSlot:
             except (ValueError, KeyError, TypeError) as exc:
                 logger.warning("drift: online detectors of %s/%s start afresh: %s", key[0], key[1], exc)
         self.history.extend(bool(h) for h in entry.get("history") or [])
-        self.last_end = entry.get("last_end")
+        self.last_end = _last_end(entry)
         return None if entry.get("result") is None else CycleResult.from_state_dict(dict(entry["result"]))
+
+
+def check_entry(entry: Mapping[str, Any]) -> None:
+    """Parse everything :meth:`StreamSlot.restore` would install, changing nothing: raises
+    :class:`~monitor.state.checks.InvalidState` on a value no run produces, so the component can
+    refuse the whole state before any stream took part of it."""
+    checks.integer(entry["dim"], "drift stream dimension", 1)
+    if entry.get("builder") is not None:
+        FirstRecords.from_state_dict(dict(entry["builder"]))
+    if entry.get("online_for") is not None:
+        checks.finite(entry["online_for"], "online detectors' reference time")
+    _last_end(entry)
+    if entry.get("result") is not None:
+        CycleResult.from_state_dict(dict(entry["result"]))
+
+
+def _last_end(entry: Mapping[str, Any]) -> float | None:
+    last = entry.get("last_end")
+    return None if last is None else checks.finite(last, "end of the last window tested")
 
 
 @dataclass
@@ -117,13 +137,30 @@ class DriftTotals:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Merge by maximum: counts restored twice, or after the component already counted, never go back."""
-        for model, stream, signal, detector, count, last in state.get("changes") or []:
-            ckey = (str(model), str(stream), str(signal), str(detector))
+        """Merge by maximum: counts restored twice, or after the component already counted, never go back.
+
+        Everything is checked before anything is merged (:func:`parse_totals`)."""
+        changes, cycles, cuts = parse_totals(state)
+        for ckey, (count, last) in changes.items():
             old = self.changes.get(ckey, ChangeTotals(0, None))
-            when = old.last_timestamp if last is None else float(last)
-            self.changes[ckey] = ChangeTotals(max(old.changes, int(count)), when)
-        self.cycles = max(self.cycles, int(state.get("cycles") or 0))
-        for model, stream, test, count in state.get("cuts") or []:
-            tkey = (str(model), str(stream), str(test))
-            self.cuts[tkey] = max(self.cuts.get(tkey, 0), int(count))
+            self.changes[ckey] = ChangeTotals(max(old.changes, count), old.last_timestamp if last is None else last)
+        self.cycles = max(self.cycles, cycles)
+        for tkey, count in cuts.items():
+            self.cuts[tkey] = max(self.cuts.get(tkey, 0), count)
+
+
+def parse_totals(
+    state: Mapping[str, Any],
+) -> tuple[dict[ChangeKey, tuple[int, float | None]], int, dict[TestKey, int]]:
+    """The totals of a checkpoint entry, each count non-negative and each time finite."""
+    changes: dict[ChangeKey, tuple[int, float | None]] = {}
+    for model, stream, signal, detector, count, last in state.get("changes") or []:
+        what = f"change points of {model}/{stream} {signal} {detector}"
+        when = None if last is None else checks.finite(last, f"last {what}")
+        changes[(str(model), str(stream), str(signal), str(detector))] = (checks.count(count, what), when)
+    cycles = checks.count(state.get("cycles") or 0, "drift cycles")
+    cuts = {
+        (str(model), str(stream), str(test)): checks.count(count, f"cut tests of {model}/{stream} {test}")
+        for model, stream, test, count in state.get("cuts") or []
+    }
+    return changes, cycles, cuts

@@ -47,6 +47,14 @@ def finite(value: Any, what: str, low: float = -math.inf) -> float:
     return number
 
 
+def probability(value: Any, what: str) -> float:
+    """A p-value, level or share: finite and in [0, 1]."""
+    number = finite(value, what, low=0.0)
+    if number > 1.0:
+        raise InvalidState(f"{what} is {number}, outside [0, 1]")
+    return number
+
+
 def finite_array(value: Any, shape: tuple[int, ...], what: str, dtype: type = np.float64) -> np.ndarray:
     """``value`` as a ``dtype`` array of exactly ``shape`` with only finite entries."""
     if not isinstance(value, np.ndarray) or value.dtype.kind not in "fiu":

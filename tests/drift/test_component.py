@@ -364,6 +364,50 @@ def test_state_dict_restores_builders_detectors_verdicts_and_counters(tmp_path: 
     h2.close()
 
 
+def _stream(name: str) -> Any:
+    return lambda state: next(e for e in state["streams"] if e["stream"] == name)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda s: _stream("s")(s)["result"]["tests"][0].__setitem__(2, 1.5), "p-value is 1.5, outside"),
+        (lambda s: _stream("s")(s)["result"]["tests"][0].__setitem__(1, float("nan")), "statistic is nan"),
+        (lambda s: _stream("s")(s)["result"].__setitem__("window_size", -3), "window size is -3"),
+        (lambda s: _stream("s")(s).__setitem__("last_end", float("inf")), "end of the last window tested is inf"),
+        (lambda s: _stream("partial")(s)["builder"]["vector_sum"].__setitem__(0, np.nan), "vector sum holds NaN"),
+        (lambda s: s.__setitem__("cycles", -1), "drift cycles is -1"),
+        (lambda s: s["changes"][0].__setitem__(4, -2), "is -2, outside"),
+    ],
+    ids=["p-above-1", "nan-statistic", "negative-window", "infinite-last-end", "nan-builder-sum", "negative-cycles",
+         "negative-change-count"],
+)
+def test_a_crafted_drift_state_is_refused_whole(
+    tmp_path: Path, rng: np.random.Generator, change: Any, message: str
+) -> None:
+    """Values no cycle produces: the component raises (the checkpoint counts it ``invalid``) before
+    any stream took part of the state, so the scrape equals a fresh component's."""
+    settings = settings_for(tmp_path / "state")
+    h = Harness(settings)
+    h.feed("m", "s", unit_rows(rng, 700, axis(0)))
+    h.feed("m", "partial", unit_rows(rng, 120, axis(0)))
+    h.publish()
+    h.component.run_cycle()
+    h.now += 1
+    h.feed("m", "s", unit_rows(rng, 1500, axis(1)))
+    h.component.flush()
+    state = round_trip(h.component.state_dict())
+    change(state)
+    h2, fresh = Harness(settings, now=h.now), Harness(settings, now=h.now)
+    with pytest.raises(ValueError, match=message):
+        h2.component.load_state_dict(state)
+    assert h2.samples() == fresh.samples()
+    assert h2.component._streams.get(("m", "partial")) is None or h2.component._streams[("m", "partial")].builder \
+        is None or h2.component._streams[("m", "partial")].builder.seen == 0
+    for harness in (h, h2, fresh):
+        harness.close()
+
+
 def test_state_of_another_reference_is_not_restored(tmp_path: Path, rng: np.random.Generator) -> None:
     settings = settings_for(tmp_path / "state")
     h = Harness(settings)

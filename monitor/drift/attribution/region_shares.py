@@ -32,6 +32,7 @@ from scipy import stats
 
 from monitor.drift.attribution.regions import Regions, exemplar_ids, ranked_ids
 from monitor.multiple_testing import benjamini_hochberg
+from monitor.state import checks
 
 
 @dataclass(frozen=True)
@@ -95,14 +96,17 @@ class RegionReport:
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> RegionReport:
+        share = checks.probability
         regions = tuple(
-            RegionShift(int(j), float(rs), float(ws), float(p), float(pa), bool(s), tuple(map(str, re)),
-                        tuple(map(str, we)))
+            RegionShift(checks.count(j, "region index"), share(rs, f"region {j} reference share"),
+                        share(ws, f"region {j} window share"), share(p, f"region {j} p-value"),
+                        share(pa, f"region {j} adjusted p-value"), bool(s), tuple(map(str, re)), tuple(map(str, we)))
             for j, rs, ws, p, pa, s, re, we in state["regions"]
         )
-        novel = [float(v) for v in state.get("novel") or (0.0, 1.0, 1.0)]
-        return cls(regions, float(state["novel_share"]), tuple(map(str, state["novel_exemplars"])),
-                   float(state["alpha"]), int(state["window_rows"]), int(state["reference_rows"]), *novel)
+        novel = [share(v, "novel share statistics") for v in state.get("novel") or (0.0, 1.0, 1.0)]
+        return cls(regions, share(state["novel_share"], "novel share"), tuple(map(str, state["novel_exemplars"])),
+                   share(state["alpha"], "region alpha"), checks.count(state["window_rows"], "region window rows"),
+                   checks.count(state["reference_rows"], "region reference rows"), *novel)
 
 
 def share_p_values(window_counts: np.ndarray, reference_counts: np.ndarray) -> np.ndarray:

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from monitor.drift.references.profile import ReferenceProfile
+from monitor.state import checks
 from monitor.state.reservoir import Reservoir
 
 
@@ -65,9 +66,9 @@ class FirstRecords:
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> FirstRecords:
         reservoir = Reservoir.from_state_dict(dict(state["reservoir"]))
-        builder = cls(int(state["target"]), reservoir.dim, reservoir.capacity)
-        vector_sum = np.asarray(state["vector_sum"], dtype=np.float64)
-        if vector_sum.shape != (reservoir.dim,) or reservoir.seen > builder.target:
+        builder = cls(checks.integer(state["target"], "first-records target", 1), reservoir.dim, reservoir.capacity)
+        vector_sum = checks.finite_array(np.asarray(state["vector_sum"]), (reservoir.dim,), "first-records vector sum")
+        if reservoir.seen > builder.target:
             raise ValueError("first-records state is inconsistent")
         builder.reservoir = reservoir
         builder.vector_sum = vector_sum.copy()
