@@ -112,7 +112,8 @@ class MergeTable:
         self.width = w.seconds / w.subwindows
         self.subwindows = w.subwindows
         self.seed = settings.seed
-        self.sample_size = w.reservoir_size
+        # as one daemon's window (state/window.py, sample_limit): the drift tests' sample is full
+        self.sample_size = max(w.reservoir_size, settings.drift.window_sample_size if settings.drift.enabled else 0)
         self.max_replicas = settings.scale_out.max_replicas
         self.stale_after = settings.scale_out.stale_after_seconds
         self.clock = clock

@@ -55,6 +55,8 @@ class StateRegistry:
             alignment_alpha=self.settings.quality.alignment_alpha,
             gram_precision=w.gram_precision,
             device=self._device,
+            # the drift tests' window sample is full whatever the traffic's shape (state/window.py)
+            min_sample=self.settings.drift.window_sample_size if self.settings.drift.enabled else 0,
         )
 
     def admit(self, model: str, stream: str) -> bool:
@@ -182,7 +184,7 @@ class StateRegistry:
                         f"{model}/{stream}: window {attr} is {saved[attr]!r} in the checkpoint, "
                         f"{getattr(fresh, attr)!r} configured"
                     )
-            window = SlidingWindow.from_state_dict(saved)
+            window = SlidingWindow.from_state_dict(saved, min_sample=fresh.min_sample)
             window.use_arithmetic(fresh.gram_precision, fresh.device)
             last = entry.get("last_record_time")
             rebuilt[(model, stream)] = StreamState(

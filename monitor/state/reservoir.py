@@ -221,6 +221,7 @@ def uniform_sample(
     dim: int,
     rng: np.random.Generator,
     share: Sequence[bool] | None = None,
+    limit: int | None = None,
 ) -> tuple[np.ndarray, tuple[str | None, ...]]:
     """One sample of the union of several reservoirs' streams, every record equally likely.
 
@@ -231,6 +232,8 @@ def uniform_sample(
     Returns the rows in random order (any prefix is itself such a sample) and their ids.
     A reservoir marked in ``share`` (one that takes no more records: a closed sub-window) whose
     every row is taken keeps its rows only inside the returned sample, which saves a copy.
+    ``limit`` lowers p to at most limit/Σn_j, so the sample holds about ``limit`` rows (exactly
+    in expectation) and stays uniform.
 
     >>> rng = np.random.default_rng(0)
     >>> a, b = Reservoir(4, 2, rng), Reservoir(4, 2, rng)
@@ -245,6 +248,8 @@ def uniform_sample(
         return np.empty((0, dim), dtype=np.float32), ()
     nonempty = seen > 0
     p = float(np.min(held[nonempty] / seen[nonempty]))
+    if limit is not None:
+        p = min(p, limit / float(seen.sum()))
     share = share if share is not None else [False] * len(reservoirs)
     parts: list[np.ndarray] = []
     ids: list[str | None] = []

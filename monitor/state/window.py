@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["SlidingWindow", "WindowSnapshot"]
 
 _STATE_VERSION = 1
+MAX_MIN_SAMPLE = 100_000  # drift.window_sample_size's bound: what a restored state may ask for
 _INDEX_MASK = (1 << 62) - 1  # seed sequences need non-negative entropy
 
 
@@ -100,7 +101,9 @@ class _SubWindow:
     def from_state_dict(cls, state: dict[str, Any], window: SlidingWindow) -> _SubWindow:
         """Rebuild one of ``window``'s sub-windows; its sizes are checked before anything is allocated."""
         reservoir = state["reservoir"]
-        if reservoir["capacity"] != window.subwindow_capacity or reservoir["dim"] != window.dim:
+        # a sub-window written before min_sample was raised (or lowered) keeps its capacity until it expires
+        capacities = {window.subwindow_capacity, -(-window.reservoir_size // window.subwindows)}
+        if reservoir["capacity"] not in capacities | {window.min_sample} or reservoir["dim"] != window.dim:
             raise checks.InvalidState("sub-window state does not match the window configuration")
         sub = cls(
             index=checks.integer(state["index"], "sub-window index", -checks.INT64_MAX),
@@ -126,7 +129,14 @@ class SlidingWindow:
     subwindows : int
         Number of tumbling sub-windows (the memory bound: at most this many are held).
     reservoir_size : int
-        Target window sample size; each sub-window keeps ``ceil(reservoir_size / subwindows)``.
+        Target window sample size; each sub-window keeps ``ceil(reservoir_size / subwindows)`` rows,
+        or ``min_sample`` where that is more.
+    min_sample : int
+        The largest sample a reader takes from the window (the drift tests' ``window_sample_size``).
+        A window sample holds at least min(this, records) rows whatever the traffic's shape: with
+        per-sub-window shares alone, a burst inside one sub-window would leave the sample at one
+        share (the rest of the window cannot be sampled more densely than the burst). Memory:
+        at most ``subwindows × max(ceil(reservoir_size / subwindows), min_sample)`` rows.
     seed : int
         Seeds every sub-window's reservoir and the snapshot subsampling (deterministic runs).
     alignment_alpha : float
@@ -164,6 +174,7 @@ class SlidingWindow:
         max_pending_pairs: int = 10_000,
         gram_precision: GramPrecision = "float64",
         device: str | None = None,
+        min_sample: int = 0,
     ) -> None:
         if int(dim) < 1:
             raise ValueError(f"dim must be a positive integer, got {dim!r}")
@@ -175,10 +186,13 @@ class SlidingWindow:
             raise ValueError(f"reservoir_size must be non-negative, got {reservoir_size!r}")
         if int(seed) < 0:
             raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        if int(min_sample) < 0:
+            raise ValueError(f"min_sample must be non-negative, got {min_sample!r}")
         self.dim = int(dim)
         self.window_seconds = float(window_seconds)
         self.subwindows = int(subwindows)
         self.reservoir_size = int(reservoir_size)
+        self.min_sample = int(min_sample)
         self.seed = int(seed)
         self.alignment_alpha = float(alignment_alpha)
         self.max_pending_pairs = int(max_pending_pairs)
@@ -198,8 +212,13 @@ class SlidingWindow:
 
     @property
     def subwindow_capacity(self) -> int:
-        """Reservoir rows per sub-window: ``ceil(reservoir_size / subwindows)``."""
-        return -(-self.reservoir_size // self.subwindows)
+        """Reservoir rows per sub-window: ``ceil(reservoir_size / subwindows)``, at least ``min_sample``."""
+        return max(-(-self.reservoir_size // self.subwindows), self.min_sample)
+
+    @property
+    def sample_limit(self) -> int:
+        """Rows a snapshot's sample holds at most (about this many once the window has them)."""
+        return max(self.reservoir_size, self.min_sample)
 
     @property
     def live_subwindows(self) -> int:
@@ -309,7 +328,7 @@ class SlidingWindow:
         # Deterministic for a given window state, so repeated snapshots agree.
         rng = np.random.default_rng([self.seed, 1, self._records_total, head & _INDEX_MASK])
         closed = [sub.index < head for sub in live]
-        return uniform_sample([sub.reservoir for sub in live], self.dim, rng, share=closed)
+        return uniform_sample([sub.reservoir for sub in live], self.dim, rng, share=closed, limit=self.sample_limit)
 
     # -- checkpointing --------------------------------------------------------------------
 
@@ -329,6 +348,7 @@ class SlidingWindow:
             "window_seconds": self.window_seconds,
             "subwindows": self.subwindows,
             "reservoir_size": self.reservoir_size,
+            "min_sample": self.min_sample,
             "seed": self.seed,
             "alignment_alpha": self.alignment_alpha,
             "max_pending_pairs": self.max_pending_pairs,
@@ -339,9 +359,10 @@ class SlidingWindow:
         }
 
     @classmethod
-    def from_state_dict(cls, state: dict[str, Any]) -> SlidingWindow:
+    def from_state_dict(cls, state: dict[str, Any], min_sample: int | None = None) -> SlidingWindow:
         """Rebuild a window from ``state_dict()`` output; ``ValueError`` names what does not fit
-        (monitor/state/checks.py)."""
+        (monitor/state/checks.py). ``min_sample``: the one configured now (new sub-windows take it;
+        restored ones keep the capacity they were written with); default: the stored one."""
         if state.get("version") != _STATE_VERSION:
             raise ValueError(f"unsupported window state version {state.get('version')!r}")
         window = cls(
@@ -352,6 +373,7 @@ class SlidingWindow:
             seed=checks.count(state["seed"], "seed"),
             alignment_alpha=checks.finite(state["alignment_alpha"], "alignment_alpha"),
             max_pending_pairs=checks.count(state["max_pending_pairs"], "max_pending_pairs"),
+            min_sample=checks.integer(state.get("min_sample", 0), "min_sample", 0, MAX_MIN_SAMPLE),
         )
         head = state["head"]
         window._head = None if head is None else checks.integer(head, "head", -checks.INT64_MAX)
@@ -368,4 +390,6 @@ class SlidingWindow:
                 f"the sub-windows hold more records than the window's total {window._records_total}"
             )
         window._pairs = PositivePairMatcher.from_state_dict(state["pairs"], window.dim)
+        if min_sample is not None:
+            window.min_sample = min_sample
         return window

@@ -30,6 +30,7 @@ def settings(replica: str = "reducer", **scale: object):  # type: ignore[no-unty
     return load_settings(overrides={
         "scale_out": {"replica_id": replica, **scale},
         "window": {"seconds": 600, "subwindows": 6, "reservoir_size": 300},
+        "drift": {"window_sample_size": 100},  # below reservoir_size: the window sample is 300 rows
     })
 
 

@@ -185,6 +185,56 @@ def test_window_sample_is_uniform_across_subwindows_with_unequal_traffic() -> No
     np.testing.assert_allclose(np.array(shares) / counts.sum(), [400 / 540, 40 / 540, 100 / 540], atol=0.01)
 
 
+@pytest.mark.parametrize("shape", ["burst", "spread"])
+def test_a_window_sample_reaches_min_sample_whatever_the_traffics_shape(shape: str) -> None:
+    """The drift tests ask ``min_sample`` rows of the window. Per-sub-window shares alone give a
+    burst inside one sub-window only that share (1,000 of 2,000 in the report); with
+    ``min_sample`` the sample is full, still uniform, and memory stays within its stated bound."""
+    subwindows, reservoir, wanted = 10, 1000, 300  # shares of 100 rows; the drift tests want 300
+    counts = np.zeros(3000, dtype=np.int64)
+    sizes, old_sizes = [], []
+    for seed in range(60):
+        windows = [SlidingWindow(dim=3, window_seconds=100, subwindows=subwindows, reservoir_size=reservoir,
+                                 seed=seed, min_sample=m) for m in (wanted, 0)]
+        for window in windows:
+            if shape == "burst":  # everything inside one sub-window, beside a trickle in two others
+                window.add(_batch(_tagged(0, 2900)), now=95.0)
+                window.add(_batch(_tagged(2900, 2950)), now=5.0)
+                window.add(_batch(_tagged(2950, 3000)), now=55.0)
+            else:
+                for k in range(10):
+                    window.add(_batch(_tagged(300 * k, 300 * (k + 1))), now=10.0 * k + 5)
+        new, old = (w.snapshot(now=99.0) for w in windows)
+        sizes.append(len(new.sample))
+        old_sizes.append(len(old.sample))
+        counts[np.floor(new.sample[:, 0]).astype(np.int64)] += 1
+        held = sum(sub.reservoir.size for sub in windows[0]._live.values())
+        assert held <= subwindows * max(reservoir // subwindows, wanted)  # the stated memory bound
+    if shape == "burst":
+        assert min(sizes) >= wanted and max(old_sizes) < 110  # before: one share (100) and a bit
+    else:
+        assert np.mean(sizes) == pytest.approx(reservoir, abs=3)  # spread traffic: as before
+    assert max(sizes) <= max(reservoir, wanted) + 1
+    expected = np.full(counts.size, counts.sum() / counts.size)
+    assert scipy_stats.chisquare(counts, expected).pvalue > 1e-3  # every record equally likely
+
+
+def test_a_state_written_before_min_sample_restores_and_new_subwindows_take_it() -> None:
+    old = SlidingWindow(dim=3, window_seconds=20, subwindows=2, reservoir_size=40, seed=1)
+    old.add(_batch(_tagged(0, 100)), now=5.0)
+    state = old.state_dict()
+    del state["min_sample"]  # as written before the setting existed
+    restored = SlidingWindow.from_state_dict(state, min_sample=60)
+    assert [sub.reservoir.capacity for sub in restored._live.values()] == [20]  # kept until it expires
+    restored.add(_batch(_tagged(100, 400)), now=15.0)
+    assert sorted(sub.reservoir.capacity for sub in restored._live.values()) == [20, 60]
+    assert len(restored.snapshot(now=15.0).sample) >= 60
+    state = restored.state_dict()
+    state["min_sample"] = 10**9  # a crafted size is refused before anything is allocated
+    with pytest.raises(ValueError, match="min_sample"):
+        SlidingWindow.from_state_dict(state)
+
+
 def test_window_sample_is_in_random_order_so_a_prefix_is_uniform() -> None:
     first_rows_from_old = 0
     for seed in range(200):
