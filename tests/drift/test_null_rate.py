@@ -67,3 +67,30 @@ def test_the_region_test_names_a_region_of_unchanged_data_at_most_at_its_rate() 
         novel.append(report.novel_share)
     assert named <= bounds(splits, alpha)[1], named
     assert np.mean(novel) == pytest.approx(0.01, abs=0.005)
+
+
+@pytest.mark.slow
+def test_behind_a_chance_verdict_the_explanation_names_something_at_most_at_q() -> None:
+    """500 null cycles at a per-cycle alpha of 0.2, so that chance verdicts happen: nothing is named
+    without a verdict, and behind the chance verdicts something is named in at most about ``q`` of
+    them (under no drift every naming is false, so this is the explanation's FDR)."""
+    settings = DriftSettings(
+        interval_seconds=60, false_alarm_every="5m", window_sample_size=ROWS, reference_sample_size=ROWS, threads=1,
+        mmd={"null": "heldout"}, centroid={"null": "heldout"}, regions={"fdr_q": 0.05},
+    )
+    vectors = topics.embeddings()
+    verdicts = named_with = named_without = 0
+    for seed in range(500):
+        rng = np.random.default_rng(20_000 + seed)
+        reference = vectors[topics.draw(rng, 2 * ROWS)]
+        report = run_drift_suite(vectors[topics.draw(rng, ROWS)], reference, settings, seed=seed,
+                                 regions=fit_regions(reference, seed=seed))
+        assert report.regions is not None
+        named = bool(report.regions.shifted) or report.regions.novel_shifted
+        verdicts += report.detected
+        named_with += named and report.detected
+        named_without += named and not report.detected
+    print(f"\n500 null cycles at alpha {settings.cycle_alpha}: {verdicts} chance verdicts, "
+          f"something named behind {named_with} of them")
+    assert named_without == 0
+    assert verdicts > 0 and named_with <= bounds(verdicts, 0.05)[1]

@@ -4,11 +4,18 @@ Each cycle assigns the window sample to the reference's regions (:mod:`monitor.d
 and, per region, compares the window's count with the held-out reference's by Fisher's exact
 test (two-sided, conditional on the region's total: exact under no drift, since the held-out
 reference rows and the window rows are exchangeable given the centres). The novel share gets the
-same test against the held-out reference's own share beyond the radius (about 1%). Benjamini–
-Hochberg across the regions and the novel share; one of them has *shifted* when its adjusted
-p-value is at most the cycle's alpha, so an unchanged window names one in at most about an
-alpha's share of cycles (under no drift BH's adjusted minimum is Simes' test of "nothing
-changed").
+same test against the held-out reference's own share beyond the radius (about 1%).
+
+The explanation is tested hierarchically (Yekutieli 2008): the suite's calibrated verdict is the
+parent hypothesis "nothing changed"; only when it rejected are the children (the regions and the
+novel share) tested, by Benjamini–Hochberg at the explanation level ``q`` (``drift.regions.fdr_q``).
+A region has *shifted* when the verdict fired and its adjusted p-value is at most ``q``. So
+without a verdict nothing is named, and under no drift something is named in at most the
+suite's false-alarm rate of cycles (the cycle's alpha), whatever ``q``; given a verdict, the
+expected share of named regions that did not move is about ``q`` (docs/drift.md, "What moved":
+the guarantee and what it does not cover). Testing the regions at the cycle's alpha, as if each
+were a fresh alarm, left them silent after real verdicts: alpha is set for a false alarm a
+month, not for explaining an alarm already raised.
 
 Exemplars, so a person can open the items that moved: per region, the reference's ids nearest
 its centre (what the region is about, chosen when the regions were fitted) and the window's ids
@@ -24,7 +31,7 @@ budget); it explains it. numpy and scipy.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -66,10 +73,16 @@ class RegionReport:
     novel_reference_share: float = 0.0
     novel_p_value: float = 1.0
     novel_p_adjusted: float = 1.0
+    verdict: bool = True  # the gate: did the suite reject? (a report from before the gate: as if it did)
 
     @property
     def novel_shifted(self) -> bool:
-        return self.novel_p_adjusted <= self.alpha
+        return self.verdict and self.novel_p_adjusted <= self.alpha
+
+    def gated(self, verdict: bool) -> RegionReport:
+        """This report behind the suite's verdict: without one, nothing has shifted."""
+        regions = tuple(replace(r, shifted=r.shifted and verdict) for r in self.regions)
+        return replace(self, regions=regions, verdict=verdict)
 
     @property
     def shifted(self) -> tuple[int, ...]:
@@ -92,6 +105,7 @@ class RegionReport:
             "window_rows": self.window_rows,
             "reference_rows": self.reference_rows,
             "novel": [self.novel_reference_share, self.novel_p_value, self.novel_p_adjusted],
+            "verdict": self.verdict,
         }
 
     @classmethod
@@ -103,10 +117,13 @@ class RegionReport:
                         share(pa, f"region {j} adjusted p-value"), bool(s), tuple(map(str, re)), tuple(map(str, we)))
             for j, rs, ws, p, pa, s, re, we in state["regions"]
         )
-        novel = [share(v, "novel share statistics") for v in state.get("novel") or (0.0, 1.0, 1.0)]
+        novel_reference, novel_p, novel_adjusted = (
+            share(v, "novel share statistics") for v in state.get("novel") or (0.0, 1.0, 1.0)
+        )
         return cls(regions, share(state["novel_share"], "novel share"), tuple(map(str, state["novel_exemplars"])),
                    share(state["alpha"], "region alpha"), checks.count(state["window_rows"], "region window rows"),
-                   checks.count(state["reference_rows"], "region reference rows"), *novel)
+                   checks.count(state["reference_rows"], "region reference rows"), novel_reference, novel_p,
+                   novel_adjusted, verdict=bool(state.get("verdict", True)))
 
 
 def share_p_values(window_counts: np.ndarray, reference_counts: np.ndarray) -> np.ndarray:

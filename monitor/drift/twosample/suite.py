@@ -154,7 +154,7 @@ def run_drift_suite(
     deterministic: subsampling, permutations and the classifier's split all derive from it.
     ``deadline``: no test starts after it, permutation tests stop drawing at it (module
     docstring). ``regions`` (and the window rows' ``window_ids``, for exemplars): the
-    explanation of where the window moved, at the cycle's alpha.
+    explanation of where the window moved, tested behind the verdict at ``regions.fdr_q``.
 
     Examples
     --------
@@ -211,7 +211,7 @@ def run_drift_suite(
     with thread_limit(settings.threads):
         if regions is not None:
             explained = compare_regions(
-                regions, window, window_ids, reference, settings.cycle_alpha, settings.regions.exemplars
+                regions, window, window_ids, reference, settings.regions.fdr_q, settings.regions.exemplars
             )
         for name in sorted(planned, key=RUN_ORDER.index):
             if deadline.expired():
@@ -229,9 +229,12 @@ def run_drift_suite(
     results = apply_multiplicity(in_order, settings.cycle_alpha, settings.multiplicity, family=len(planned))
     if cut:
         logger.info("drift suite: the deadline cut %s", ", ".join(f"{t} ({how})" for t, how in sorted(cut.items())))
+    detected = any(r.detected for r in results)
+    if explained is not None:  # hierarchical: the explanation's tests count only behind a verdict
+        explained = explained.gated(detected)
     report = DriftReport(
         results=results,
-        detected=any(r.detected for r in results),
+        detected=detected,
         cycle_alpha=settings.cycle_alpha,
         multiplicity=settings.multiplicity,
         window_size=len(window),
