@@ -189,8 +189,8 @@ def _spec_rows() -> Iterable[MetricSpec]:
         ("embmon_drift_regions_shifted", "gauge",
          "Regions whose share changed at the last cycle (adjusted p-value at most the cycle alpha).", MS, ""),
         ("embmon_drift_novel_ratio", "gauge",
-         "Share of the window sample farther from every region than 99% of the held-out reference (about 0.01 "
-         "when nothing new arrived).", MS, "ratio"),
+         "Share of the window sample farther from every reference row than 99% of held-out reference rows are "
+         "(about 0.01 when nothing new arrived).", MS, "ratio"),
         ("embmon_drift_change_points_total", "counter",
          "Change points the online detectors flagged, by signal and detector.", (*MS, "signal", "detector"), ""),
         ("embmon_drift_last_change_timestamp_seconds", "gauge",

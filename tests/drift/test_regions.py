@@ -8,9 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 from monitor.decoding.records import EmbeddingBatch
-from monitor.drift.attribution.region_shares import compare_regions
+from monitor.drift.attribution.region_shares import calibrated_novelty, compare_regions
 from monitor.drift.attribution.regions import MIN_ROWS_PER_REGION, fit_regions, kmeans
 from monitor.drift.references.profile import ReferenceProfile
 from monitor.drift.references.store import ReferenceStore
@@ -200,3 +201,31 @@ def test_a_quarter_of_the_window_from_new_topics_is_named_at_the_first_verdict()
     print(f"\nnamed at the first verdict in {named}/10; {arrivals_new}/{arrivals} exemplars of arrivals are new items")
     assert named >= 9
     assert arrivals_new >= 0.8 * arrivals > 0
+
+
+@pytest.mark.slow
+def test_calibrated_novelty_sits_at_its_nominal_rate_and_flags_unseen_topics() -> None:
+    """Real MiniLM sentences: on unchanged data 1% of the rows are novel (the calibration rows'
+    quantile); of items from topics the reference never had, far more, and more than the regions'
+    centre radius flags (what the explanation used before)."""
+    vectors = topics.embeddings()
+    _, new = topics.usual_and_new()
+    null_novel, null_rows, flagged, by_radius = 0, 0, [], []
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        reference = vectors[topics.draw(rng, 2000)]
+        window = vectors[topics.draw(rng, 2000)]
+        novel, calibration_novel, calibration_rows = calibrated_novelty(window, reference, rng)
+        assert 0 < calibration_novel <= 0.01 * calibration_rows + 1  # beyond the 99th percentile (ties: fewer)
+        null_novel += int(novel.sum())
+        null_rows += len(window)
+        unseen = vectors[rng.choice(new, 500)]
+        flagged.append(calibrated_novelty(unseen, reference, np.random.default_rng(seed))[0].mean())
+        regions = fit_regions(reference, seed=seed)
+        assert regions is not None
+        by_radius.append((regions.assign(unseen)[1] > regions.novel_radius).mean())
+    low, high = scipy_stats.binom.ppf([0.0005, 0.9995], null_rows, 0.01)
+    print(f"\nnull novel share {null_novel / null_rows:.4f}; unseen topics flagged {np.mean(flagged):.3f} "
+          f"(centre radius: {np.mean(by_radius):.3f})")
+    assert low <= null_novel <= high
+    assert np.mean(flagged) > 0.3 and np.mean(flagged) > 2 * np.mean(by_radius)

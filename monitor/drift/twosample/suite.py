@@ -173,7 +173,7 @@ def run_drift_suite(
     reference = np.asarray(reference_sample, dtype=np.float32)
     if window.ndim != 2 or reference.ndim != 2 or window.shape[1] != reference.shape[1]:
         raise ValueError(f"samples must be 2-D with the same dimension; got {window.shape} and {reference.shape}")
-    seeds = np.random.SeedSequence(settings.seed if seed is None else seed).spawn(6)
+    seeds = np.random.SeedSequence(settings.seed if seed is None else seed).spawn(7)
     kept = subsample_index(len(window), settings.window_sample_size, np.random.default_rng(seeds[0]))
     window, window_ids = window[kept], subsample_ids(window_ids, kept)
     reference = uniform_subsample(reference, settings.reference_sample_size, np.random.default_rng(seeds[1]))
@@ -211,7 +211,8 @@ def run_drift_suite(
     with thread_limit(settings.threads):
         if regions is not None:
             explained = compare_regions(
-                regions, window, window_ids, reference, settings.regions.fdr_q, settings.regions.exemplars
+                regions, window, window_ids, reference, settings.regions.fdr_q, settings.regions.exemplars,
+                seed=seeds[6],
             )
         for name in sorted(planned, key=RUN_ORDER.index):
             if deadline.expired():
