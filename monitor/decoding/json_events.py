@@ -20,7 +20,7 @@ import simdjson
 
 __all__ = ["fast_events"]
 
-_FIELDS = ("id", "model", "vector", "ts", "stream", "slice", "pair_id")
+_FIELDS = frozenset(("id", "model", "vector", "ts", "stream", "slice", "pair_id"))
 _EXACT_INTEGER = float(2**53)
 """Vectors with a component this large go the general way: an integer that large can round
 differently through float64 than through numpy's integer conversion."""
@@ -70,8 +70,10 @@ def _plain_event(obj: Any) -> dict[str, Any] | None:
     if len(keys) != len(set(keys)):
         return None  # duplicate keys: the general parser keeps the last one, simdjson the first
     event: dict[str, Any] = {}
-    for key in _FIELDS:
-        if key not in obj:
+    # Only the message's own keys are looked up: ``key in obj`` on a simdjson Object costs
+    # ≈ 1.5 µs (it walks the object), so testing all seven field names cost ≈ 10 µs per event.
+    for key in keys:
+        if key not in _FIELDS:
             continue
         item = obj[key]
         if key == "vector":
@@ -81,7 +83,7 @@ def _plain_event(obj: Any) -> dict[str, Any] | None:
                 vector = np.frombuffer(item.as_buffer(of_type="d"), dtype=np.float64)
             except TypeError:  # not all numbers (strings, booleans, nulls)
                 return None
-            if vector.size and np.abs(vector).max() >= _EXACT_INTEGER:
+            if vector.size and (vector.max() >= _EXACT_INTEGER or vector.min() <= -_EXACT_INTEGER):
                 return None
             event[key] = vector
         elif isinstance(item, (simdjson.Object, simdjson.Array)):

@@ -277,6 +277,9 @@ _EDGE_EVENTS = [
     b'{"id": "m", "model": "m", "vector": [], "stream": "s2"}',
     b'{"id": {"x": 1}, "model": "m", "vector": [1, 2, 3, 4]}',
     b'{"id": "n", "model": "m", "vector": [1, 2, 3, 4], "ts": 1.5, "slice": "head", "pair_id": 3}',
+    # fields in another order, unknown keys between them (the fast path looks up only the message's keys)
+    b'{"pair_id": "p", "x": 1, "vector": [4, 3, 2, 1], "note": "n", "slice": "tail", "model": "m", "id": "o"}',
+    b'{"id": "p", "model": "m", "vector": [-9007199254740993, 1, 2, 3]}',  # below -2**53
 ]
 
 
@@ -301,6 +304,9 @@ def test_the_fast_path_takes_plain_events_and_leaves_the_rest() -> None:
     plain = fast_events(_EDGE_EVENTS[0])
     assert isinstance(plain, dict) and plain["vector"].dtype == np.float64
     assert isinstance(fast_events(_EDGE_EVENTS[9]), list)
-    for general_only in (1, 2, 3, 4, 7, 8, 10, 12):
+    assert fast_events(_EDGE_EVENTS[14]) == {
+        "pair_id": "p", "vector": pytest.approx(np.array([4.0, 3, 2, 1])), "slice": "tail", "model": "m", "id": "o"
+    }
+    for general_only in (1, 2, 3, 4, 7, 8, 10, 12, 15):
         assert fast_events(_EDGE_EVENTS[general_only]) is None, _EDGE_EVENTS[general_only]
     assert fast_events(b"{not json") is None and fast_events(b'{"vector": [NaN]}') is None
