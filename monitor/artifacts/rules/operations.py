@@ -237,34 +237,34 @@ def _state(th: Thresholds) -> list[Alert]:
             condition=Condition(age, ">", 900),
             scenario_builder=steady_scenario(age, target_labels(job), 1800, 20, target_labels(job)),
         ),
-        Alert(
-            name=f"{PREFIX}CheckpointRejected",
-            group=SELF_GROUP,
-            severity="warning",
-            for_="1m",
+        _set_aside(
+            "CheckpointRejected", restore, ("reason", "corrupt"), job,
             summary="At start-up the monitor refused a checkpoint file: it runs on an older state, or an empty one.",
             description="{{ $labels.instance }} moved $VALUE checkpoint file(s) aside at start-up "
                         "(reason {{ $labels.reason }}).",
-            value_format="count",
-            condition=Condition(f"sum by (job, instance, reason) ({restore})", ">", 0),
-            scenario_builder=steady_scenario(
-                restore, {**target_labels(job), "reason": "corrupt"}, 1, 0, {**target_labels(job), "reason": "corrupt"}
-            ),
-            live_signals=(restore,),
         ),
-        Alert(
-            name=f"{PREFIX}StateFileRejected",
-            group=SELF_GROUP,
-            severity="warning",
-            for_="1m",
+        _set_aside(
+            "StateFileRejected", rejected, ("file", "reference"), job,
             summary="At start-up the monitor set aside an unreadable stored reference or canary pins file.",
             description="{{ $labels.instance }} moved $VALUE {{ $labels.file }} file(s) aside at start-up; "
                         "drift or the canaries started again from their configured sources.",
-            value_format="count",
-            condition=Condition(f"sum by (job, instance, file) ({rejected})", ">", 0),
-            scenario_builder=steady_scenario(
-                rejected, {**target_labels(job), "file": "reference"}, 1, 0, {**target_labels(job), "file": "reference"}
-            ),
-            live_signals=(rejected,),
         ),
     ]
+
+
+def _set_aside(name: str, counter: str, label: tuple[str, str], job: str, *, summary: str, description: str) -> Alert:
+    """A counter of files set aside at start-up, above 0 (until the next restart), by its one label."""
+    key, example = label
+    labels = {**target_labels(job), key: example}
+    return Alert(
+        name=f"{PREFIX}{name}",
+        group=SELF_GROUP,
+        severity="warning",
+        for_="1m",
+        summary=summary,
+        description=description,
+        value_format="count",
+        condition=Condition(f"sum by (job, instance, {key}) ({counter})", ">", 0),
+        scenario_builder=steady_scenario(counter, labels, 1, 0, labels),
+        live_signals=(counter,),
+    )
