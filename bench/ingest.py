@@ -92,6 +92,7 @@ class Rate:
     broker_cpu_per_row: float  # CPU seconds of the broker, per row
     cores: float  # consumer + broker CPU seconds per wall second: 2.0 means both cores were busy
     paused_share: float = 0.0  # of the wall time, the daemon's fetching was paused by a full apply queue
+    worker_cpu_per_row: float = 0.0  # of cpu_per_row, the JSON worker processes' share
 
 
 @dataclass(frozen=True)
@@ -102,10 +103,12 @@ class Mark:
     rows: int
     cpu: float
     broker_cpu: float
+    worker_cpu: float
 
     @classmethod
     def now(cls, rows: int, broker: Broker) -> Mark:
-        return cls(time.perf_counter(), rows, cpu_seconds(), broker_cpu_seconds(broker))
+        own, workers = cpu_seconds()
+        return cls(time.perf_counter(), rows, own + workers, broker_cpu_seconds(broker), workers)
 
     def rate(self, rows: int, broker: Broker) -> Rate:
         """The rate from this mark to now, ``rows`` being the total done by now."""
@@ -115,7 +118,8 @@ class Mark:
             raise RuntimeError("no rows arrived after the steady-state mark: the client fetched the whole topic "
                                "at once (librdkafka prefetches up to 64 MiB); measure a larger topic (no --quick)")
         cpu, broker_cpu = end.cpu - self.cpu, end.broker_cpu - self.broker_cpu
-        return Rate(done / elapsed, cpu / done, broker_cpu / done, (cpu + broker_cpu) / elapsed)
+        return Rate(done / elapsed, cpu / done, broker_cpu / done, (cpu + broker_cpu) / elapsed,
+                    worker_cpu_per_row=(end.worker_cpu - self.worker_cpu) / done)
 
 
 def broker_cpu_seconds(broker: Broker) -> float:
@@ -125,14 +129,14 @@ def broker_cpu_seconds(broker: Broker) -> float:
     return sum(psutil.Process(broker.pid).cpu_times()[:2])
 
 
-def cpu_seconds() -> float:
-    """CPU seconds used so far by this process (all threads) and its JSON worker processes (not
+def cpu_seconds() -> tuple[float, float]:
+    """CPU seconds used so far by this process (all threads) and by its JSON worker processes (not
     the broker): unlike rates, this cost does not move when other jobs share the cores.
     (psutil, a bench extra, loads here: ``--rss-only`` runs without it.)"""
     import psutil
 
     workers = [c for c in psutil.Process().children() if "monitor.decoding.json_workers" in " ".join(c.cmdline())]
-    return time.process_time() + sum(sum(w.cpu_times()[:2]) for w in workers)
+    return time.process_time(), sum(sum(w.cpu_times()[:2]) for w in workers)
 
 
 def bare_rate(broker: Broker, topic: str, fmt: str, dim: int, rows: int, options: dict[str, Any]) -> Rate:
@@ -364,6 +368,7 @@ def main() -> None:
                     f"{fmt:>10} d={dim:<4} {precision} rows={rows:<7} bare={bare.rows_per_second:>10,.0f}/s "
                     f"daemon={ours.rows_per_second:>10,.0f}/s ratio={ours.rows_per_second / bare.rows_per_second:.2f} "
                     f"cpu/row bare={bare.cpu_per_row * 1e6:.1f}us daemon={ours.cpu_per_row * 1e6:.1f}us "
+                    f"(workers {ours.worker_cpu_per_row * 1e6:.1f}us) "
                     f"broker={ours.broker_cpu_per_row * 1e6:.1f}us cores busy bare={bare.cores:.2f} "
                     f"daemon={ours.cores:.2f} paused={ours.paused_share:.0%}",
                     flush=True,
