@@ -36,6 +36,7 @@ from monitor.daemon.rebalance import PartitionHandoff
 from monitor.scaleout.marker import CommitIntent, MarkerState, PublishedMarker, commit_happened
 from monitor.scaleout.partials import Offsets
 from monitor.scaleout.publisher import PartialsPublisher
+from monitor.scaleout.resume import ManifestReader, published_offsets, resume_after
 from monitor.sources.base import PartitionListener, Source, SourceMessage
 from monitor.state.registry import StateRegistry
 from monitor.storage.checkpoint_format import CheckpointError
@@ -51,6 +52,7 @@ class ReplicaRole:
         self.replica = settings.scale_out.replica_id
         self.publisher = publisher or PartialsPublisher(settings)
         self.marker = PublishedMarker(settings.state_dir)
+        self.manifests = ManifestReader(settings)  # the partials topic: where partitions resume
         self._initial: MarkerState | None = None
         self._marked = -1  # newest epoch in the marker
         self._committed = -1  # newest published epoch whose offsets were committed
@@ -100,6 +102,7 @@ class ReplicaRole:
             if initial.committing is not None:
                 initial = self._settle_intent(initial)
             self.publisher.epochs.advance_past(initial.epoch)
+        initial = self._newest_published(initial)
         self._initial = initial
         if initial is not None:
             self._marked = initial.epoch  # a commit intent written before the next mark keeps this epoch
@@ -120,6 +123,23 @@ class ReplicaRole:
         logger.info("the commit of epoch %d %s before the restart", intent.epoch,
                     "went through" if happened else "did not go through")
         return MarkerState(marker.replica, intent.epoch if happened else marker.epoch)
+
+    def _newest_published(self, initial: MarkerState | None) -> MarkerState | None:
+        """The partials topic is the source of truth: a publication of ours newer than the marker
+        (killed after publishing, before committing or marking) is what the reducer holds and what
+        the other replicas resume after, so its checkpoint is the one to restore."""
+        manifests = self.manifests.newest()
+        if manifests is None:
+            logger.error("cannot read the partials topic: restoring the checkpoint the marker names (records "
+                         "published after it and read again by another replica may count twice)")
+            return initial
+        ours = manifests.get(self.replica)
+        if ours is None or (initial is not None and ours.epoch <= initial.epoch):
+            return initial
+        logger.info("the partials topic holds our epoch %d, newer than the marker's %s: restoring its checkpoint",
+                    ours.epoch, None if initial is None else initial.epoch)
+        self.publisher.epochs.advance_past(ours.epoch)
+        return MarkerState(self.replica, ours.epoch)
 
     def publish_restored(self, registry: StateRegistry, offsets: OffsetTracker) -> None:
         """Publish the state just restored (or the empty one), in full, under a new epoch.
@@ -147,6 +167,8 @@ class ReplicaRole:
         if sent.epoch > self._committed:
             # never move a partition back below where our current assignment started
             offsets = {k: o for k, o in sent.offsets.items() if o >= self.floors.get(k, -1)}
+            if offsets:
+                failpoints.reach("replica-published")  # tests: killed between a publication and its commit
             before = {k: self._last_commit.get(k) for k in offsets}
             self.marker.write(self.replica, self._marked, CommitIntent(sent.epoch, offsets, before))
             if not source.commit(offsets):
@@ -239,6 +261,7 @@ class PublishedOffsetsSource(Source):
         self.role.commit_published(self.inner)
         self.inner.close()
         self.role.publisher.close()
+        self.role.manifests.close()
 
     @property
     def up(self) -> bool:
@@ -301,3 +324,15 @@ class PublishingHandoff(PartitionHandoff):
         super().on_reset(positions)
         for key, position in positions.items():  # the old floor belongs to the old log
             self._role.floors[key] = position - 1
+
+    def resume_offsets(self) -> dict[Partition, int]:
+        """After our state, or after what any replica published, whichever is further
+        (:mod:`monitor.scaleout.resume`): records a replica published but did not commit before it
+        died are in the reducer already. Unreadable topic: our state only (and the group commit)."""
+        own = super().resume_offsets()
+        manifests = self._role.manifests.newest()
+        if manifests is None:
+            logger.error("cannot read the partials topic: resuming from the group's commits (records published "
+                         "but not committed by a replica that died may count twice)")
+            return own
+        return resume_after(own, published_offsets(manifests))

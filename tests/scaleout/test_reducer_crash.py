@@ -95,17 +95,7 @@ def test_a_replica_killed_mid_stream_leaves_the_reducer_exact(broker: Broker, tm
         assert producer.error is None
         expected = {"bin": producer.MESSAGES * 20, "json": producer.MESSAGES}
 
-        seen: dict[str, float | None] = {}
-
-        def exact_counts() -> bool:
-            s = scrape(reducer.http.port)
-            seen.update({m: value(s, "embmon_window_records", model=m, stream="default") for m in expected})
-            return all(seen[m] == n for m, n in expected.items())
-
-        try:
-            wait_until(exact_counts, timeout=120, message="the reducer's counts reach what was produced")
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}; produced {expected}, the reducer's window last held {seen}") from None
+        wait_for_exact_counts(reducer.http.port, expected)
         # both replicas keep publishing: a doubled or lost publication would show within a few cycles
         settled = reducer.table.status(time.time()).applied.get("manifest", 0)
         wait_until(lambda: reducer.table.status(time.time()).applied.get("manifest", 0) >= settled + 10,
@@ -134,6 +124,21 @@ def test_a_replica_killed_mid_stream_leaves_the_reducer_exact(broker: Broker, tm
 
 def exact_counts_in(samples: dict, expected: dict[str, int]) -> bool:  # type: ignore[type-arg]
     return all(value(samples, "embmon_window_records", model=m, stream="default") == n for m, n in expected.items())
+
+
+def wait_for_exact_counts(port: int, expected: dict[str, int], timeout: float = 120) -> None:
+    """Until the reducer's window records equal what was produced (the failure says what it last held)."""
+    seen: dict[str, float | None] = {}
+
+    def exact_counts() -> bool:
+        s = scrape(port)
+        seen.update({m: value(s, "embmon_window_records", model=m, stream="default") for m in expected})
+        return all(seen[m] == n for m, n in expected.items())
+
+    try:
+        wait_until(exact_counts, timeout=timeout, message="the reducer's counts reach what was produced")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; produced {expected}, the reducer's window last held {seen}") from None
 
 
 GAP_GROUP = "gap-scaled"

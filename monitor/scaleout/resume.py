@@ -1,0 +1,150 @@
+"""Where a replica resumes: the partials topic is the source of truth (issue 20, design (a)).
+
+A replica publishes a checkpoint's state, then commits its offsets. Killed in between, its
+publication is in the partials topic (the reducer merges it) while the group's committed offsets
+are older: whoever owns the partition next would read those records again and the reducer would
+count them twice, for good if the replica never returns. So a partition's new owner resumes at
+``max(group commit, newest published offset + 1)``, where the newest published offset is the
+largest offset any replica's newest manifest reflects for that partition, and a restarting
+replica restores the checkpoint its newest manifest in the topic names, even if its marker is
+older (the publication is what the reducer holds and what the other replicas resume after).
+
+The manifests are read from the beginning of the partials topic, then incrementally, up to its
+end at the time of each call (only manifest records are decoded): a replica that died long ago
+still counts, as long as the topic keeps its newest manifest (it is compacted by key).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from monitor.config import Settings
+from monitor.scaleout.partials import KIND_HEADER, MANIFEST, Manifest, PartialError, decode_manifest
+
+logger = logging.getLogger(__name__)
+
+Partition = tuple[str, int]
+READ_TIMEOUT_SECONDS = 20.0
+
+
+class ManifestReader:
+    """Each replica's newest manifest in the partials topic (by epoch), kept up to date incrementally.
+
+    The first call reads the topic from its beginning (at start-up, before any assignment); later
+    calls (on each assignment, on kafka-python's rebalance path) read only what was published
+    since, up to the topic's end at the time of the call, so they cost what the replicas
+    published meanwhile rather than the whole topic. A partition whose end moved back (the topic
+    deleted and recreated) is read again from its beginning, and what was known is dropped.
+    """
+
+    def __init__(self, settings: Settings, timeout: float = READ_TIMEOUT_SECONDS):
+        self.settings = settings
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._consumer: Any = None
+        self._newest: dict[str, Manifest] = {}
+
+    def newest(self) -> dict[str, Manifest] | None:
+        """The newest manifest per replica, or ``None`` when the topic cannot be read to its end in time."""
+        from kafka.errors import KafkaError
+
+        with self._lock:
+            try:
+                return self._catch_up()
+            except KafkaError as exc:
+                logger.warning("cannot read the published manifests (%s)", exc)
+                self.close_locked()
+                return None
+
+    def _catch_up(self) -> dict[str, Manifest] | None:
+        from kafka import KafkaConsumer, TopicPartition
+
+        from monitor.scaleout.intake import consumer_config
+
+        topic = self.settings.scale_out.partials_topic
+        deadline = time.monotonic() + self.timeout
+        if self._consumer is None:
+            config = consumer_config(self.settings)
+            config["client_id"] = f"{self.settings.kafka.client_id}-resume-{self.settings.scale_out.replica_id}"
+            self._consumer = KafkaConsumer(**config)
+            self._newest = {}
+        consumer = self._consumer
+        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        if not partitions:
+            return {}
+        if set(partitions) != consumer.assignment():
+            consumer.assign(partitions)
+            consumer.seek_to_beginning(*partitions)
+            self._newest = {}
+        ends = consumer.end_offsets(partitions)
+        if any(consumer.position(tp) > ends[tp] for tp in partitions):  # recreated: its old records are gone
+            consumer.seek_to_beginning(*partitions)
+            self._newest = {}
+        while any(consumer.position(tp) < ends[tp] for tp in partitions):
+            if time.monotonic() > deadline:
+                logger.warning("the published manifests were not read to the end of %s within %.0fs", topic,
+                               self.timeout)
+                return None
+            for records in consumer.poll(timeout_ms=500).values():
+                for record in records:
+                    manifest = _manifest(record)
+                    if manifest is not None and manifest.epoch > getattr(self._newest.get(manifest.replica),
+                                                                         "epoch", -1):
+                        self._newest[manifest.replica] = manifest
+        return dict(self._newest)
+
+    def close(self) -> None:
+        with self._lock:
+            self.close_locked()
+
+    def close_locked(self) -> None:
+        if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
+            consumer.close(autocommit=False)
+
+
+def _manifest(record: object) -> Manifest | None:
+    headers = dict(getattr(record, "headers", None) or ())
+    value = getattr(record, "value", None)
+    if headers.get(KIND_HEADER) != MANIFEST.encode() or value is None:
+        return None
+    try:
+        return decode_manifest(value)
+    except PartialError:
+        return None  # the reducer counts it; here it only cannot move a position
+
+
+def published_offsets(manifests: Mapping[str, Manifest]) -> dict[Partition, int]:
+    """Per partition, the largest offset a replica's newest publication reflects.
+
+    >>> from monitor.scaleout.partials import WindowGeometry
+    >>> g = WindowGeometry(60.0, 4, 100, 0.05)
+    >>> a = Manifest("a", 5, "i", g, {("t", 0): 99, ("t", 1): 10}, ())
+    >>> b = Manifest("b", 7, "j", g, {("t", 0): 40}, ())
+    >>> published_offsets({"a": a, "b": b})
+    {('t', 0): 99, ('t', 1): 10}
+    """
+    offsets: dict[Partition, int] = {}
+    for manifest in manifests.values():
+        for key, offset in manifest.offsets.items():
+            offsets[key] = max(offset, offsets.get(key, -1))
+    return offsets
+
+
+def resume_after(own: Mapping[Partition, int], published: Mapping[Partition, int]) -> dict[Partition, int]:
+    """The last offset to skip per partition: what this replica's state reflects, or what any
+    replica published, whichever is further (the Kafka source seeks to it + 1, or to the group
+    commit if that is further still).
+
+    >>> resume_after({("t", 0): 50}, {("t", 0): 80, ("t", 1): 7})
+    {('t', 0): 80, ('t', 1): 7}
+    """
+    merged = dict(own)
+    for key, offset in published.items():
+        if offset > merged.get(key, -1):
+            merged[key] = offset
+    return merged

@@ -1,0 +1,95 @@
+"""A replica killed between a publication and its offset commit, and never restarted (issue 20, point 2).
+
+Its publication is in the partials topic, so the reducer merges it, while the group's committed
+offsets are older. The replica that takes its partitions must resume after what the publication
+reflects (``monitor.scaleout.resume``: the partials topic is the source of truth), or the reducer
+counts those records twice for as long as they stay in the window. The victim never comes back
+(a scaled-down StatefulSet, a lost volume): the reducer ends exact on its own, and its window
+gauges equal a single daemon's over the same records (and the float64 truth).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from monitor.config import load_settings
+from monitor.daemon import failpoints
+from monitor.quality.intrinsic import report_from_matrix
+from monitor.scaleout.replica import group_positions
+from monitor.scaleout.resume import ManifestReader, published_offsets
+from tests.scaleout.test_reducer_crash import EXACT, exact_counts_in, replica, scaled_settings, wait_for_exact_counts
+from tests.support import daemons
+from tests.support.broker import Broker
+from tests.support.logs import tracebacks
+from tests.support.producers import KnownSequence
+from tests.support.scrape import scrape, value
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.broker
+
+GROUP = "publish-gap"
+
+
+@pytest.mark.slow
+def test_a_replica_killed_between_publication_and_commit_never_restarted_leaves_the_reducer_exact(
+        broker: Broker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    topic = "emb-scaled-publish-gap"
+    settings = scaled_settings(monkeypatch, broker, topic, GROUP, tmp_path)
+    with contextlib.ExitStack() as running:
+        reducer = running.enter_context(daemons.reducer(settings))
+        single = running.enter_context(daemons.crash_tested(
+            broker, topic, "publish-gap-single", tmp_path / "single", tmp_path / "single.log",
+            env={"EMBMON_SCALE_OUT__ROLE": "single"}))
+        producer = running.enter_context(KnownSequence(broker, topic))
+        victim = running.enter_context(replica(broker, topic, "replica-a", tmp_path / "a", tmp_path / "a.log", GROUP,
+                                               env={"EMBMON_FAILPOINT": "replica-published@5"}))
+        assert victim.wait(timeout=90) == failpoints.EXIT_STATUS  # published, then died before committing
+        assert producer.is_alive()  # records keep coming: the survivor has more to read after the gap
+        reader = ManifestReader(settings)
+        try:
+            manifests = reader.newest()
+        finally:
+            reader.close()
+        assert manifests is not None and "replica-a" in manifests
+        published = published_offsets(manifests)
+        committed = group_positions(settings, sorted(published))
+        assert committed is not None
+        # the gap is real: the publication reflects records the group's commit does not
+        ahead = {key: (offset, committed[key]) for key, offset in published.items()
+                 if committed[key] is None or offset + 1 > committed[key]}
+        assert ahead, (published, committed)
+
+        survivor = running.enter_context(replica(broker, topic, "replica-b", tmp_path / "b", tmp_path / "b.log",
+                                                 GROUP))
+        producer.join(timeout=90)
+        assert producer.error is None
+        expected = {"bin": producer.MESSAGES * 20, "json": producer.MESSAGES}
+        wait_for_exact_counts(reducer.http.port, expected)
+        wait_until(lambda: exact_counts_in(scrape(single.port), expected), timeout=60,
+                   message="the single daemon counted everything")
+        settled = reducer.table.status(time.time()).applied.get("manifest", 0)
+        wait_until(lambda: reducer.table.status(time.time()).applied.get("manifest", 0) >= settled + 10,
+                   timeout=60, message="further publications")
+        samples, one = scrape(reducer.http.port), scrape(single.port)
+        survivor_log = survivor.output()
+
+    assert exact_counts_in(samples, expected)  # still exact after further publications: nothing doubled
+    for (t, p), (offset, _) in ahead.items():
+        # the survivor resumed right after the victim's publication, not at the group's older commit
+        assert re.search(rf"partition \('{t}', {p}\): starting at offset {offset + 1}\b", survivor_log), survivor_log
+    assert not tracebacks(survivor_log)
+    quality = load_settings().quality
+    for model, matrix in (("bin", producer.bin_rows.reshape(-1, producer.DIM_BIN)), ("json", producer.json_rows)):
+        want = report_from_matrix(matrix, settings=quality)
+        for name in EXACT:
+            got = value(samples, f"embmon_{name}", model=model, stream="default")
+            assert got == pytest.approx(value(one, f"embmon_{name}", model=model, stream="default"),
+                                        rel=1e-9, abs=1e-12), (model, name)
+            assert got == pytest.approx(getattr(want, name), rel=1e-9, abs=1e-12), (model, name)
+    # the dead replica's publication stays merged (stale once it is old, never dropped before its window)
+    assert sum(value(samples, "embmon_reducer_replicas", state=s) or 0 for s in ("live", "stale")) == 2
