@@ -15,7 +15,10 @@ share". Per case it prints: verdicts, explanations that name a region or the nov
 novel share, and the share of named exemplars that are new items. It also compares two exemplar
 rules on the ``quarter`` windows: today's "least like any reference row" (largest distance to the
 nearest reference row) and the MMD witness (Gretton et al. 2012; Gaussian kernel, median
-bandwidth): witness(x) = mean k(x, window) - mean k(x, reference), both taking the top 10 rows.
+bandwidth): witness(x) = mean k(x, window) - mean k(x, reference), both taking the top 10 rows;
+and two rules for ranking the regions: today's size of the share change, and the witness mass
+(the sum of the witness over the window rows of a region), by the share of new items in the
+region each puts first, with the witness's own cost.
 And the cost of a cycle with and without the explanation (same machine, same run).
 
 Run: ``python bench/drift_explain.py`` (``--replicates 3`` for a smoke run).
@@ -70,6 +73,7 @@ def run_case(case: str, interval: int, replicates: int, compare: bool) -> None:
     verdicts = named = named_without = 0
     novel, shown_new, shown = [], 0, 0
     least_like, by_witness = [], []
+    top_by_change, top_by_mass, witness_seconds = [], [], []
     with_regions, without = [], []
     for seed in range(replicates):
         rng = np.random.default_rng(1000 + seed)
@@ -99,7 +103,16 @@ def run_case(case: str, interval: int, replicates: int, compare: bool) -> None:
             w, ref = window.astype(np.float64), reference[:ROWS].astype(np.float64)
             far = np.argsort(-nearest_distance(w, ref))[:TOP]
             least_like.append(new_fraction([ids[i] for i in far]))
-            by_witness.append(new_fraction([ids[i] for i in np.argsort(-witness(w, ref))[:TOP]]))
+            start = time.perf_counter()
+            scores = witness(w, ref)
+            witness_seconds.append(time.perf_counter() - start)
+            by_witness.append(new_fraction([ids[i] for i in np.argsort(-scores)[:TOP]]))
+            labels, _ = regions.assign(w)
+            mass = np.bincount(labels, weights=scores, minlength=regions.k)
+            new_rows = np.array([topics.topic_of(i) in topics.NEW_TOPICS for i in ids])
+            first = max(explained.regions, key=lambda r: abs(r.change)).region
+            top_by_change.append(float(new_rows[labels == first].mean()))
+            top_by_mass.append(float(new_rows[labels == int(np.argmax(mass))].mean()))
     line = (f"{case:8s} {interval:3d}s: verdict {verdicts}/{replicates}, named behind it {named}/{verdicts}, "
             f"named without a verdict {named_without}, novel share {np.mean(novel):.3f} "
             f"[{np.min(novel):.3f}, {np.max(novel):.3f}]")
@@ -111,6 +124,8 @@ def run_case(case: str, interval: int, replicates: int, compare: bool) -> None:
     if compare:
         print(f"          top-{TOP} exemplars that are new items: least like any reference row "
               f"{np.mean(least_like):.3f}, MMD witness {np.mean(by_witness):.3f}")
+        print(f"          new items in the region ranked first: by share change {np.mean(top_by_change):.3f}, "
+              f"by witness mass {np.mean(top_by_mass):.3f} (the witness: {np.median(witness_seconds):.2f} s a cycle)")
 
 
 def main() -> None:

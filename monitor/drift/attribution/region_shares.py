@@ -8,14 +8,14 @@ same test against the held-out reference's own share beyond the radius (about 1%
 
 The explanation is tested hierarchically (Yekutieli 2008): the suite's calibrated verdict is the
 parent hypothesis "nothing changed"; only when it rejected are the children (the regions and the
-novel share) tested, by Benjamini–Hochberg at the explanation level ``q`` (``drift.regions.fdr_q``).
-A region has *shifted* when the verdict fired and its adjusted p-value is at most ``q``. So
-without a verdict nothing is named, and under no drift something is named in at most the
-suite's false-alarm rate of cycles (the cycle's alpha), whatever ``q``; given a verdict, the
-expected share of named regions that did not move is about ``q`` (docs/drift.md, "What moved":
-the guarantee and what it does not cover). Testing the regions at the cycle's alpha, as if each
-were a fresh alarm, left them silent after real verdicts: alpha is set for a false alarm a
-month, not for explaining an alarm already raised.
+novel share) tested, by Benjamini–Hochberg at ``alpha`` = ``drift.regions.fdr_q`` / 2 (the suite
+passes it; the factor is Yekutieli's bound for a hierarchy). A region has *shifted* when the
+verdict fired and its adjusted p-value is at most ``alpha``. So without a verdict nothing is
+named, and under no drift something is named in at most the suite's false-alarm rate of cycles
+(the cycle's alpha), whatever ``q``; given a verdict, the expected share of named regions that
+did not move is at most about ``q`` (docs/drift.md, "What moved": the guarantee, measured).
+Testing the regions at the cycle's alpha, as if each were a fresh alarm, left them silent after
+real verdicts: alpha is set for a false alarm a month, not for explaining an alarm already raised.
 
 Exemplars, so a person can open the items that moved: per region, the reference's ids nearest
 its centre (what the region is about, chosen when the regions were fitted) and the window's ids
