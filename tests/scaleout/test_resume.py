@@ -1,0 +1,75 @@
+"""The manifests a replica resumes after, read from a real partials topic (issue 20, point 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from monitor.config import load_settings
+from monitor.scaleout.partials import KIND_HEADER, MANIFEST, Manifest, WindowGeometry, encode_manifest
+from monitor.scaleout.resume import ManifestReader, published_offsets
+from tests.daemon.test_offset_resets import recreate
+from tests.support.broker import Broker, kafka_daemon_overrides
+
+pytestmark = pytest.mark.broker
+
+GEOMETRY = WindowGeometry(60.0, 4, 100, 0.05)
+
+
+def send(broker: Broker, topic: str, *manifests: Manifest, extra: tuple[tuple[bytes, list[tuple[str, bytes]]], ...] = ()
+         ) -> None:
+    producer = broker.producer()
+    try:
+        for manifest in manifests:
+            record = encode_manifest(manifest)
+            producer.send(topic, key=record.key, value=record.value, headers=list(record.headers), partition=0)
+        for value, headers in extra:
+            producer.send(topic, key=b"x", value=value, headers=headers, partition=0)
+        producer.flush()
+    finally:
+        producer.close()
+
+
+def test_each_replicas_newest_manifest_incrementally_and_after_the_topic_is_recreated(broker: Broker,
+                                                                                       tmp_path: Path) -> None:
+    partials = "resume-partials"
+    broker.create_topics(partials)
+    settings = load_settings(overrides=kafka_daemon_overrides(
+        broker, "resume-embeddings", "resume", tmp_path, scale_out={"partials_topic": partials}))
+    corrupt = (b"{not json", [(KIND_HEADER, MANIFEST.encode())])
+    chunk = (b"\x00" * 64, [(KIND_HEADER, b"subwindow")])
+    send(broker, partials,
+         Manifest("a", 1, "i", GEOMETRY, {("t", 0): 10}, ()),
+         Manifest("b", 2, "j", GEOMETRY, {("t", 0): 40, ("t", 1): 7}, ()),
+         Manifest("a", 3, "i", GEOMETRY, {("t", 0): 55}, ()),
+         extra=(corrupt, chunk))
+    reader = ManifestReader(settings, timeout=15)
+    try:
+        newest = reader.newest()
+        assert newest is not None
+        assert {r: m.epoch for r, m in newest.items()} == {"a": 3, "b": 2}  # corrupt and chunk records skipped
+        assert published_offsets(newest) == {("t", 0): 55, ("t", 1): 7}
+        send(broker, partials, Manifest("b", 5, "j", GEOMETRY, {("t", 1): 90}, ()),
+             Manifest("a", 2, "i", GEOMETRY, {("t", 0): 99}, ()))  # an older epoch of a: ignored
+        newest = reader.newest()
+        assert newest is not None and {r: m.epoch for r, m in newest.items()} == {"a": 3, "b": 5}
+        assert published_offsets(newest) == {("t", 0): 55, ("t", 1): 90}
+        # the topic deleted and recreated: what the old one held is forgotten, the new one read from its start
+        recreate(broker, partials)
+        send(broker, partials, Manifest("c", 9, "k", GEOMETRY, {("t", 0): 3}, ()))
+        newest = reader.newest()
+        assert newest is not None and {r: m.epoch for r, m in newest.items()} == {"c": 9}
+        assert published_offsets(newest) == {("t", 0): 3}
+    finally:
+        reader.close()
+
+
+def test_an_absent_partials_topic_holds_no_manifests(broker: Broker, tmp_path: Path) -> None:
+    settings = load_settings(overrides=kafka_daemon_overrides(
+        broker, "resume-embeddings", "resume", tmp_path, scale_out={"partials_topic": "resume-never-created"}))
+    reader = ManifestReader(settings, timeout=10)
+    try:
+        assert reader.newest() == {}
+    finally:
+        reader.close()
