@@ -47,12 +47,13 @@ logger = logging.getLogger(__name__)
 class ReplicaRole:
     """Ties a replica's checkpoints to its publications and to what it may commit and restore."""
 
-    def __init__(self, settings: Settings, publisher: PartialsPublisher | None = None):
+    def __init__(self, settings: Settings, publisher: PartialsPublisher | None = None,
+                 manifests: ManifestReader | None = None):
         self.settings = settings
         self.replica = settings.scale_out.replica_id
         self.publisher = publisher or PartialsPublisher(settings)
         self.marker = PublishedMarker(settings.state_dir)
-        self.manifests = ManifestReader(settings)  # the partials topic: where partitions resume
+        self.manifests = manifests or ManifestReader(settings)  # the partials topic: where partitions resume
         self._initial: MarkerState | None = None
         self._marked = -1  # newest epoch in the marker
         self._committed = -1  # newest published epoch whose offsets were committed

@@ -22,11 +22,11 @@ from monitor.daemon import failpoints
 from monitor.quality.intrinsic import report_from_matrix
 from monitor.scaleout.replica import group_positions
 from monitor.scaleout.resume import ManifestReader, published_offsets
-from tests.scaleout.test_reducer_crash import EXACT, exact_counts_in, replica, scaled_settings, wait_for_exact_counts
 from tests.support import daemons
 from tests.support.broker import Broker
 from tests.support.logs import tracebacks
 from tests.support.producers import KnownSequence
+from tests.support.scaleout import EXACT, exact_counts_in, replica, scaled_settings, wait_for_exact_counts
 from tests.support.scrape import scrape, value
 from tests.support.waiting import wait_until
 

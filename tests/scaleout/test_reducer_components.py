@@ -11,24 +11,11 @@ from monitor.config import load_settings
 from monitor.decoding.records import EmbeddingBatch
 from monitor.drift.admin import capture_baseline
 from monitor.scaleout.publisher import PartialsPublisher
-from monitor.scaleout.reducer import Reducer
 from monitor.state.registry import StateRegistry
 from tests.support import daemons
-from tests.support.scaleout import MemoryProducer, feed
+from tests.support.scaleout import T0, MemoryProducer, feed, reducer
 
-T0 = 3_000_000.0
 DIM = 16
-
-
-def reducer(tmp_path: Path, now: list[float], **drift: object) -> Reducer:
-    settings = load_settings(overrides={
-        "source": "kafka", "state_dir": str(tmp_path / "reducer"), "http": {"port": 0, "admin_token": "x" * 20},
-        "window": {"seconds": 600, "subwindows": 6, "reservoir_size": 600},
-        "scale_out": {"role": "reducer"},
-        "drift": {"interval_seconds": 3600, "window_sample_size": 200, "reference_sample_size": 200, "threads": 1,
-                  "ks": {"components": 4}, "classifier": {"squared_components": 2}, **drift},
-    })
-    return Reducer(settings, clock=lambda: now[0])
 
 
 def publish(table, rows: dict[str, np.ndarray], now: list[float]) -> None:  # type: ignore[no-untyped-def]

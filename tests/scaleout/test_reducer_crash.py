@@ -16,54 +16,25 @@ import random
 import re
 import signal
 import time
-from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
 
-from monitor.config import Settings, load_settings
+from monitor.config import load_settings
 from monitor.daemon import failpoints
 from monitor.quality.intrinsic import report_from_matrix
 from monitor.scaleout.marker import PublishedMarker
 from tests.support import daemons
-from tests.support.broker import Broker, kafka_daemon_overrides
-from tests.support.daemons import DaemonProcess
+from tests.support.broker import Broker
 from tests.support.logs import tracebacks
 from tests.support.producers import KnownSequence
+from tests.support.scaleout import EXACT, exact_counts_in, replica, scaled_settings, wait_for_exact_counts
 from tests.support.scrape import scrape, value
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 
-PARTITIONS, KILLS = 2, 3  # one partition per replica while both run; both on one while the victim is down
-EXACT = ("partition_isotropy", "effective_dimension", "mean_cosine_similarity", "vector_norm_mean",
-         "vector_norm_stddev", "effective_rank", "stable_rank", "top10_variance_ratio")
-WINDOW = {"seconds": 3600, "subwindows": 4, "reservoir_size": 500}
-
-
-def replica(broker: Broker, topic: str, name: str, state_dir: Path, log: Path, group: str = "crash-scaled",
-            env: dict[str, str] | None = None) -> AbstractContextManager[DaemonProcess]:
-    """``embedding-monitor run`` as the crash tests start it (``daemons.crash_tested``: fast commits and
-    checkpoints, a short session), as replica ``name`` of the scaled deployment (the environment says so)."""
-    return daemons.crash_tested(broker, topic, group, state_dir, log,
-                                env={"EMBMON_SCALE_OUT__REPLICA_ID": name, **(env or {})})
-
-
-def scaled_settings(monkeypatch: pytest.MonkeyPatch, broker: Broker, topic: str, group: str,
-                    tmp_path: Path) -> Settings:
-    """The topic and its partials topic, the reducer's settings, and the replica processes'
-    settings in the environment: the reducer's window and partials topic, role replica."""
-    partials = f"{topic}-partials"
-    broker.create_topics(topic, partitions=PARTITIONS)
-    broker.create_topics(partials, partitions=2)
-    for key, setting in WINDOW.items():
-        monkeypatch.setenv(f"EMBMON_WINDOW__{key.upper()}", str(setting))
-    monkeypatch.setenv("EMBMON_SCALE_OUT__PARTIALS_TOPIC", partials)
-    monkeypatch.setenv("EMBMON_SCALE_OUT__ROLE", "replica")
-    return load_settings(overrides=kafka_daemon_overrides(
-        broker, topic, group, tmp_path / "reducer", window=WINDOW, drift={"enabled": False},
-        scale_out={"role": "reducer", "partials_topic": partials},
-    ))
+KILLS = 3
 
 
 @pytest.mark.slow
@@ -120,25 +91,6 @@ def test_a_replica_killed_mid_stream_leaves_the_reducer_exact(broker: Broker, tm
             assert got == pytest.approx(getattr(want, name), rel=1e-9, abs=1e-12), (model, name)
         assert value(samples, "embmon_dead_dimensions", model=model, stream="default") == want.dead_dimensions
     assert value(samples, "embmon_reducer_replicas", state="live") == 2
-
-
-def exact_counts_in(samples: dict, expected: dict[str, int]) -> bool:  # type: ignore[type-arg]
-    return all(value(samples, "embmon_window_records", model=m, stream="default") == n for m, n in expected.items())
-
-
-def wait_for_exact_counts(port: int, expected: dict[str, int], timeout: float = 120) -> None:
-    """Until the reducer's window records equal what was produced (the failure says what it last held)."""
-    seen: dict[str, float | None] = {}
-
-    def exact_counts() -> bool:
-        s = scrape(port)
-        seen.update({m: value(s, "embmon_window_records", model=m, stream="default") for m in expected})
-        return all(seen[m] == n for m, n in expected.items())
-
-    try:
-        wait_until(exact_counts, timeout=timeout, message="the reducer's counts reach what was produced")
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; produced {expected}, the reducer's window last held {seen}") from None
 
 
 GAP_GROUP = "gap-scaled"

@@ -11,10 +11,9 @@ from monitor.decoding.records import EmbeddingBatch
 from monitor.drift.attribution.explain import explanation
 from monitor.scaleout.publisher import PartialsPublisher
 from monitor.state.registry import StateRegistry
-from tests.scaleout.test_reducer_components import T0, reducer
 from tests.support import daemons
 from tests.support.drift import axis, unit_rows
-from tests.support.scaleout import MemoryProducer, feed
+from tests.support.scaleout import T0, MemoryProducer, feed, reducer
 
 DIM = 16
 

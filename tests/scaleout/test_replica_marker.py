@@ -5,10 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from monitor.config import load_settings
 from monitor.scaleout.marker import MarkerState, PublishedMarker
 from monitor.scaleout.partials import EpochClock
 from monitor.scaleout.replica import ReplicaRole
+from monitor.storage.checkpoint_format import CheckpointError
 
 
 class Publisher:
@@ -27,13 +30,23 @@ class Source:
         return self.accept
 
 
-def role(tmp_path: Path, publisher: Publisher) -> ReplicaRole:
+class Manifests:
+    """The partials topic as read at start-up: ``published`` is this replica's newest manifest epoch there."""
+
+    def __init__(self, published: int | None = None) -> None:
+        self.published = published
+
+    def newest(self) -> dict[str, SimpleNamespace]:
+        return {} if self.published is None else {"r0": SimpleNamespace(epoch=self.published, offsets={})}
+
+
+def role(tmp_path: Path, publisher: Publisher, manifests: Manifests | None = None) -> ReplicaRole:
     settings = load_settings(overrides={
         "source": "kafka", "state_dir": str(tmp_path),
         "kafka": {"bootstrap_servers": ["127.0.0.1:1"], "embeddings_topic": "emb"},
         "scale_out": {"role": "replica", "replica_id": "r0", "partials_topic": "partials"},
     })
-    return ReplicaRole(settings, publisher=publisher)  # type: ignore[arg-type]
+    return ReplicaRole(settings, publisher=publisher, manifests=manifests or Manifests())  # type: ignore[arg-type]
 
 
 def test_a_refused_commit_leaves_the_restored_epoch_and_the_intent_then_a_commit_marks(tmp_path: Path) -> None:
@@ -53,3 +66,26 @@ def test_a_refused_commit_leaves_the_restored_epoch_and_the_intent_then_a_commit
     replica.commit_published(source)  # type: ignore[arg-type]
     assert PublishedMarker(tmp_path).read() == MarkerState("r0", 9)
     assert source.commits == [{("emb", 0): 40}, {("emb", 0): 40}]
+
+
+def test_a_publication_newer_than_the_marker_is_what_a_restart_restores(tmp_path: Path) -> None:
+    """Killed after publishing epoch 9 and before committing or marking it: the partials topic is
+    the truth (others resume after it), so the checkpoint of epoch 9 is restorable, not newer ones."""
+    PublishedMarker(tmp_path).write("r0", 5)
+    publisher = Publisher()
+    replica = role(tmp_path, publisher, Manifests(published=9))
+    replica.before_restore()
+    replica.check({"scale_out": {"replica": "r0", "epoch": 9}})  # accepted
+    with pytest.raises(CheckpointError) as refused:
+        replica.check({"scale_out": {"replica": "r0", "epoch": 10}})
+    assert refused.value.reason == "unpublished"
+    assert publisher.epochs.next() > 9
+
+
+def test_an_older_publication_than_the_marker_changes_nothing(tmp_path: Path) -> None:
+    PublishedMarker(tmp_path).write("r0", 7)
+    replica = role(tmp_path, Publisher(), Manifests(published=3))
+    replica.before_restore()
+    with pytest.raises(CheckpointError) as refused:
+        replica.check({"scale_out": {"replica": "r0", "epoch": 8}})
+    assert refused.value.reason == "unpublished"

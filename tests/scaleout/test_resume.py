@@ -9,12 +9,22 @@ import pytest
 from monitor.config import load_settings
 from monitor.scaleout.partials import KIND_HEADER, MANIFEST, Manifest, WindowGeometry, encode_manifest
 from monitor.scaleout.resume import ManifestReader, published_offsets
-from tests.daemon.test_offset_resets import recreate
 from tests.support.broker import Broker, kafka_daemon_overrides
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 
 GEOMETRY = WindowGeometry(60.0, 4, 100, 0.05)
+
+
+def recreate(broker: Broker, topic: str) -> None:
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap, request_timeout_ms=10_000)
+    admin.delete_topics([topic])
+    wait_until(lambda: topic not in admin.list_topics(), timeout=15, message=f"{topic} deleted")
+    admin.close()
+    broker.create_topics(topic)
 
 
 def send(broker: Broker, topic: str, *manifests: Manifest, extra: tuple[tuple[bytes, list[tuple[str, bytes]]], ...] = ()

@@ -1,12 +1,24 @@
-"""Helpers for the scale-out tests: an in-memory producer, and feeding publications to a merge table."""
+"""Helpers for the scale-out tests: an in-memory producer, feeding publications to a merge table, and
+replica processes with their reducer on the real broker (the crash and publish-gap tests)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+from monitor.config import Settings, load_settings
+from monitor.scaleout.reducer import Reducer
 from monitor.scaleout.table import MergeTable
+from tests.support import daemons
+from tests.support.broker import Broker, kafka_daemon_overrides
+from tests.support.daemons import DaemonProcess
+from tests.support.scrape import scrape, value
+from tests.support.waiting import wait_until
 
 
 class _Done:
@@ -43,5 +55,72 @@ class MemoryProducer:
 
 def feed(table: MergeTable, records: Iterable[tuple[bytes, bytes | None, Any]], partition: int = 0) -> None:
     """Apply records of the partials topic to ``table`` as the reducer's intake does."""
-    for offset, (key, value, headers) in enumerate(records):
-        table.offer_record(key, value, headers, ("partials", partition, offset))
+    for offset, (key, payload, headers) in enumerate(records):
+        table.offer_record(key, payload, headers, ("partials", partition, offset))
+
+
+# ---------------------------------------------------------------- replica processes on the real broker
+PARTITIONS = 2  # one partition per replica while both run; both on one while the victim is down
+EXACT = ("partition_isotropy", "effective_dimension", "mean_cosine_similarity", "vector_norm_mean",
+         "vector_norm_stddev", "effective_rank", "stable_rank", "top10_variance_ratio")
+WINDOW = {"seconds": 3600, "subwindows": 4, "reservoir_size": 500}
+
+
+def replica(broker: Broker, topic: str, name: str, state_dir: Path, log: Path, group: str = "crash-scaled",
+            env: dict[str, str] | None = None) -> AbstractContextManager[DaemonProcess]:
+    """``embedding-monitor run`` as the crash tests start it (``daemons.crash_tested``: fast commits and
+    checkpoints, a short session), as replica ``name`` of the scaled deployment (the environment says so)."""
+    return daemons.crash_tested(broker, topic, group, state_dir, log,
+                                env={"EMBMON_SCALE_OUT__REPLICA_ID": name, **(env or {})})
+
+
+def scaled_settings(monkeypatch: pytest.MonkeyPatch, broker: Broker, topic: str, group: str,
+                    tmp_path: Path) -> Settings:
+    """The topic and its partials topic, the reducer's settings, and the replica processes'
+    settings in the environment: the reducer's window and partials topic, role replica."""
+    partials = f"{topic}-partials"
+    broker.create_topics(topic, partitions=PARTITIONS)
+    broker.create_topics(partials, partitions=2)
+    for key, setting in WINDOW.items():
+        monkeypatch.setenv(f"EMBMON_WINDOW__{key.upper()}", str(setting))
+    monkeypatch.setenv("EMBMON_SCALE_OUT__PARTIALS_TOPIC", partials)
+    monkeypatch.setenv("EMBMON_SCALE_OUT__ROLE", "replica")
+    return load_settings(overrides=kafka_daemon_overrides(
+        broker, topic, group, tmp_path / "reducer", window=WINDOW, drift={"enabled": False},
+        scale_out={"role": "reducer", "partials_topic": partials},
+    ))
+
+
+def exact_counts_in(samples: dict, expected: dict[str, int]) -> bool:  # type: ignore[type-arg]
+    return all(value(samples, "embmon_window_records", model=m, stream="default") == n for m, n in expected.items())
+
+
+def wait_for_exact_counts(port: int, expected: dict[str, int], timeout: float = 120) -> None:
+    """Until the reducer's window records equal what was produced (the failure says what it last held)."""
+    seen: dict[str, float | None] = {}
+
+    def exact_counts() -> bool:
+        s = scrape(port)
+        seen.update({m: value(s, "embmon_window_records", model=m, stream="default") for m in expected})
+        return all(seen[m] == n for m, n in expected.items())
+
+    try:
+        wait_until(exact_counts, timeout=timeout, message="the reducer's counts reach what was produced")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; produced {expected}, the reducer's window last held {seen}") from None
+
+
+# ---------------------------------------------------------------- a reducer without broker
+T0 = 3_000_000.0
+
+
+def reducer(tmp_path: Path, now: list[float], **drift: object) -> Reducer:
+    """A reducer (no broker: fed through its table) on a clock the test moves, small drift samples."""
+    settings = load_settings(overrides={
+        "source": "kafka", "state_dir": str(tmp_path / "reducer"), "http": {"port": 0, "admin_token": "x" * 20},
+        "window": {"seconds": 600, "subwindows": 6, "reservoir_size": 600},
+        "scale_out": {"role": "reducer"},
+        "drift": {"interval_seconds": 3600, "window_sample_size": 200, "reference_sample_size": 200, "threads": 1,
+                  "ks": {"components": 4}, "classifier": {"squared_components": 2}, **drift},
+    })
+    return Reducer(settings, clock=lambda: now[0])
