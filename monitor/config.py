@@ -29,14 +29,19 @@ from monitor.scaleout.settings import ScaleOutSettings
 from monitor.server.security import looks_secret, mask_query_secrets
 from monitor.settings_base import MAX_DURATION_SECONDS
 from monitor.settings_base import Section as _Section
-from monitor.sources.kafka_options import CONSUMER_OPTIONS, RESERVED_OPTIONS
+from monitor.sources.kafka_options import CONSUMER_OPTIONS, LIBRDKAFKA_NAMES, RESERVED_LIBRDKAFKA, RESERVED_OPTIONS
 
 ENV_PREFIX = "EMBMON_"
 
 
 class KafkaSettings(_Section):
     """Where and how to consume. ``options`` passes any kafka-python consumer setting through
-    (security_protocol, ssl_*, sasl_*, fetch sizes, ...), like kcat's ``-X``."""
+    (security_protocol, ssl_*, sasl_*, fetch sizes, ...), like kcat's ``-X``. ``client: confluent``
+    consumes through librdkafka (the ``confluent`` extra) instead: ``options`` are translated to
+    librdkafka properties (``sources/kafka_options.py``) and ``librdkafka`` passes any property through."""
+
+    client: Literal["kafka-python", "confluent"] = "kafka-python"
+    librdkafka: dict[str, str | int | float | bool] = Field(default_factory=dict)
 
     bootstrap_servers: list[str] = Field(default_factory=lambda: ["localhost:9092"])
     embeddings_topic: str = "embeddings"
@@ -92,6 +97,26 @@ class KafkaSettings(_Section):
             if key in value and not Path(str(value[key])).is_file():
                 raise ValueError(f"{key}: file {value[key]!r} does not exist")
         return value
+
+    @field_validator("librdkafka")
+    @classmethod
+    def _check_librdkafka(cls, value: dict[str, Any]) -> dict[str, Any]:
+        reserved = sorted(RESERVED_LIBRDKAFKA.intersection(value))
+        if reserved:
+            raise ValueError(f"{reserved[0]!r} is set by embedding-monitor itself; use the dedicated setting")
+        return value
+
+    @model_validator(mode="after")
+    def _check_client(self) -> KafkaSettings:
+        if self.client != "confluent":
+            if self.librdkafka:
+                raise ValueError("librdkafka: properties only read with client: confluent")
+            return self
+        for key in self.options:
+            if key not in LIBRDKAFKA_NAMES:
+                raise ValueError(f"options.{key} has no librdkafka equivalent (client: confluent); "
+                                 "set the librdkafka property under kafka.librdkafka")
+        return self
 
 
 class FileSourceSettings(_Section):

@@ -1,13 +1,15 @@
 """The optional extras a configuration needs, checked before the daemon starts.
 
 The default install carries neither torch nor sentence-transformers: every CPU path is numpy, and
-only two features need them (docs/deployment.md, "Installing"):
+only three features need them (docs/deployment.md, "Installing"):
 
 * ``gpu`` (torch): a device setting that says ``cuda`` (``device``, ``drift.device`` when drift is
   on, ``probes.device`` when a probe is configured). ``auto`` never needs it: without torch it is
   the CPU, quietly (monitor/devices.py).
 * ``encoder`` (sentence-transformers, which pulls torch): a golden probe whose queries are texts
   (``probes.golden[i].encoder``).
+* ``confluent`` (confluent-kafka, librdkafka's binding): ``kafka.client: confluent`` with the Kafka
+  source (docs/operations.md, "Which Kafka client").
 
 A configuration that asks for one without it installed is a configuration error (exit 2), said in
 one line naming the field and the command that installs the extra, rather than a warning and a
@@ -26,7 +28,7 @@ if TYPE_CHECKING:
     from monitor.config import Settings
 
 # extra -> the module it provides
-EXTRAS = {"gpu": "torch", "encoder": "sentence_transformers"}
+EXTRAS = {"gpu": "torch", "encoder": "sentence_transformers", "confluent": "confluent_kafka"}
 
 
 def installed(module: str) -> bool:
@@ -44,6 +46,8 @@ def install_hint(extra: str) -> str:
 def wanted(settings: Settings) -> list[tuple[str, str]]:
     """(field, extra) for each setting of ``settings`` that needs an extra."""
     found = []
+    if settings.source == "kafka" and settings.kafka.client == "confluent":
+        found.append(("kafka.client: confluent", "confluent"))
     if settings.device == "cuda":
         found.append(("device: cuda", "gpu"))
     if settings.drift.enabled and settings.drift.device == "cuda":
@@ -62,5 +66,5 @@ def require_extras(settings: Settings) -> None:
     for field, extra in wanted(settings):
         module = EXTRAS[extra]
         if not installed(module):
-            package = module.replace("_", "-")
+            package = module.replace("_", "-")  # confluent_kafka: confluent-kafka
             raise ConfigError(f"{field} needs {package}, which is not installed: {install_hint(extra)}")

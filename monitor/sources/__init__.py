@@ -19,6 +19,10 @@ __all__ = ["build_source"]
 
 def build_source(settings: Settings) -> Source:
     """The source the settings ask for."""
+    if settings.source == "kafka" and settings.kafka.client == "confluent":
+        from monitor.sources.confluent import ConfluentSource
+
+        return ConfluentSource(settings.kafka)
     if settings.source == "kafka":
         from monitor.sources.kafka import KafkaSource
 

@@ -59,7 +59,7 @@ from monitor.daemon.counters import Tally
 from monitor.daemon.lifecycle import BlockingCall
 from monitor.decoding.records import SourcePosition
 from monitor.errors import ConfigError
-from monitor.sources.base import MessageKind, Partition, Source, SourceMessage
+from monitor.sources.base import MessageKind, Partition, SourceMessage
 from monitor.sources.kafka_internals import (
     any_broker_connected,
     close_failed_connect_sockets,
@@ -69,12 +69,18 @@ from monitor.sources.kafka_internals import (
     yield_to_loop,
 )
 from monitor.sources.kafka_positions import RESET_REASONS, PositionGuard, Reset, key_of
-from monitor.sources.reconnect import MAX_BACKOFF_SECONDS, Backoff, LagReading
+from monitor.sources.reconnect import (
+    CLOSE_TIMEOUT_SECONDS,
+    MAX_BACKOFF_SECONDS,
+    Backoff,
+    ConsumerReadings,
+    LagReading,
+    close_in_time,
+)
 
 logger = logging.getLogger(__name__)
 
 HANDOFF_TIMEOUT_SECONDS = 60.0
-CLOSE_TIMEOUT_SECONDS = 3.0  # kafka-python's close (leave the group, close sockets): abandoned past this
 COMMIT_TIMEOUT_MS = 3_000  # a synchronous commit with no coordinator would otherwise retry for ever
 ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
 OFFSET_RESET_POLICIES = ("earliest", "latest")
@@ -259,7 +265,7 @@ class _Rebalance(AsyncConsumerRebalanceListener):
         source.listener.on_assigned(positions)
 
 
-class KafkaSource(Source):
+class KafkaSource(ConsumerReadings):
     name = "kafka"
 
     def __init__(self, settings: KafkaSettings, clock: Callable[[], float] = time.monotonic):
@@ -560,35 +566,11 @@ class KafkaSource(Source):
         self._lag.record(lag)
         self._note_progress(lag, applied)
 
-    def _note_progress(self, lag: Mapping[str, int], applied: Mapping[Partition, int]) -> None:
-        """A topic progressed when it is caught up or one of its partitions applied records since the last look."""
-        now = time.time()
-        moved = {t for (t, p), offset in applied.items() if offset != self._applied_seen.get((t, p))}
-        self._applied_seen = dict(applied)
-        for topic, behind in lag.items():
-            if behind == 0 or topic in moved:
-                self._progress[topic] = now
-
     def topic_ids(self) -> dict[str, str]:
         return self._guard.known_topic_ids()
 
     def remember_topic_ids(self, ids: Mapping[str, str]) -> None:
         self._guard.remember_topic_ids(ids)
-
-    def last_progress(self) -> dict[str, float] | None:
-        """Per consumed topic, the unix time it was last caught up or applied records (the start
-        before either); None before the source started."""
-        if self._started_at is None:
-            return None
-        return {topic: self._progress.get(topic, self._started_at) for topic in self._kinds}
-
-    def lag(self) -> dict[str, int] | None:
-        return self._lag.lag
-
-    @property
-    def lag_updated(self) -> float | None:
-        """Unix time of the last lag measurement."""
-        return self._lag.updated
 
     @property
     def up(self) -> bool:
@@ -615,6 +597,4 @@ class KafkaSource(Source):
             except KafkaError as exc:
                 logger.warning("error closing the Kafka consumer: %s", exc)
 
-        if not BlockingCall("embmon-kafka-close", close).wait(CLOSE_TIMEOUT_SECONDS + 0.5):
-            logger.warning("the Kafka consumer did not close within %.0fs: leaving it to end with the process",
-                           CLOSE_TIMEOUT_SECONDS)
+        close_in_time(close)

@@ -27,6 +27,7 @@ from tests.support.waiting import wait_until
 
 GPU = "pip install 'embedding-monitor[gpu]'"
 ENCODER = "pip install 'embedding-monitor[encoder]'"
+CONFLUENT = "pip install 'embedding-monitor[confluent]'"
 
 
 def golden_probe(tmp_path: Path, encoder: bool) -> dict[str, Any]:
@@ -62,8 +63,10 @@ def run_without_extras(*args: str) -> subprocess.CompletedProcess[str]:
         ("run", {"device": "cpu", "probes": {"golden": "ENCODER"}},
          f"probes.golden[0].encoder (probe 'gold': text queries) needs sentence-transformers, which is not "
          f"installed: {ENCODER}"),
+        ("run", {"device": "cpu", "source": "kafka", "kafka": {"client": "confluent"}},
+         f"kafka.client: confluent needs confluent-kafka, which is not installed: {CONFLUENT}"),
     ],
-    ids=["device", "demo-device", "drift-device", "probes-device", "text-encoder"],
+    ids=["device", "demo-device", "drift-device", "probes-device", "text-encoder", "confluent"],
 )
 def test_a_setting_that_needs_an_extra_not_installed_exits_2_naming_it(
     tmp_path: Path, command: str, settings: dict[str, Any], message: str
@@ -86,6 +89,8 @@ def test_what_asks_for_an_extra(tmp_path: Path) -> None:
     everything = needs({"device": "cuda", "drift": {"device": "cuda"},
                         "probes": {"device": "cuda", "golden": [golden_probe(tmp_path, encoder=True)]}})
     assert [extra for _, extra in everything] == ["gpu", "gpu", "gpu", "encoder"]
+    assert needs({"source": "kafka", "kafka": {"client": "confluent"}}) == [("kafka.client: confluent", "confluent")]
+    assert needs({"source": "synthetic", "kafka": {"client": "confluent"}}) == []
 
 
 def test_with_the_extras_installed_nothing_is_refused(tmp_path: Path) -> None:

@@ -17,6 +17,16 @@ from pathlib import Path
 from tests.support.waiting import wait_until
 
 FAST_GROUP_OPTIONS = {"max_poll_interval_ms": 3000, "session_timeout_ms": 6000, "heartbeat_interval_ms": 1000}
+# librdkafka (kafka.client: confluent) refuses a session timeout above max.poll.interval.ms
+FAST_GROUP_LIBRDKAFKA = {"session.timeout.ms": 3000}
+CLIENTS = ("kafka-python", "confluent")
+
+
+def client_settings(client: str) -> dict[str, object]:
+    """The ``kafka`` settings that select ``client``, on top of ``FAST_GROUP_OPTIONS``."""
+    if client == "confluent":
+        return {"client": "confluent", "librdkafka": dict(FAST_GROUP_LIBRDKAFKA)}
+    return {"client": client}
 
 
 def tansu_binary() -> Path:
@@ -127,8 +137,10 @@ def running_broker() -> Iterator[Broker]:
         broker.stop()
 
 
-def kafka_daemon_overrides(broker: Broker, topic: str, group: str, state_dir: object, **extra: object) -> dict:
-    """Settings overrides for a daemon consuming ``topic`` from ``broker`` quickly, for tests.
+def kafka_daemon_overrides(broker: Broker, topic: str, group: str, state_dir: object, client: str = "kafka-python",
+                           **extra: object) -> dict:
+    """Settings overrides for a daemon consuming ``topic`` from ``broker`` quickly, for tests,
+    through ``client`` (``kafka.client``).
 
     ``extra`` is merged on top (nested mappings key by key), e.g. ``window={...}``, ``drift={...}``.
     """
@@ -144,6 +156,7 @@ def kafka_daemon_overrides(broker: Broker, topic: str, group: str, state_dir: ob
             "commit_interval_seconds": 0.5,
             "poll_timeout_seconds": 0.2,
             "options": dict(FAST_GROUP_OPTIONS),
+            **client_settings(client),
         },
         "http": {"host": "127.0.0.1", "port": 0},
         "refresh_seconds": 0.5,

@@ -1,0 +1,486 @@
+"""Kafka consumer-group source on librdkafka (confluent-kafka), selected by ``kafka.client: confluent``.
+
+The same contract as the kafka-python source (``sources/kafka.py``; docs/operations.md, "Which
+Kafka client"): offsets are committed only for records the state reflects, once a checkpoint holds
+them (the daemon decides what ``commit`` gets); the group's rebalances hand partitions over through
+the daemon's :class:`~monitor.sources.base.PartitionListener`; backpressure pauses fetching while
+polling goes on; lag, progress, errors and offset resets are exported under the same metric names.
+
+How librdkafka differs, and what that changes here:
+
+* Offsets: ``enable.auto.commit`` and ``enable.auto.offset.store`` are off; ``commit`` sends explicit
+  offsets synchronously. ``auto.offset.reset`` is ``error``: a position the broker answers as out of
+  range comes back from ``consume`` as an error, and the source resets it by
+  ``kafka.auto_offset_reset`` itself (logged, counted in ``embmon_source_offset_resets_total``, the
+  daemon's offsets for the partition replaced), as the kafka-python source does.
+* Rebalances: librdkafka runs ``on_assign``/``on_revoke``/``on_lost`` inside ``consume``, on the
+  daemon's poll thread, where blocking is allowed (heartbeats run on librdkafka's own threads, and
+  ``max.poll.interval.ms`` is not counted while a callback runs). Revoked or lost partitions are
+  handed off there (the daemon applies what was polled and checkpoints), then the returned offsets
+  are committed before the partitions move (not for lost ones). On assignment each partition starts
+  at ``max(checkpoint offset + 1, group committed offset)`` (:func:`~monitor.sources.kafka.seek_position`),
+  or by the policy when neither knows it. Nothing is committed from a start position until it is
+  verified (``sources/kafka_positions.py``'s rule): a fetch there returned records, or the high
+  watermark of a fetch there shows it within the log. A position past that end (which brokers such
+  as tansu answer with no records instead of an error) is reset as ``past_end``; one the broker
+  answers as out of range as ``before_start`` or ``past_end``. A topic recreated under the same name
+  is seen by these range checks only (the kafka-python source also compares topic ids).
+* Reconnects, codecs: librdkafka reconnects with its own backoff and decodes gzip, snappy, lz4 and
+  zstd natively (no Python codec packages). ``up`` follows librdkafka's statistics (every second: is
+  any broker connection up), turned False at once by an "all brokers down" error and True by any
+  fetch, watermark query or commit that succeeds.
+* Assignment strategy: the eager ones (librdkafka's default, range and roundrobin); a cooperative
+  strategy is refused (its callbacks hand over part of the assignment, which this source does not do).
+* Security and tuning: ``kafka.options`` (kafka-python names) are translated to librdkafka properties
+  (``sources/kafka_options.py``); ``kafka.librdkafka`` sets any property on top.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
+
+from monitor.config import KafkaSettings
+from monitor.daemon.counters import Tally
+from monitor.decoding.records import SourcePosition
+from monitor.errors import ConfigError
+from monitor.sources.base import MessageKind, Partition, SourceMessage
+from monitor.sources.kafka import (
+    ERROR_REASONS,
+    ISOLATION_LEVELS,
+    OFFSET_RESET_POLICIES,
+    records_behind,
+    seek_position,
+    start_reason,
+)
+from monitor.sources.kafka_options import LIBRDKAFKA_NAMES
+from monitor.sources.kafka_positions import _WHY, RESET_REASONS
+from monitor.sources.reconnect import ConsumerReadings, LagReading, close_in_time
+
+logger = logging.getLogger(__name__)
+
+QUERY_TIMEOUT_SECONDS = 5.0  # committed offsets, watermarks: a request to the broker each
+# librdkafka errors that mean no broker can be reached (``up`` goes False until something succeeds)
+_DOWN = frozenset({KafkaError._ALL_BROKERS_DOWN})
+_OUT_OF_RANGE = frozenset({KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE})
+
+
+def librdkafka_config(settings: KafkaSettings) -> dict[str, Any]:
+    """The librdkafka consumer properties: ours, ``kafka.options`` translated, then ``kafka.librdkafka``.
+
+    >>> from monitor.config import KafkaSettings
+    >>> config = librdkafka_config(KafkaSettings(client="confluent", options={
+    ...     "security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "u",
+    ...     "sasl_plain_password": "p", "ssl_check_hostname": False}, librdkafka={"fetch.queue.backoff.ms": 10}))
+    >>> {k: config[k] for k in ("security.protocol", "sasl.mechanism", "sasl.username",
+    ...                          "ssl.endpoint.identification.algorithm", "fetch.queue.backoff.ms")}
+    ... # doctest: +NORMALIZE_WHITESPACE
+    {'security.protocol': 'SASL_SSL', 'sasl.mechanism': 'SCRAM-SHA-512', 'sasl.username': 'u',
+     'ssl.endpoint.identification.algorithm': 'none', 'fetch.queue.backoff.ms': 10}
+    """
+    config: dict[str, Any] = {
+        "bootstrap.servers": ",".join(settings.bootstrap_servers),
+        "group.id": settings.group_id,
+        "client.id": settings.client_id,
+        "isolation.level": "read_committed",
+        "reconnect.backoff.max.ms": 10_000,
+        "statistics.interval.ms": 1_000,  # broker connection states, for ``up``
+    }
+    for key, value in settings.options.items():
+        if key == "auto_offset_reset":
+            continue  # applied by the source (see the module doc)
+        if key == "ssl_check_hostname":
+            value = "https" if value else "none"
+        elif key == "api_version" and isinstance(value, (tuple, list)):
+            value = ".".join(str(v) for v in value)
+        config[LIBRDKAFKA_NAMES[key]] = value
+    config.update(settings.librdkafka)
+    config.update({"enable.auto.commit": False, "enable.auto.offset.store": False, "auto.offset.reset": "error"})
+    return config
+
+
+class ConfluentSource(ConsumerReadings):
+    name = "kafka"
+
+    def __init__(self, settings: KafkaSettings, clock: Callable[[], float] = time.monotonic):
+        self.settings = settings
+        self.policy = str(settings.options.get("auto_offset_reset", settings.auto_offset_reset))
+        if self.policy not in OFFSET_RESET_POLICIES:
+            raise ConfigError(f"kafka.options.auto_offset_reset: {self.policy!r} is not earliest or latest "
+                              "(the daemon resets positions itself; set kafka.auto_offset_reset)")
+        isolation = settings.librdkafka.get("isolation.level", settings.options.get("isolation_level",
+                                                                                    "read_committed"))
+        if isolation not in ISOLATION_LEVELS:
+            raise ConfigError(f"kafka isolation level {isolation!r} is not read_committed or read_uncommitted")
+        if "cooperative" in str(settings.librdkafka.get("partition.assignment.strategy", "")):
+            raise ConfigError("kafka.librdkafka.partition.assignment.strategy: cooperative strategies are not "
+                              "supported with client: confluent (use range or roundrobin)")
+        self._consumer: Consumer | None = None
+        self._kinds: dict[str, MessageKind] = {settings.embeddings_topic: "embeddings"}
+        if settings.interactions_topic:
+            self._kinds[settings.interactions_topic] = "interactions"
+        self._up = False
+        self._lag = LagReading(clock)
+        self._paused = False
+        self._assigned: set[Partition] = set()
+        self._pending_commit: dict[Partition, int] = {}
+        self._unverified: dict[Partition, int] = {}  # start positions not yet verified against the log
+        self._held_commits: dict[Partition, int] = {}  # assignment commits waiting for verification
+        self._committed_lock = threading.Lock()
+        self._committed: dict[Partition, int] = {}
+        self._errors: Tally[str] = Tally()
+        self._resets: Tally[str] = Tally()
+        self._topic_ids: dict[str, str] = {}
+        self._polled: dict[Partition, tuple[int, int]] = {}  # first and last offset polled since assignment
+        self._progress: dict[str, float] = {}
+        self._applied_seen: dict[Partition, int] = {}
+        self._started_at: float | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Make the consumer and subscribe (librdkafka connects in its own threads: never blocks).
+        A property librdkafka refuses is a configuration error."""
+        self._started_at = time.time()
+        config = librdkafka_config(self.settings)
+        config["error_cb"] = self._on_error
+        config["stats_cb"] = self._on_stats
+        try:
+            consumer = Consumer(config)
+        except (KafkaException, ValueError, TypeError) as exc:
+            raise ConfigError(f"kafka.librdkafka: librdkafka refuses the consumer settings: {exc}") from None
+        consumer.subscribe(sorted(self._kinds), on_assign=self._on_assign, on_revoke=self._on_revoke,
+                           on_lost=self._on_lost)
+        self._consumer = consumer
+        logger.info("consuming %s as group %s (librdkafka %s)", sorted(self._kinds), self.settings.group_id,
+                    self._libversion())
+
+    @staticmethod
+    def _libversion() -> str:
+        from confluent_kafka import libversion
+
+        return str(libversion()[0])
+
+    def close(self) -> None:
+        """Leave the group and close within ``CLOSE_TIMEOUT_SECONDS`` (abandoned past it, logged)."""
+        consumer, self._consumer, self._up = self._consumer, None, False
+        if consumer is not None:
+            close_in_time(lambda: self._close(consumer))
+
+    @staticmethod
+    def _close(consumer: Consumer) -> None:
+        try:
+            consumer.close()
+        except (KafkaException, RuntimeError) as exc:
+            logger.warning("error closing the Kafka consumer: %s", exc)
+
+    def _on_stats(self, stats: str) -> None:
+        """librdkafka's statistics (served inside ``consume``): up while any broker connection is."""
+        try:
+            brokers = json.loads(stats).get("brokers", {})
+        except ValueError:
+            return
+        self._up = any(b.get("state") == "UP" for b in brokers.values())
+
+    def _on_error(self, error: KafkaError) -> None:
+        """librdkafka's error callback (served inside ``consume``): connection trouble turns ``up`` off."""
+        if error.code() in _DOWN:
+            if self._up:
+                logger.warning("Kafka unreachable at %s: %s", ",".join(self.settings.bootstrap_servers), error.str())
+            self._up = False
+        elif error.fatal():
+            self._errors.add("poll")
+            logger.error("librdkafka fatal error: %s", error.str())
+        else:
+            logger.debug("librdkafka: %s", error.str())
+
+    # ------------------------------------------------------------------ rebalances (inside consume)
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        keys = sorted((tp.topic, tp.partition) for tp in partitions)
+        logger.info("assigned partitions: %s", keys)
+        if not keys:
+            consumer.assign(partitions)
+            return
+        known = self.listener.resume_offsets()
+        group: dict[Partition, int] = {}
+        try:
+            for tp in consumer.committed(partitions, timeout=QUERY_TIMEOUT_SECONDS * 2):
+                if tp.error is None and tp.offset >= 0:
+                    group[(tp.topic, tp.partition)] = tp.offset
+        except KafkaException as exc:
+            logger.warning("cannot read committed offsets (%s); resuming from the checkpoint where there is one", exc)
+        positions: dict[Partition, int] = {}
+        starts: list[TopicPartition] = []
+        for key in keys:
+            committed = group.get(key)
+            position = seek_position(known.get(key), committed)
+            if position is None:
+                position = committed
+            if position is None:
+                logger.info("partition %s: %s", key, start_reason(None, self.policy))
+                starts.append(TopicPartition(*key, OFFSET_BEGINNING if self.policy == "earliest" else OFFSET_END))
+                continue
+            self._unverified[key] = position
+            if key in known:
+                positions[key] = position
+                logger.info("partition %s: starting at offset %d, after what the restored checkpoint reflects "
+                            "(up to %d; group committed %s)", key, position, known[key], committed)
+            else:
+                logger.info("partition %s: %s", key, start_reason(committed, self.policy))
+            if committed is None or position > committed:
+                self._held_commits[key] = position - 1  # for visibility (the group's lag), once verified
+            starts.append(TopicPartition(*key, position))
+        self._assigned = set(keys)
+        for key in keys:
+            self._polled.pop(key, None)
+        if self._paused:
+            consumer.assign(starts)
+            consumer.pause(starts)
+        else:
+            consumer.assign(starts)
+        self.listener.on_assigned(positions)
+
+    def _verify(self, consumer: Consumer, fetched: set[Partition]) -> None:
+        """After a poll: unverified start positions that returned records, or lie within the log by
+        the high watermark of a fetch made there, are verified; one past that end is reset."""
+        for key, position in list(self._unverified.items()):
+            if key in fetched:
+                del self._unverified[key]
+                continue
+            tp = TopicPartition(*key)
+            try:
+                high = consumer.get_watermark_offsets(tp, cached=True)[1]
+                if high < 0:
+                    continue  # no fetch answered yet
+                if position <= high:
+                    del self._unverified[key]
+                    continue
+                low, listed = consumer.get_watermark_offsets(tp, timeout=QUERY_TIMEOUT_SECONDS, cached=False)
+            except KafkaException as exc:
+                logger.warning("cannot list the offsets of %s (%s); checking again on the next poll", key, exc)
+                continue
+            end = max(high, listed)  # some brokers (tansu) list less than a fetch shows
+            if position <= end:
+                del self._unverified[key]
+                continue
+            self._move(consumer, key, self._reset(key, "past_end", position, low, end))
+        for key in [k for k in self._held_commits if k not in self._unverified]:
+            self._pending_commit[key] = self._held_commits.pop(key)
+
+    def _reset(self, key: Partition, reason: str, offset: int | None, low: int, high: int) -> int:
+        target = low if self.policy == "earliest" else high
+        self._resets.add(reason)
+        logger.error(
+            "partition %s: cannot resume at offset %s: %s (the log's first offset is %d, its end %d). Resuming at "
+            "offset %d (auto_offset_reset=%s); the offsets kept for the partition (checkpoint, group) are replaced; "
+            "embmon_source_offset_resets_total{reason=\"%s\"} counts it",
+            key, "?" if offset is None else offset, _WHY[reason], low, high, target, self.policy, reason,
+        )
+        return target
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._handoff(consumer, partitions, commit=True)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # The group already gave these away: no commit, but the state is made consistent first.
+        self._handoff(consumer, partitions, commit=False)
+
+    def _handoff(self, consumer: Consumer, partitions: list[TopicPartition], commit: bool) -> None:
+        keys = sorted((tp.topic, tp.partition) for tp in partitions)
+        if keys:
+            logger.info("partitions %s: %s", "revoked" if commit else "lost", keys)
+            try:
+                offsets = self.listener.on_revoked(keys)
+            except Exception:  # reported, never raised into librdkafka's callback
+                logger.exception("partition hand-off failed")
+                offsets = {}
+            if commit and offsets:
+                self._commit_now(consumer, offsets, log="commit on revocation failed (%s); the next owner resumes "
+                                                        "from the last commit")
+            for key in keys:
+                for kept in (self._polled, self._pending_commit, self._unverified, self._held_commits):
+                    kept.pop(key, None)
+        self._assigned -= set(keys)  # confluent-kafka unassigns when the callback returns
+
+    # ------------------------------------------------------------------ polling
+    def poll(self, timeout: float) -> list[SourceMessage]:
+        consumer = self._consumer
+        if consumer is None:
+            time.sleep(timeout)
+            return []
+        try:
+            batch: list[Any] = consumer.consume(self.settings.max_poll_records, timeout)
+        except (KafkaException, RuntimeError) as exc:
+            self._errors.add("poll")
+            logger.warning("Kafka poll failed: %s", exc)
+            time.sleep(min(timeout, 1.0))
+            return []
+        messages: list[SourceMessage] = []
+        append = messages.append
+        kinds = self._kinds
+        polled = self._polled
+        for message in batch:
+            error = message.error()
+            if error is not None:
+                self._poll_error(consumer, message, error)
+                continue
+            topic, partition, offset = message.topic(), message.partition(), message.offset()
+            key = (topic, partition)
+            span = polled.get(key)
+            polled[key] = (offset if span is None else span[0], offset)
+            append(SourceMessage(message.value(), tuple(message.headers() or ()), kinds.get(topic, "embeddings"),
+                                 SourcePosition(topic, partition, offset)))
+        if messages:
+            self._up = True
+        if self._unverified:
+            self._verify(consumer, {(m.position.topic, m.position.partition) for m in messages if m.position})
+        if self._pending_commit:
+            pending, self._pending_commit = self._pending_commit, {}
+            self.commit(pending)
+        self._maybe_refresh_lag(consumer)
+        return messages
+
+    def _poll_error(self, consumer: Consumer, message: Any, error: KafkaError) -> None:
+        code = error.code()
+        if code in _OUT_OF_RANGE and message.topic() is not None:
+            key = (message.topic(), message.partition())
+            self._reset_out_of_range(consumer, key, message.offset())
+        elif code in _DOWN:
+            self._on_error(error)
+        else:
+            self._errors.add("poll")
+            logger.warning("Kafka poll failed: %s", error.str())
+
+    def _reset_out_of_range(self, consumer: Consumer, key: Partition, offset: int | None) -> None:
+        """The broker answered a fetch at ``offset`` as out of range: move by the policy (poll thread)."""
+        tp = TopicPartition(*key)
+        try:
+            low, high = consumer.get_watermark_offsets(tp, timeout=QUERY_TIMEOUT_SECONDS, cached=False)
+            if offset is None or offset < 0:
+                offset = consumer.position([tp])[0].offset
+        except KafkaException as exc:
+            logger.warning("cannot list the offsets of %s (%s); checking again on the next poll", key, exc)
+            return
+        reason = "before_start" if offset is not None and 0 <= offset < low else "past_end"
+        self._move(consumer, key, self._reset(key, reason, offset, low, high))
+
+    def _move(self, consumer: Consumer, key: Partition, target: int) -> None:
+        """Seek a reset partition to ``target``; what the daemon kept for it is replaced, and committed."""
+        consumer.seek(TopicPartition(*key, target))
+        self._unverified.pop(key, None)
+        self._held_commits.pop(key, None)
+        self._polled.pop(key, None)
+        self.listener.on_reset({key: target})
+        self._forget_committed({key: target})
+        self._pending_commit[key] = target - 1
+
+    def _forget_committed(self, keys: Mapping[Partition, int]) -> None:
+        with self._committed_lock:
+            for key in keys:
+                self._committed.pop(key, None)
+
+    # ------------------------------------------------------------------ commits
+    def commit(self, offsets: Mapping[Partition, int]) -> bool:
+        """Commit "state reflects up to and including" ``offsets`` for partitions assigned to us
+        (others are skipped: committing them could move the group backwards under their new owner)."""
+        consumer = self._consumer
+        if consumer is None:
+            return not offsets
+        with self._committed_lock:
+            todo = {k: o for k, o in offsets.items()
+                    if k in self._assigned and k not in self._unverified and self._committed.get(k) != o}
+        if not todo:
+            return True
+        return self._commit_now(consumer, todo, log="offset commit failed (%s); will retry with the next commit")
+
+    def _commit_now(self, consumer: Consumer, offsets: Mapping[Partition, int], log: str) -> bool:
+        payload = [TopicPartition(t, p, self._next_offset(consumer, t, p, o)) for (t, p), o in offsets.items()]
+        try:
+            consumer.commit(offsets=payload, asynchronous=False)
+        except KafkaException as exc:
+            # Not fatal: the next commit carries later offsets; a restart resumes from the checkpoint.
+            logger.warning(log, exc)
+            return False
+        self._up = True
+        with self._committed_lock:
+            self._committed.update(offsets)
+        return True
+
+    def _next_offset(self, consumer: Consumer, topic: str, partition: int, last: int) -> int:
+        """The offset to commit after ``last``: past the transaction markers that follow it, when
+        nothing was polled after it (librdkafka's position has moved over them)."""
+        polled = self._polled.get((topic, partition))
+        if polled is None or polled[1] != last:
+            return last + 1
+        try:
+            position = consumer.position([TopicPartition(topic, partition)])[0].offset
+        except KafkaException:
+            return last + 1
+        return max(last + 1, position)
+
+    # ------------------------------------------------------------------ backpressure
+    def pause(self) -> None:
+        """Stop fetching (backpressure) while polling on, so the group keeps this member."""
+        if self._consumer is not None and not self._paused:
+            self._consumer.pause(self._consumer.assignment())
+        self._paused = True
+
+    def resume(self) -> None:
+        if self._consumer is not None and self._paused:
+            self._consumer.resume(self._consumer.assignment())
+        self._paused = False
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    # ------------------------------------------------------------------ lag, progress, counters
+    def _maybe_refresh_lag(self, consumer: Consumer) -> None:
+        if not self._assigned or not self._lag.due():
+            return
+        partitions = [TopicPartition(*key) for key in sorted(self._assigned)]
+        try:
+            positions = {(tp.topic, tp.partition): tp.offset for tp in consumer.position(partitions)}
+            ends = {key: self._end(consumer, TopicPartition(*key)) for key in positions}
+        except KafkaException:
+            return
+        self._up = True  # the broker answered
+        applied = self.listener.applied_offsets()
+        lag: dict[str, int] = {}
+        for key, end in ends.items():
+            position = positions[key]
+            if position < 0:  # nothing consumed yet: the start position, when known
+                polled = self._polled.get(key)
+                position = polled[1] + 1 if polled is not None else applied.get(key, -2) + 1
+                if position < 0:
+                    continue
+            lag[key[0]] = lag.get(key[0], 0) + records_behind(end, position, self._polled.get(key), applied.get(key))
+        self._lag.record(lag)
+        self._note_progress(lag, applied)
+
+    @staticmethod
+    def _end(consumer: Consumer, tp: TopicPartition) -> int:
+        """The partition's end: listed, or as the last fetch saw it when further (tansu lists less)."""
+        listed = consumer.get_watermark_offsets(tp, timeout=QUERY_TIMEOUT_SECONDS, cached=False)[1]
+        return int(max(listed, consumer.get_watermark_offsets(tp, cached=True)[1]))
+
+    def error_counts(self) -> dict[str, int]:
+        return {**dict.fromkeys(ERROR_REASONS, 0), **self._errors.snapshot()}
+
+    def offset_reset_counts(self) -> dict[str, int]:
+        return {**dict.fromkeys(RESET_REASONS, 0), **self._resets.snapshot()}
+
+    def topic_ids(self) -> dict[str, str]:
+        return dict(self._topic_ids)  # kept as restored: librdkafka's metadata here carries no ids
+
+    def remember_topic_ids(self, ids: Mapping[str, str]) -> None:
+        self._topic_ids.update(ids)
+
+    @property
+    def up(self) -> bool:
+        return self._up
