@@ -6,7 +6,13 @@ reference samples and the cycle alpha of a 5 s and a 60 s cycle (a fresh false a
 - ``quarter``: a quarter of the window sample from topics absent from the reference;
 - ``tenth``: a tenth of it;
 - ``swap``: the same traffic through a rotated copy of the model (every vector rotated);
-- ``null``: an unchanged window (the explanation must name nothing without a verdict).
+- ``null``: an unchanged window (the explanation must name nothing without a verdict);
+- ``replay``: a replay in time of the ``tenth`` case (``tests/support/replay.py``). From the shift
+  on, a tenth of the arrivals come from the new topics, so the window's new share climbs from 0 to
+  a tenth over one window length (24 cycles) and stays there; a cycle (at the 5 s or 60 s cycle's
+  alpha) on a fresh uniform sample of the window, with a fresh seed, for two window lengths. Per
+  replicate: the cycle at which the verdict first fires, and whether a region or the novel share is
+  named at that cycle or the next (the target: by the verdict's second cycle).
 
 Each replicate is ONE cycle on a window whose composition is the case's share (the window sample
 of a reservoir over a window holding that share is Binomial(sample, share) new rows); this is not
@@ -16,12 +22,13 @@ novel share, and the share of named exemplars that are new items. It also compar
 rules on the ``quarter`` windows: today's "least like any reference row" (largest distance to the
 nearest reference row) and the MMD witness (Gretton et al. 2012; Gaussian kernel, median
 bandwidth): witness(x) = mean k(x, window) - mean k(x, reference), both taking the top 10 rows;
-and two rules for ranking the regions: today's size of the share change, and the witness mass
-(the sum of the witness over the window rows of a region), by the share of new items in the
-region each puts first, with the witness's own cost.
+and two rules for ranking the regions: the size of the share change, and the region's part of
+the MMD statistic (``witness_shares``, what the explanation ranks by), by the share of new items
+in the region each puts first.
 And the cost of a cycle with and without the explanation (same machine, same run).
 
-Run: ``python bench/drift_explain.py`` (``--replicates 3`` for a smoke run).
+Run: ``python bench/drift_explain.py`` (``--replicates 3`` for a smoke run; ``--cases replay`` for the
+replay alone).
 """
 
 from __future__ import annotations
@@ -38,8 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from monitor.drift.attribution.region_shares import nearest_distance
 from monitor.drift.attribution.regions import fit_regions
 from monitor.drift.settings import DriftSettings
+from monitor.drift.twosample.heldout import kernel_witness
+from monitor.drift.twosample.mmd import median_bandwidth
 from monitor.drift.twosample.suite import run_drift_suite
-from tests.support import topics
+from tests.support import replay, topics
 from tests.support.realdata import random_rotation
 
 ROWS = 2000
@@ -47,17 +56,10 @@ TOP = 10
 
 
 def witness(window: np.ndarray, reference: np.ndarray) -> np.ndarray:
-    """The MMD witness at the window's rows: mean Gaussian kernel to the window minus to the reference."""
-    both = np.concatenate([window, reference])
-    pick = np.random.default_rng(0).choice(len(both), min(len(both), 1000), replace=False)
-    sq = ((both[pick, None, :] - both[None, pick, :]) ** 2).sum(-1)
-    bandwidth = float(np.median(sq[sq > 0]))
-
-    def mean_kernel(rows: np.ndarray, others: np.ndarray) -> np.ndarray:
-        d2 = (rows**2).sum(1)[:, None] + (others**2).sum(1)[None, :] - 2 * rows @ others.T
-        return np.exp(-np.maximum(d2, 0) / bandwidth).mean(1)
-
-    return mean_kernel(window, window) - mean_kernel(window, reference)
+    """The MMD witness at the window's rows: mean kernel to the window minus to the reference (the
+    suite's RBF kernel and median bandwidth)."""
+    sigma = median_bandwidth(np.concatenate([window, reference]), np.random.default_rng(0))
+    return kernel_witness(sigma)(window, reference)(window)
 
 
 def new_fraction(ids: list[str]) -> float:
@@ -108,11 +110,10 @@ def run_case(case: str, interval: int, replicates: int, compare: bool) -> None:
             witness_seconds.append(time.perf_counter() - start)
             by_witness.append(new_fraction([ids[i] for i in np.argsort(-scores)[:TOP]]))
             labels, _ = regions.assign(w)
-            mass = np.bincount(labels, weights=scores, minlength=regions.k)
             new_rows = np.array([topics.topic_of(i) in topics.NEW_TOPICS for i in ids])
             first = max(explained.regions, key=lambda r: abs(r.change)).region
             top_by_change.append(float(new_rows[labels == first].mean()))
-            top_by_mass.append(float(new_rows[labels == int(np.argmax(mass))].mean()))
+            top_by_mass.append(float(new_rows[labels == explained.ranked()[0].region].mean()))
     line = (f"{case:8s} {interval:3d}s: verdict {verdicts}/{replicates}, named behind it {named}/{verdicts}, "
             f"named without a verdict {named_without}, novel share {np.mean(novel):.3f} "
             f"[{np.min(novel):.3f}, {np.max(novel):.3f}]")
@@ -125,15 +126,51 @@ def run_case(case: str, interval: int, replicates: int, compare: bool) -> None:
         print(f"          top-{TOP} exemplars that are new items: least like any reference row "
               f"{np.mean(least_like):.3f}, MMD witness {np.mean(by_witness):.3f}")
         print(f"          new items in the region ranked first: by share change {np.mean(top_by_change):.3f}, "
-              f"by witness mass {np.mean(top_by_mass):.3f} (the witness: {np.median(witness_seconds):.2f} s a cycle)")
+              f"by its part of the MMD (the explanation's ranking) {np.mean(top_by_mass):.3f}; the bench's "
+              f"witness at the window rows: {np.median(witness_seconds):.2f} s")
+
+
+def run_replay(interval: int, replicates: int, rows: int = ROWS, share: float = 0.10) -> None:
+    """The ``replay`` case (``tests.support.replay``): successive cycles over a window that fills with
+    a ``share`` of new items. Besides the verdicts it prints how far the verdict was from firing:
+    the smallest ratio of a test's p-value to its corrected threshold once the window is full (< 1 fires)."""
+    settings = DriftSettings(interval_seconds=interval, false_alarm_every="30d", window_sample_size=rows,
+                             reference_sample_size=rows, threads=1)
+    outcomes = []
+    for seed in range(replicates):
+        outcome = replay.replicate_outcome(settings, seed, share)
+        outcomes.append(outcome)
+        first = outcome.first_verdict
+        filled = min(first, replay.CYCLES_PER_WINDOW) * share / replay.CYCLES_PER_WINDOW if first else 0.0
+        shown = "none" if first is None else f"cycle {first} (new share of the window {filled:.3f})"
+        print(f"          replicate {seed}: first verdict at {shown}, named by its second cycle: "
+              f"{outcome.named_by_second}, smallest p / threshold {outcome.closest:.3g}")
+    fired = [o.first_verdict for o in outcomes if o.first_verdict is not None]
+    shown = [i for o in outcomes for i in o.exemplars]
+    closest = [o.closest for o in outcomes]
+    print(f"replay   {interval:3d}s, {rows} rows: verdict within two windows {len(fired)}/{replicates}, "
+          f"named by the verdict's second cycle {sum(o.named_by_second for o in outcomes)}/{replicates}, first "
+          f"verdict at cycle {np.median(fired) if fired else float('nan'):.0f} after the shift (median; "
+          f"{replay.CYCLES_PER_WINDOW} cycles fill the window), named exemplars new "
+          f"{sum(topics.topic_of(i) in topics.NEW_TOPICS for i in shown)}/{len(shown)}; smallest p / threshold "
+          f"once the window is full: median {np.nanmedian(closest):.3g} [{np.nanmin(closest):.3g}, "
+          f"{np.nanmax(closest):.3g}]")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--replicates", type=int, default=10)
-    parser.add_argument("--cases", default="quarter,tenth,swap,null")
+    parser.add_argument("--cases", default="quarter,tenth,swap,null,replay")
+    parser.add_argument("--replay-rows", type=int, nargs="*", default=[],
+                        help="also replay at a 5 s cycle with these window and reference sample sizes")
     args = parser.parse_args()
     for case in args.cases.split(","):
+        if case == "replay":
+            for interval in (5, 60):
+                run_replay(interval, args.replicates)
+            for rows in args.replay_rows:
+                run_replay(5, args.replicates, rows=rows)
+            continue
         for interval in (5, 60) if case in ("quarter", "tenth") else (5,):
             run_case(case, interval, args.replicates, compare=case == "quarter" and interval == 5)
 

@@ -2,8 +2,9 @@
 
 ``drift explain --url http://HOST:9464 --token-file F --model M [--stream S] [--json]`` asks the
 daemon (``GET /admin/drift/explain``, bearer token) and prints, per stream, the verdict, the novel
-share and the reference's regions ranked by share change: reference and window share, change,
-Benjamini–Hochberg adjusted p-value, and exemplar ids from the reference and from the window
+share and the reference's regions ranked by their part of the MMD statistic (where the kernel
+test sees the difference): that part, reference and window share, change, Benjamini–Hochberg
+adjusted p-value, and exemplar ids from the reference and from the window
 (open those items to see what moved). docs/drift.md, "What moved"; the runbook starts here.
 
 Exit status: 0 success, 1 the daemon refused or could not be reached, 2 bad usage.
@@ -29,7 +30,8 @@ def add_drift_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Explain a running daemon's drift verdicts (docs/drift.md, \"What moved\").",
     )
     sub = parser.add_subparsers(dest="drift_command", required=True, metavar="ACTION")
-    explain = sub.add_parser("explain", help="the last cycle's regions ranked by share change, with exemplar ids")
+    explain = sub.add_parser("explain",
+                             help="the last cycle's regions ranked by their part of the MMD, with exemplar ids")
     add_admin_flags(explain)
     explain.add_argument("--model", required=True)
     explain.add_argument("--stream", help="default: every stream of the model")
@@ -67,12 +69,13 @@ def format_explanation(entry: dict[str, Any]) -> str:
     ...                      "novel_share": 0.2, "novel_reference_share": 0.01, "novel_p_adjusted": 1e-30,
     ...                      "novel_shifted": True, "novel_exemplars": ["d9"], "ranked": [
     ...              {"region": 1, "reference_share": 0.5, "window_share": 0.8, "change": 0.3, "p_adjusted": 1e-12,
-    ...               "shifted": True, "reference_exemplars": ["r1"], "window_exemplars": ["w1", "w2"]}]}}
+    ...               "mmd_share": 0.9, "shifted": True, "reference_exemplars": ["r1"],
+    ...               "window_exemplars": ["w1", "w2"]}]}}
     >>> print(format_explanation(entry))  # doctest: +NORMALIZE_WHITESPACE
     m/s  cycle at 1970-01-01T00:00:00Z  verdict: DRIFT (ks)  alpha 0.0001  900 window rows
     novel: 20.0% of the window (reference 1.0%), p (BH) 1e-30, shifted: yes; window exemplars: d9
-    region  reference  window  change  p (BH)   shifted  exemplars: reference / window
-         1      50.0%   80.0%  +30.0%  1e-12    yes      r1 / w1, w2
+    region  of MMD  reference  window  change  p (BH)   shifted  exemplars: reference / window
+         1   90.0%      50.0%   80.0%  +30.0%  1e-12    yes      r1 / w1, w2
     """
     verdict = "DRIFT (" + ", ".join(entry["detected_tests"]) + ")" if entry["detected"] else "no drift"
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry["computed_at"]))
@@ -93,10 +96,11 @@ def format_explanation(entry: dict[str, Any]) -> str:
             f"(reference {100 * regions['novel_reference_share']:.1f}%), p (BH) {regions['novel_p_adjusted']:.2g}, "
             f"shifted: {'yes' if regions['novel_shifted'] else 'no'}; window exemplars: {novel}"
         )
-        lines.append("region  reference  window  change  p (BH)   shifted  exemplars: reference / window")
+        lines.append("region  of MMD  reference  window  change  p (BH)   shifted  exemplars: reference / window")
         for r in regions["ranked"]:
             exemplars = f"{', '.join(r['reference_exemplars']) or '-'} / {', '.join(r['window_exemplars']) or '-'}"
-            lines.append(f"{r['region']:>6}  {100 * r['reference_share']:8.1f}%  {100 * r['window_share']:5.1f}%  "
+            lines.append(f"{r['region']:>6}  {100 * r.get('mmd_share', 0.0):5.1f}%  "
+                         f"{100 * r['reference_share']:8.1f}%  {100 * r['window_share']:5.1f}%  "
                          f"{100 * r['change']:+5.1f}%  {r['p_adjusted']:<7.2g}  {'yes' if r['shifted'] else 'no':<7}  "
                          f"{exemplars}")
     lines.extend(f"note: {note}" for note in entry.get("notes", []))

@@ -113,7 +113,7 @@ def test_drift_explain_asks_a_running_daemon(
         assert any("no exemplar ids" in note for note in entry["notes"])  # binary batches carry no ids
         assert main(args) == 0
         table = capsys.readouterr().out
-        assert table.startswith("m/docs  cycle at ") and "region  reference  window  change" in table
+        assert table.startswith("m/docs  cycle at ") and "region  of MMD  reference  window  change" in table
         wrong = tmp_path / "wrong"
         wrong.write_text("not-the-admin-token-at-all")
         assert main(["drift", "explain", "--url", url, "--token-file", str(wrong), "--model", "m"]) == 1

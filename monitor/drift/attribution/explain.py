@@ -1,4 +1,4 @@
-"""The answer to "what changed?": the last cycle's verdict, its regions ranked by share change, exemplar ids.
+"""The answer to "what changed?": the last cycle's verdict, its regions ranked by their part of the MMD, exemplar ids.
 
 Built from a published :class:`~monitor.drift.export.CycleResult` (never from live state), served
 as JSON by ``GET /admin/drift/explain`` and printed by ``embedding-monitor drift explain``
@@ -67,6 +67,7 @@ def explanation(model: str, stream: str, cycle: CycleResult) -> dict[str, Any]:
                 "reference_share": r.reference_share,
                 "window_share": r.window_share,
                 "change": r.change,
+                "mmd_share": r.mmd_share,
                 "p_value": r.p_value,
                 "p_adjusted": r.p_adjusted,
                 "shifted": r.shifted,

@@ -17,6 +17,10 @@ did not move is at most about ``q`` (docs/drift.md, "What moved": the guarantee,
 Testing the regions at the cycle's alpha, as if each were a fresh alarm, left them silent after
 real verdicts: alpha is set for a false alarm a month, not for explaining an alarm already raised.
 
+Regions are ranked by their part of the MMD statistic (:func:`witness_shares`, the witness
+function of the kernel test: attribution from a test that fires, not a separate score), and
+carry their share change beside it.
+
 Exemplars, so a person can open the items that moved: per region, the reference's ids nearest
 its centre (what the region is about, chosen when the regions were fitted) and the window's ids
 *least like any reference row* among the window rows of that region (largest distance to the
@@ -38,10 +42,14 @@ import numpy as np
 from scipy import stats
 
 from monitor.drift.attribution.regions import NOVEL_QUANTILE, Regions, exemplar_ids, ranked_ids
+from monitor.drift.references.profile import subsample_index
+from monitor.drift.twosample.heldout import kernel_witness
+from monitor.drift.twosample.mmd import median_bandwidth
 from monitor.multiple_testing import benjamini_hochberg
 from monitor.state import checks
 
 MIN_CALIBRATION_ROWS = 100  # reference rows per half below which the novelty falls back to the regions' radius
+WITNESS_POINTS = 1000  # rows per side that estimate the witness's kernel means
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,7 @@ class RegionShift:
     shifted: bool
     reference_exemplars: tuple[str, ...] = ()
     window_exemplars: tuple[str, ...] = ()
+    mmd_share: float = 0.0  # the region's part of the MMD statistic (:func:`witness_shares`); 0 in old states
 
     @property
     def change(self) -> float:
@@ -91,14 +100,15 @@ class RegionReport:
         return tuple(r.region for r in self.regions if r.shifted)
 
     def ranked(self) -> list[RegionShift]:
-        """Regions by the size of their share change, largest first (then by adjusted p-value)."""
-        return sorted(self.regions, key=lambda r: (-abs(r.change), r.p_adjusted, r.region))
+        """Regions by their part of the MMD statistic, largest first (then by the size of their share
+        change: a report from before the witness has only that, and by adjusted p-value)."""
+        return sorted(self.regions, key=lambda r: (-r.mmd_share, -abs(r.change), r.p_adjusted, r.region))
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "regions": [
                 [r.region, r.reference_share, r.window_share, r.p_value, r.p_adjusted, r.shifted,
-                 list(r.reference_exemplars), list(r.window_exemplars)]
+                 list(r.reference_exemplars), list(r.window_exemplars), r.mmd_share]
                 for r in self.regions
             ],
             "novel_share": self.novel_share,
@@ -116,8 +126,9 @@ class RegionReport:
         regions = tuple(
             RegionShift(checks.count(j, "region index"), share(rs, f"region {j} reference share"),
                         share(ws, f"region {j} window share"), share(p, f"region {j} p-value"),
-                        share(pa, f"region {j} adjusted p-value"), bool(s), tuple(map(str, re)), tuple(map(str, we)))
-            for j, rs, ws, p, pa, s, re, we in state["regions"]
+                        share(pa, f"region {j} adjusted p-value"), bool(s), tuple(map(str, re)), tuple(map(str, we)),
+                        checks.finite(witness[0], f"region {j} MMD share") if witness else 0.0)
+            for j, rs, ws, p, pa, s, re, we, *witness in state["regions"]
         )
         novel_reference, novel_p, novel_adjusted = (
             share(v, "novel share statistics") for v in state.get("novel") or (0.0, 1.0, 1.0)
@@ -192,7 +203,9 @@ def compare_regions(
                        np.array([novel_reference, calibration_rows - novel_reference]))[0],
     ]
     adjusted = benjamini_hochberg(p_values)
-    unfamiliar = -nearest_distance(window, np.asarray(reference_sample, dtype=np.float64))
+    unfamiliar = -nearest_distance(window, reference)
+    mmd_shares = witness_shares(window, labels, reference, regions.assign(reference)[0], regions.k,
+                                np.random.default_rng(seed))
     window_exemplars = ranked_ids(labels, unfamiliar, window_ids, regions.k, exemplars)
     novel_exemplars: tuple[str, ...] = ()
     if novel.any() and window_ids is not None:
@@ -212,6 +225,7 @@ def compare_regions(
             shifted=bool(adjusted[j] <= alpha),
             reference_exemplars=regions.exemplar_ids[j],
             window_exemplars=window_exemplars[j],
+            mmd_share=float(mmd_shares[j]),
         )
         for j in range(regions.k)
     )
@@ -219,6 +233,32 @@ def compare_regions(
         shifts, float(novel.mean()), novel_exemplars, float(alpha), len(window), regions.reference_rows,
         novel_reference / calibration_rows, float(p_values[-1]), float(adjusted[-1]),
     )
+
+
+def witness_shares(
+    window: np.ndarray, window_labels: np.ndarray, reference: np.ndarray, reference_labels: np.ndarray, k: int,
+    rng: np.random.Generator, points: int = WITNESS_POINTS,
+) -> np.ndarray:
+    """Each region's part of the MMD statistic: where the kernel test sees the window differ.
+
+    The MMD witness ``f(z) = mean k(z, window) - mean k(z, reference)`` (Gretton et al. 2012; the
+    suite's RBF kernel and median bandwidth) has ``mean_window f - mean_reference f`` = the biased
+    MMD². Split both means by region: ``part_j = (1/m) Σ_{window rows in j} f - (1/n) Σ_{reference
+    rows in j} f``, and the parts sum to the statistic. A region that gained share carries its part
+    through its window rows (``f > 0`` there), one that lost share through its reference rows
+    (``f < 0`` there), so both rank high; evaluating the witness at the window's rows only would
+    miss what left. Returned as shares of the sum (0 everywhere when it is not positive). The
+    kernel means use at most ``points`` rows per side, drawn from ``rng`` (bounded cost:
+    ``(m + n) × 2·points`` kernel entries).
+    """
+    sigma = median_bandwidth(np.concatenate([window, reference]), rng)
+    fit = kernel_witness(sigma)
+    witness = fit(window[subsample_index(len(window), points, rng)],
+                  reference[subsample_index(len(reference), points, rng)])
+    parts = (np.bincount(window_labels, weights=witness(window), minlength=k) / len(window)
+             - np.bincount(reference_labels, weights=witness(reference), minlength=k) / len(reference))
+    total = float(parts.sum())
+    return parts / total if total > 0 else np.zeros(k)
 
 
 def calibrated_novelty(
