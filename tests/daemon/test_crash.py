@@ -21,7 +21,7 @@ import pytest
 from monitor.config import load_settings
 from monitor.quality.intrinsic import report_from_matrix
 from tests.support import daemons
-from tests.support.broker import Broker, free_port
+from tests.support.broker import CLIENTS, Broker, free_port
 from tests.support.logs import tracebacks
 from tests.support.producers import KnownSequence
 from tests.support.scrape import scrape, value
@@ -35,8 +35,11 @@ EXACT = ("partition_isotropy", "effective_dimension", "mean_cosine_similarity", 
 
 
 @pytest.mark.slow
-def test_sigkill_at_random_moments_counts_every_record_exactly_once(broker: Broker, tmp_path: Path) -> None:
-    topic, group = "emb-crash", "crash-group"
+@pytest.mark.parametrize("client", CLIENTS)
+def test_sigkill_at_random_moments_counts_every_record_exactly_once(
+    broker: Broker, tmp_path: Path, client: str
+) -> None:
+    topic, group = f"emb-crash-{client}", f"crash-group-{client}"
     broker.create_topics(topic, partitions=2)
     state_dir, port = tmp_path / "state", free_port()
     rng = random.Random(20240607)
@@ -44,7 +47,7 @@ def test_sigkill_at_random_moments_counts_every_record_exactly_once(broker: Brok
     with KnownSequence(broker, topic) as producer:
         for kill in range(KILLS):
             log = tmp_path / f"run-{kill}.log"
-            with daemons.crash_tested(broker, topic, group, state_dir, log, port=port) as daemon:
+            with daemons.crash_tested(broker, topic, group, state_dir, log, port=port, client=client) as daemon:
                 wait_until(lambda: "assigned partitions" in daemon.output(), timeout=40, message="partitions assigned")
                 time.sleep(rng.uniform(0.05, 2.5))  # the point: killed at random while it consumes and commits
                 with_records = scrape(port)
@@ -54,7 +57,7 @@ def test_sigkill_at_random_moments_counts_every_record_exactly_once(broker: Brok
     assert producer.error is None
 
     log = tmp_path / "final.log"
-    with daemons.crash_tested(broker, topic, group, state_dir, log, port=port) as daemon:
+    with daemons.crash_tested(broker, topic, group, state_dir, log, port=port, client=client) as daemon:
         expected_bin = producer.MESSAGES * 20
 
         def done() -> bool:

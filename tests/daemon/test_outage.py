@@ -11,7 +11,7 @@ import pytest
 
 from monitor.config import load_settings
 from tests.support import daemons
-from tests.support.broker import FAST_GROUP_OPTIONS, Broker, free_port
+from tests.support.broker import CLIENTS, FAST_GROUP_OPTIONS, Broker, client_settings, free_port
 from tests.support.proxy import TcpProxy
 from tests.support.scrape import http_status, scrape, value
 from tests.support.waiting import wait_until
@@ -30,7 +30,8 @@ def produce(broker: Broker, topic: str, rows: np.ndarray, per_message: int = 20)
 
 
 @pytest.mark.slow
-def test_broker_outage_flips_readiness_and_loses_or_duplicates_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("client", CLIENTS)
+def test_broker_outage_flips_readiness_and_loses_or_duplicates_nothing(tmp_path: Path, client: str) -> None:
     proxy_port = free_port()
     broker = Broker(advertised_port=proxy_port).start()
     proxy = TcpProxy(broker.port, port=proxy_port).start()
@@ -52,6 +53,7 @@ def test_broker_outage_flips_readiness_and_loses_or_duplicates_nothing(tmp_path:
                     "commit_interval_seconds": 0.3,
                     "poll_timeout_seconds": 0.2,
                     "options": {**FAST_GROUP_OPTIONS, "reconnect_backoff_max_ms": 500, "request_timeout_ms": 4000},
+                    **client_settings(client),
                 },
                 "http": {"host": "127.0.0.1", "port": 0},
                 "refresh_seconds": 0.3,

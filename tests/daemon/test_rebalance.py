@@ -13,17 +13,17 @@ import pytest
 from monitor.config import load_settings
 from monitor.daemon.service import Monitor
 from tests.support import daemons
-from tests.support.broker import Broker, kafka_daemon_overrides
+from tests.support.broker import CLIENTS, Broker, kafka_daemon_overrides
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 DIM, PARTITIONS, MESSAGES, ROWS = 8, 4, 240, 10
 
 
-def replica(broker: Broker, topic: str, group: str, state_dir: Path) -> Monitor:
+def replica(broker: Broker, topic: str, group: str, state_dir: Path, client: str) -> Monitor:
     """A replica that commits every 0.3 s and polls 5 records at a time, so a hand-off falls mid-stream."""
     return Monitor(load_settings(overrides=kafka_daemon_overrides(
-        broker, topic, group, state_dir, kafka={"commit_interval_seconds": 0.3, "max_poll_records": 5})))
+        broker, topic, group, state_dir, client, kafka={"commit_interval_seconds": 0.3, "max_poll_records": 5})))
 
 
 def totals(monitor: Monitor) -> tuple[int, np.ndarray]:
@@ -36,8 +36,9 @@ def totals(monitor: Monitor) -> tuple[int, np.ndarray]:
 
 
 @pytest.mark.slow
-def test_two_replicas_hand_partitions_over_without_double_counting(broker: Broker, tmp_path: Path) -> None:
-    topic, group = "emb-rebalance", "rebalance-group"
+@pytest.mark.parametrize("client", CLIENTS)
+def test_two_replicas_hand_partitions_over_without_double_counting(broker: Broker, tmp_path: Path, client: str) -> None:
+    topic, group = f"emb-rebalance-{client}", f"rebalance-group-{client}"
     broker.create_topics(topic, partitions=PARTITIONS)
     rows = np.random.default_rng(5).standard_normal((MESSAGES, ROWS, DIM)).astype(np.float32)
 
@@ -53,11 +54,11 @@ def test_two_replicas_hand_partitions_over_without_double_counting(broker: Broke
         producer.close()
 
     writer = threading.Thread(target=produce, daemon=True)
-    with daemons.running(replica(broker, topic, group, tmp_path / "a")) as a:
+    with daemons.running(replica(broker, topic, group, tmp_path / "a", client)) as a:
         writer.start()
         wait_until(lambda: totals(a)[0] > 200, timeout=40, message="replica A consuming")
         # B joins: A's partitions are revoked (hand-off), half go to B
-        with daemons.running(replica(broker, topic, group, tmp_path / "b")) as b:
+        with daemons.running(replica(broker, topic, group, tmp_path / "b", client)) as b:
             wait_until(lambda: totals(b)[0] > 0, timeout=40, message="replica B got partitions")
             a.stop()  # leaves: B gets everything
             count_a, sum_a = totals(a)

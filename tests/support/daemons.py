@@ -142,10 +142,13 @@ QUICK_SESSION = {**FAST_GROUP_OPTIONS, "session_timeout_ms": 2500, "heartbeat_in
 
 
 def crash_tested(broker: Broker, topic: str, group: str, state_dir: Path, log: Path, port: int | None = None,
-                 env: Mapping[str, str] | None = None) -> contextlib.AbstractContextManager[DaemonProcess]:
-    """``embedding-monitor run`` on ``topic`` as the crash tests kill it: it commits and checkpoints
-    every 0.3 s, polls 7 records at a time, and a killed one leaves the group within seconds."""
+                 env: Mapping[str, str] | None = None, client: str = "kafka-python",
+                 ) -> contextlib.AbstractContextManager[DaemonProcess]:
+    """``embedding-monitor run`` on ``topic`` through ``client`` (``kafka.client``) as the crash tests
+    kill it: it commits and checkpoints every 0.3 s, polls 7 records at a time, and a killed one
+    leaves the group within seconds."""
     fast = {
+        "EMBMON_KAFKA__CLIENT": client,
         "EMBMON_KAFKA__AUTO_OFFSET_RESET": "earliest",
         "EMBMON_KAFKA__COMMIT_INTERVAL_SECONDS": "0.3",
         "EMBMON_KAFKA__POLL_TIMEOUT_SECONDS": "0.2",

@@ -1,0 +1,309 @@
+"""The librdkafka source (``kafka.client: confluent``, monitor/sources/confluent.py) against the real
+tansu broker: where it resumes and what it commits, the rebalance hand-off, pause/resume, lag, every
+codec decoded natively, a position outside the log reset and counted, a daemon on it counting records
+and malformed ones by reason; and its settings checked before anything starts.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from monitor.config import ConfigError, load_settings
+from monitor.sources.base import Partition, PartitionListener, SourceMessage
+from monitor.sources.confluent import ConfluentSource
+from monitor.sources.reconnect import LAG_REFRESH_SECONDS
+from tests.support import daemons
+from tests.support.broker import Broker, kafka_daemon_overrides
+from tests.support.paths import REPO
+from tests.support.scrape import scrape, value
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.broker
+CODECS = ("gzip", "snappy", "lz4", "zstd")
+
+
+class Recorder(PartitionListener):
+    """The daemon's side of the hand-off, as data: what the checkpoint and the state reflect."""
+
+    def __init__(self, resume: Mapping[Partition, int] | None = None, hand_over: int | None = None):
+        self.resume = dict(resume or {})
+        self.applied: dict[Partition, int] = {}
+        self.hand_over = hand_over  # the offset on_revoked returns for each revoked partition
+        self.calls: list[tuple[str, object]] = []
+
+    def on_revoked(self, partitions: list[Partition]) -> dict[Partition, int]:
+        self.calls.append(("revoked", sorted(partitions)))
+        return {} if self.hand_over is None else dict.fromkeys(partitions, self.hand_over)
+
+    def on_assigned(self, positions: Mapping[Partition, int]) -> None:
+        self.calls.append(("assigned", dict(positions)))
+
+    def on_reset(self, positions: Mapping[Partition, int]) -> None:
+        self.calls.append(("reset", dict(positions)))
+
+    def resume_offsets(self) -> dict[Partition, int]:
+        return dict(self.resume)
+
+    def applied_offsets(self) -> dict[Partition, int]:
+        return dict(self.applied)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def produce(broker: Broker, topic: str, count: int, partition: int = 0, codec: str | None = None,
+            prefix: str = "m") -> None:
+    producer = broker.producer(**({"compression_type": codec} if codec else {}))
+    try:
+        for i in range(count):
+            producer.send(topic, f"{prefix}{i}".encode(), headers=[("model", b"x")], partition=partition)
+        producer.flush()
+    finally:
+        producer.close()
+
+
+@pytest.fixture
+def source_for(broker: Broker, tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
+    made: list[ConfluentSource] = []
+
+    def make(topic: str, group: str, listener: PartitionListener, clock: Clock | None = None,
+             **kafka: object) -> ConfluentSource:
+        settings = load_settings(overrides=kafka_daemon_overrides(broker, topic, group, tmp_path / "state",
+                                                                  client="confluent", kafka=kafka))
+        source = ConfluentSource(settings.kafka, **({"clock": clock} if clock else {}))
+        source.set_listener(listener)
+        source.start()
+        made.append(source)
+        return source
+
+    yield make
+    for source in made:
+        source.close()
+
+
+def poll_until(source: ConfluentSource, count: int, timeout: float = 30) -> list[SourceMessage]:
+    got: list[SourceMessage] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count and time.monotonic() < deadline:
+        got += source.poll(0.2)
+    assert len(got) >= count, f"{len(got)} of {count} messages within {timeout}s"
+    return got
+
+
+def offsets(messages: list[SourceMessage]) -> list[int]:
+    return [m.position.offset for m in messages if m.position is not None]
+
+
+def test_it_resumes_after_the_checkpoint_and_commits_only_what_it_is_given(broker: Broker, source_for) -> None:  # type: ignore[no-untyped-def]
+    topic, group = "cf-resume", "cf-resume-group"
+    broker.create_topics(topic)
+    produce(broker, topic, 50)
+    listener = Recorder(resume={(topic, 0): 19})  # the checkpoint reflects offsets 0..19
+    source = source_for(topic, group, listener)
+    got = poll_until(source, 30)
+    assert offsets(got) == list(range(20, 50))
+    assert [m.value for m in got[:2]] == [b"m20", b"m21"] and got[0].headers == (("model", b"x"),)
+    assert {m.kind for m in got} == {"embeddings"}
+    assert listener.calls == [("assigned", {(topic, 0): 20})]
+    # the resume position is committed for the group's lag once a fetch there verified it; nothing more
+    wait_until(lambda: broker.committed(group, topic) == 20, timeout=10, message="assignment commit")
+    assert source.commit({(topic, 0): 39}) is True
+    assert broker.committed(group, topic) == 40
+    assert source.commit({(topic, 1): 5}) is True  # not assigned here: skipped, not sent
+    assert source.error_counts() == {"unsupported_codec": 0, "poll": 0}
+    assert set(source.offset_reset_counts().values()) == {0}
+    assert source.up
+
+
+@pytest.mark.slow  # the fast tier runs one client (kafka-python)
+def test_revocation_hands_off_then_commits_before_the_next_owner_starts(broker: Broker, source_for) -> None:  # type: ignore[no-untyped-def]
+    topic, group = "cf-handoff", "cf-handoff-group"
+    broker.create_topics(topic, partitions=2)
+    for partition in (0, 1):
+        produce(broker, topic, 40, partition=partition)
+    first = Recorder(hand_over=24)  # state reflects offsets 0..24 of what it held when asked
+    a = source_for(topic, group, first)
+    poll_until(a, 80)
+    second = Recorder()
+    b = source_for(topic, group, second)
+    got_b: list[SourceMessage] = []
+    deadline = time.monotonic() + 40
+    while not got_b and time.monotonic() < deadline:  # both poll: the group's join needs every member
+        a.poll(0.1)
+        got_b += b.poll(0.1)
+    revoked = [c for c in first.calls if c[0] == "revoked"]
+    assert revoked and revoked[0][1] == [(topic, 0), (topic, 1)], first.calls
+    moved = {(m.position.topic, m.position.partition) for m in got_b if m.position is not None}
+    assert len(moved) == 1, moved
+    (key,) = moved
+    # the next owner started right after what the revoked replica's state reflected
+    assert min(m.position.offset for m in got_b if m.position is not None) == 25
+    assert broker.committed(group, topic, key[1]) is not None and broker.committed(group, topic, key[1]) >= 25
+
+
+@pytest.mark.slow  # the fast tier runs one client (kafka-python)
+def test_pause_stops_fetching_while_the_group_keeps_the_member(broker: Broker, source_for) -> None:  # type: ignore[no-untyped-def]
+    topic, group = "cf-pause", "cf-pause-group"
+    broker.create_topics(topic)
+    produce(broker, topic, 10)
+    listener = Recorder()
+    source = source_for(topic, group, listener)
+    poll_until(source, 10)
+    source.pause()
+    produce(broker, topic, 10, prefix="later")
+    held: list[SourceMessage] = []
+    ends = time.monotonic() + 4.0  # past the 3 s session timeout: a member that stopped polling would be out
+    while time.monotonic() < ends:
+        held += source.poll(0.2)
+    assert held == [] and source.paused
+    source.resume()
+    got = poll_until(source, 10)
+    assert [m.value for m in got] == [f"later{i}".encode() for i in range(10)]
+    assert [c[0] for c in listener.calls] == ["assigned"]  # never revoked: the member stayed in the group
+
+
+@pytest.mark.slow  # the fast tier runs one client (kafka-python)
+def test_lag_counts_what_is_neither_read_nor_applied(broker: Broker, source_for) -> None:  # type: ignore[no-untyped-def]
+    topic, group = "cf-lag", "cf-lag-group"
+    broker.create_topics(topic)
+    produce(broker, topic, 50)
+    listener, clock = Recorder(), Clock()
+    source = source_for(topic, group, listener, clock=clock)
+    poll_until(source, 50)
+    listener.applied = {(topic, 0): 29}  # read to 49, applied to 29: 20 queued
+    clock.now += LAG_REFRESH_SECONDS
+    source.poll(0.1)
+    assert source.lag() == {topic: 20} and source.lag_updated is not None
+    listener.applied = {(topic, 0): 49}
+    produce(broker, topic, 5, prefix="more")  # 5 not yet read
+
+    def measured() -> dict[str, int] | None:
+        clock.now += LAG_REFRESH_SECONDS
+        source.poll(0.1)  # fetched or not, the 5 are behind what the state reflects
+        return source.lag()
+
+    wait_until(lambda: measured() == {topic: 5}, timeout=10, message="lag 5", on_timeout=lambda: source.lag())
+    progress = source.last_progress()
+    assert progress is not None and set(progress) == {topic}
+
+
+@pytest.mark.slow  # the fast tier runs one client (kafka-python)
+def test_every_codec_is_decoded_natively(broker: Broker, source_for) -> None:  # type: ignore[no-untyped-def]
+    topic, group = "cf-codecs", "cf-codecs-group"
+    broker.create_topics(topic, partitions=len(CODECS))
+    for partition, codec in enumerate(CODECS):
+        produce(broker, topic, 30, partition=partition, codec=codec, prefix=codec)
+    source = source_for(topic, group, Recorder())
+    got = poll_until(source, 30 * len(CODECS))
+    for partition, codec in enumerate(CODECS):
+        values = [m.value for m in got if m.position is not None and m.position.partition == partition]
+        assert values == [f"{codec}{i}".encode() for i in range(30)], codec
+    assert source.error_counts()["poll"] == 0
+
+
+@pytest.mark.slow  # the fast tier runs one client (kafka-python)
+def test_a_resume_position_past_the_log_is_reset_counted_and_committed(broker: Broker, source_for) -> None:  # type: ignore[no-untyped-def]
+    topic, group = "cf-past-end", "cf-past-end-group"
+    broker.create_topics(topic)
+    produce(broker, topic, 20)
+    listener = Recorder(resume={(topic, 0): 499})  # a checkpoint of an older, longer topic
+    source = source_for(topic, group, listener)
+    got = poll_until(source, 20)
+    assert offsets(got) == list(range(20))  # earliest: from the log's start
+    assert source.offset_reset_counts()["past_end"] == 1
+    assert ("reset", {(topic, 0): 0}) in listener.calls
+    wait_until(lambda: broker.committed(group, topic) == 0, timeout=10, message="the reset position committed")
+
+
+def test_a_daemon_on_librdkafka_counts_records_and_malformed_ones(broker: Broker, tmp_path: Path) -> None:
+    topic, group, dim = "cf-daemon", "cf-daemon-group", 8
+    broker.create_topics(topic)
+    rows = np.random.default_rng(7).standard_normal((12, 5, dim)).astype(np.float32)
+    producer = broker.producer(compression_type="lz4")
+    for batch in rows:
+        producer.send(topic, batch.tobytes(), headers=[("model", b"m"), ("dim", str(dim).encode())])
+    producer.send(topic, b"\x00" * 7, headers=[("model", b"m"), ("dim", str(dim).encode())])  # not whole rows
+    producer.send(topic, b"{not json", headers=[("model", b"m")])
+    producer.flush()
+    producer.close()
+    settings = load_settings(overrides=kafka_daemon_overrides(broker, topic, group, tmp_path / "state",
+                                                              client="confluent"))
+    with daemons.monitor(settings) as monitor:
+        port = monitor.http.port
+        wait_until(lambda: value(scrape(port), "embmon_records_total", model="m", stream="default") == 60,
+                   timeout=40, message="records counted")
+        wait_until(lambda: broker.committed(group, topic) == 14, timeout=20, message="offsets committed")
+        samples = scrape(port)
+    assert value(samples, "embmon_records_invalid_total", stream="default", reason="bad_binary") == 1
+    invalid = sum(v for (name, labels), v in samples.items() if name == "embmon_records_invalid_total")
+    assert invalid == 2, invalid
+    assert value(samples, "embmon_source_up") == 1
+    assert value(samples, "embmon_source_errors_total", reason="poll") == 0
+    stats = monitor.registry.get("m", "default").window.snapshot(time.time()).stats
+    np.testing.assert_allclose(stats.vector_sum, rows.reshape(-1, dim).astype(np.float64).sum(axis=0), rtol=1e-9)
+    assert monitor.status.internal_error_counts() == {}
+
+
+@pytest.mark.parametrize(
+    ("kafka", "message"),
+    [
+        ({"client": "librdkafka"}, "kafka.client: Input should be 'kafka-python' or 'confluent'"),
+        ({"client": "confluent", "options": {"ssl_context": "x"}}, "options.ssl_context has no librdkafka equivalent"),
+        ({"client": "confluent", "librdkafka": {"enable.auto.commit": True}},
+         "kafka.librdkafka: 'enable.auto.commit' is set by embedding-monitor itself"),
+        ({"librdkafka": {"fetch.wait.max.ms": 10}}, "librdkafka: properties only read with client: confluent"),
+    ],
+    ids=["client", "untranslatable-option", "reserved-property", "property-without-the-client"],
+)
+def test_the_client_settings_are_checked(kafka: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_settings(overrides={"source": "kafka", "kafka": kafka})
+    assert message in str(raised.value)
+
+
+def test_a_bad_client_exits_2_naming_the_field(tmp_path: Path) -> None:
+    config = tmp_path / "embmon.yaml"
+    config.write_text(yaml.safe_dump({"source": "kafka", "kafka": {"client": "rdkafka"},
+                                      "state_dir": str(tmp_path / "state")}))
+    done = subprocess.run(daemons.cli_argv("run", "--config", str(config)), cwd=REPO, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "kafka.client" in done.stderr and "confluent" in done.stderr, done.stderr
+
+
+def test_a_property_librdkafka_refuses_is_a_configuration_error(tmp_path: Path) -> None:
+    settings = load_settings(overrides={"source": "kafka", "kafka": {"client": "confluent",
+                                                                     "librdkafka": {"no.such.property": 1}}})
+    source = ConfluentSource(settings.kafka)
+    with pytest.raises(ConfigError, match="kafka.librdkafka: librdkafka refuses the consumer settings"):
+        source.start()
+
+
+def test_kafka_options_become_librdkafka_properties() -> None:
+    from monitor.sources.confluent import librdkafka_config
+
+    settings = load_settings(overrides={"source": "kafka", "kafka": {
+        "client": "confluent", "group_id": "g", "bootstrap_servers": "a:1,b:2",
+        "options": {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "sasl_plain_username": "u",
+                    "sasl_plain_password": "p", "session_timeout_ms": 3000, "isolation_level": "read_uncommitted"},
+        "librdkafka": {"session.timeout.ms": 4000}}})
+    config = librdkafka_config(settings.kafka)
+    assert config["bootstrap.servers"] == "a:1,b:2" and config["group.id"] == "g"
+    assert (config["security.protocol"], config["sasl.mechanism"], config["sasl.username"], config["sasl.password"]) \
+        == ("SASL_PLAINTEXT", "PLAIN", "u", "p")
+    assert config["session.timeout.ms"] == 4000  # kafka.librdkafka on top
+    assert config["isolation.level"] == "read_uncommitted"
+    assert (config["enable.auto.commit"], config["enable.auto.offset.store"], config["auto.offset.reset"]) \
+        == (False, False, "error")
