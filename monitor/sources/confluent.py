@@ -91,6 +91,10 @@ def librdkafka_config(settings: KafkaSettings) -> dict[str, Any]:
         "isolation.level": "read_committed",
         "reconnect.backoff.max.ms": 10_000,
         "statistics.interval.ms": 1_000,  # broker connection states, for ``up``
+        # librdkafka prefetches up to queued.max.messages.kbytes (64 MiB) and, once that is full, waits
+        # fetch.queue.backoff.ms (1 s) before fetching again: a consumer faster than the fetches idles
+        # (bench/ingest.py, docs/benchmarks.md)
+        "fetch.queue.backoff.ms": 10,
     }
     for key, value in settings.options.items():
         if key == "auto_offset_reset":
