@@ -284,6 +284,7 @@ def drift_view(model: str, stream: str, cycle: CycleResult) -> DriftView:
                 region=int(first["region"]), reference_share=float(first["reference_share"]),
                 window_share=float(first["window_share"]), p_adjusted=float(first["p_adjusted"]),
                 shifted=bool(first["shifted"]), exemplars=tuple(first["window_exemplars"][:EXEMPLARS_SHOWN]),
+                mmd_share=float(first.get("mmd_share", 0.0)),
             )
     return DriftView(
         detected=bool(said["detected"]), p_value=suite_p_value(cycle.report), threshold=float(said["cycle_alpha"]),

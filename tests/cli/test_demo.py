@@ -180,7 +180,7 @@ def named_topic(views: list[list[str]]) -> list[str]:
         for line in view
         if "documents" in line
         and "drift YES" in line
-        and re.search(r"region \d+ \d+%->\d+%( \(p=[^)]*\))? e\.g\. topic-\d+", line)
+        and re.search(r"region \d+ \d+%->\d+%( \([^)]*\))? e\.g\. topic-\d+", line)
     ]
 
 

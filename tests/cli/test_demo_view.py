@@ -22,7 +22,7 @@ from monitor.retrieval.probes.base import Estimate
 TOPIC = DriftView(
     detected=True, p_value=2.4e-11, threshold=3.9e-6, tests=("ks", "classifier"),
     top_region=RegionView(region=5, reference_share=0.06, window_share=0.34, p_adjusted=1e-40, shifted=True,
-                          exemplars=("topic-8812", "topic-9104")),
+                          exemplars=("topic-8812", "topic-9104"), mmd_share=0.58),
     novel_share=0.29,
 )
 QUIET = DriftView(detected=False, p_value=0.61, threshold=3.9e-6, tests=(), top_region=None, novel_share=0.0)
@@ -70,8 +70,8 @@ def test_plain_lines_say_every_verdict_one_line_per_stream_and_model() -> None:
     )
     assert lines[1] == (
         "  minilm-demo/documents: 15000 records, isotropy 0.264, eff. rank 345.0, collapse no | "
-        "drift YES p=2.4e-11 < 3.9e-06 (ks, classifier) | region 5 6%->34% (p=1e-40) e.g. topic-8812, topic-9104; "
-        "novel 29%"
+        "drift YES p=2.4e-11 < 3.9e-06 (ks, classifier) | region 5 6%->34% (58% of MMD, p=1e-40) "
+        "e.g. topic-8812, topic-9104; novel 29%"
     )
     assert lines[2] == (
         "  mpnet-demo/documents: 15000 records, isotropy 0.227, eff. rank 681.7, collapse no | drift no p=0.61"
