@@ -54,6 +54,7 @@ from monitor.daemon.rebalance import PartitionHandoff
 from monitor.daemon.refresh import Published, Refresher
 from monitor.daemon.status import DaemonStatus
 from monitor.decoding.decoder import Decoder
+from monitor.scaleout.canaries import replica_component_factories
 from monitor.scaleout.export import PublisherCollector
 from monitor.scaleout.replica import (
     PublishedOffsetsSource,
@@ -251,7 +252,9 @@ class Monitor(Daemon):
         )
         if component_factories is None:
             # a replica's drift and probe gauges would be partial answers: the reducer runs them
-            component_factories = [] if self.replica else default_component_factories(settings)
+            # (canary records are forwarded to the reducer, which holds the pins)
+            component_factories = (replica_component_factories(settings) if self.replica
+                                   else default_component_factories(settings))
         self.components: list[Component] = [factory(self.context) for factory in component_factories]
         self.pipeline = IngestPipeline(
             settings, self.source, self.decoder, self.registry, self.components, self.offsets, self.errors, clock
@@ -332,7 +335,7 @@ class Monitor(Daemon):
             return
         self.replica.before_restore()
         self.checkpointer.restore()
-        self.replica.publish_restored(self.registry, self.offsets)
+        self.replica.publish_restored(self.registry, self.offsets, self.components)
 
     def _final_checkpoint(self) -> None:
         """The shutdown checkpoint, waited for at most half the shutdown bound: one already being

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from monitor.scaleout.canary_rows import CanaryRows
 from monitor.state.reservoir import Reservoir
 from monitor.state.stats import SufficientStats
 from monitor.storage import checkpoint_format as ckpt
@@ -97,6 +98,7 @@ class SubwindowPartial:
     reservoir: Reservoir
     alignment_sum: float
     alignment_pairs: int
+    canaries: CanaryRows | None = None  # the canary records among its rows (monitor/scaleout/canary_rows.py)
 
     @property
     def key(self) -> SubwindowKey:
@@ -104,13 +106,14 @@ class SubwindowPartial:
 
     def state_dict(self) -> dict[str, Any]:
         """The sub-window as the window's own state dict lays it out, plus who sent it when."""
-        return {
-            "replica": self.replica, "model": self.model, "stream": self.stream, "epoch": self.epoch,
-            "subwindow": {
-                "index": self.index, "stats": self.stats.state_dict(), "reservoir": self.reservoir.state_dict(),
-                "alignment_sum": self.alignment_sum, "alignment_pairs": self.alignment_pairs,
-            },
+        sub: dict[str, Any] = {
+            "index": self.index, "stats": self.stats.state_dict(), "reservoir": self.reservoir.state_dict(),
+            "alignment_sum": self.alignment_sum, "alignment_pairs": self.alignment_pairs,
         }
+        if self.canaries is not None:
+            sub["canaries"] = self.canaries.state_dict()
+        return {"replica": self.replica, "model": self.model, "stream": self.stream, "epoch": self.epoch,
+                "subwindow": sub}
 
     @classmethod
     def from_state_dict(cls, state: Mapping[str, Any]) -> SubwindowPartial:
@@ -119,8 +122,10 @@ class SubwindowPartial:
         reservoir = Reservoir.from_state_dict(sub["reservoir"])
         if reservoir.dim != stats.dim:
             raise PartialError(f"reservoir of dim {reservoir.dim} with statistics of dim {stats.dim}")
+        canaries = None if sub.get("canaries") is None else CanaryRows.from_state_dict(sub["canaries"], stats.dim)
         return cls(str(state["replica"]), str(state["model"]), str(state["stream"]), int(sub["index"]),
-                   int(state["epoch"]), stats, reservoir, float(sub["alignment_sum"]), int(sub["alignment_pairs"]))
+                   int(state["epoch"]), stats, reservoir, float(sub["alignment_sum"]), int(sub["alignment_pairs"]),
+                   canaries)
 
 
 @dataclass(frozen=True)

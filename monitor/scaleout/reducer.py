@@ -35,6 +35,8 @@ from monitor.daemon.refresh import Published, Refresher
 from monitor.daemon.service import Daemon, daemon_metrics_registry, http_limits, http_security
 from monitor.daemon.status import DaemonStatus, StreamCounts
 from monitor.decoding.decoder import Decoder
+from monitor.scaleout.canaries import bind as bind_canaries
+from monitor.scaleout.canaries import for_reducer
 from monitor.scaleout.export import ReducerCollector
 from monitor.scaleout.intake import PartialsReader
 from monitor.scaleout.table import MergeTable
@@ -98,8 +100,8 @@ class Reducer(Daemon):
             settings=settings, registry=self.table, clock=clock, state_dir=settings.state_dir,  # type: ignore[arg-type]
             latest_windows=lambda: self.refresher.published.windows, add_route=self.http.add_route,
         )
-        if component_factories is None:
-            component_factories = default_component_factories(settings)
+        if component_factories is None:  # canaries: compared here, with the arrivals the replicas publish
+            component_factories = for_reducer(default_component_factories(settings))
         self.components: list[Component] = [factory(self.context) for factory in component_factories]
         self.decoder = Decoder(
             settings.limits, default_stream=settings.kafka.default_stream,
@@ -108,6 +110,7 @@ class Reducer(Daemon):
         )
         self.intake = PartialsReader(settings, self.table, self.decoder, self.components, self.errors, clock,
                                      consumer_factory)
+        bind_canaries(self.components, self.intake.at_batch_boundary)
         self.checkpointer = Checkpointer(
             settings, self.intake, self.table, self.decoder, self.intake, self.components,  # type: ignore[arg-type]
             self.intake.offsets, self.errors, self.metrics_registry,

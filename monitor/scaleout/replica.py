@@ -24,15 +24,17 @@ commit intent first, since the commit follows within the listener.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from monitor.component import Component
 from monitor.config import ConfigError, Settings
 from monitor.daemon import failpoints
 from monitor.daemon.checkpointing import Checkpointer
 from monitor.daemon.ingest import IngestPipeline
 from monitor.daemon.offsets import OffsetTracker, Partition
 from monitor.daemon.rebalance import PartitionHandoff
+from monitor.scaleout.canaries import ARRIVALS, with_arrivals
 from monitor.scaleout.marker import CommitIntent, MarkerState, PublishedMarker, commit_happened
 from monitor.scaleout.partials import Offsets
 from monitor.scaleout.publisher import PartialsPublisher
@@ -87,7 +89,8 @@ class ReplicaRole:
 
     def written(self, state: Mapping[str, Any], offsets: Offsets) -> None:
         """A checkpoint is on disk: build its publication (checkpoints call this in order)."""
-        self.publisher.stage(int(state["scale_out"]["epoch"]), offsets, state["streams"])
+        arrivals = (state.get("components") or {}).get(ARRIVALS)  # canary records, by sub-window
+        self.publisher.stage(int(state["scale_out"]["epoch"]), offsets, with_arrivals(state["streams"], arrivals))
 
     def after_write(self) -> None:
         """Send it; its offsets may be committed once the broker has it."""
@@ -142,7 +145,8 @@ class ReplicaRole:
         self.publisher.epochs.advance_past(ours.epoch)
         return MarkerState(self.replica, ours.epoch)
 
-    def publish_restored(self, registry: StateRegistry, offsets: OffsetTracker) -> None:
+    def publish_restored(self, registry: StateRegistry, offsets: OffsetTracker,
+                         components: Sequence[Component] = ()) -> None:
         """Publish the state just restored (or the empty one), in full, under a new epoch.
 
         It replaces everything this replica published before, including a newer publication whose
@@ -154,7 +158,8 @@ class ReplicaRole:
         epoch = self.publisher.epochs.next()
         if self._initial is None:
             self._mark(0)
-        self.publisher.stage(epoch, durable, registry.state_dict()["streams"])
+        arrivals = next((c.state_dict() for c in components if c.name == ARRIVALS), None)
+        self.publisher.stage(epoch, durable, with_arrivals(registry.state_dict()["streams"], arrivals))
         if self.publisher.flush():
             self._committed = epoch
             self._mark(epoch)

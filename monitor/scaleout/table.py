@@ -34,6 +34,7 @@ from monitor.config import Settings
 from monitor.daemon.counters import Tally
 from monitor.decoding.records import StreamKey
 from monitor.logs import RateLimitedLog
+from monitor.scaleout.canary_rows import CanaryRows
 from monitor.scaleout.partials import (
     Chunk,
     ChunkAssembler,
@@ -309,6 +310,15 @@ class MergeTable:
                 records = sum(p.stats.count for k, p in view.pieces.items() if k[2] >= oldest)
                 replicas.append(ReplicaStatus(view.replica, age, age > self.stale_after, records))
         return TableStatus(tuple(replicas), self.applied.snapshot(), self.ignored.snapshot())
+
+    def canary_arrivals(self) -> list[tuple[str, str, str, CanaryRows]]:
+        """(replica, model, stream, rows) of every canary arrival the replicas' current publications
+        hold (monitor/scaleout/canaries.py compares them with the pins)."""
+        with self._lock:
+            return [(view.replica, model, stream, piece.canaries)
+                    for view in self._replicas.values()
+                    for (model, stream, _), piece in sorted(view.pieces.items())
+                    if piece.canaries is not None and len(piece.canaries)]
 
     def streams(self) -> list[StreamKey]:
         with self._lock:

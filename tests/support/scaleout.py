@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from monitor.config import Settings, load_settings
+from monitor.config import Settings, deep_merge, load_settings
 from monitor.scaleout.reducer import Reducer
 from monitor.scaleout.table import MergeTable
 from tests.support import daemons
@@ -75,9 +75,10 @@ def replica(broker: Broker, topic: str, name: str, state_dir: Path, log: Path, g
 
 
 def scaled_settings(monkeypatch: pytest.MonkeyPatch, broker: Broker, topic: str, group: str,
-                    tmp_path: Path) -> Settings:
+                    tmp_path: Path, extra: dict[str, Any] | None = None) -> Settings:
     """The topic and its partials topic, the reducer's settings, and the replica processes'
-    settings in the environment: the reducer's window and partials topic, role replica."""
+    settings in the environment: the reducer's window and partials topic, role replica;
+    ``extra``: more reducer settings (``{"canaries": ...}``)."""
     partials = f"{topic}-partials"
     broker.create_topics(topic, partitions=PARTITIONS)
     broker.create_topics(partials, partitions=2)
@@ -87,7 +88,7 @@ def scaled_settings(monkeypatch: pytest.MonkeyPatch, broker: Broker, topic: str,
     monkeypatch.setenv("EMBMON_SCALE_OUT__ROLE", "replica")
     return load_settings(overrides=kafka_daemon_overrides(
         broker, topic, group, tmp_path / "reducer", window=WINDOW, drift={"enabled": False},
-        scale_out={"role": "reducer", "partials_topic": partials},
+        scale_out={"role": "reducer", "partials_topic": partials}, **(extra or {}),
     ))
 
 
@@ -114,13 +115,14 @@ def wait_for_exact_counts(port: int, expected: dict[str, int], timeout: float = 
 T0 = 3_000_000.0
 
 
-def reducer(tmp_path: Path, now: list[float], **drift: object) -> Reducer:
-    """A reducer (no broker: fed through its table) on a clock the test moves, small drift samples."""
-    settings = load_settings(overrides={
+def reducer(tmp_path: Path, now: list[float], extra: dict[str, Any] | None = None, **drift: object) -> Reducer:
+    """A reducer (no broker: fed through its table) on a clock the test moves, small drift samples;
+    ``extra``: more settings, merged over these (``{"canaries": ...}``)."""
+    settings = load_settings(overrides=deep_merge({
         "source": "kafka", "state_dir": str(tmp_path / "reducer"), "http": {"port": 0, "admin_token": "x" * 20},
         "window": {"seconds": 600, "subwindows": 6, "reservoir_size": 600},
         "scale_out": {"role": "reducer"},
         "drift": {"interval_seconds": 3600, "window_sample_size": 200, "reference_sample_size": 200, "threads": 1,
                   "ks": {"components": 4}, "classifier": {"squared_components": 2}, **drift},
-    })
+    }, extra or {}))
     return Reducer(settings, clock=lambda: now[0])
