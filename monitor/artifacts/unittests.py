@@ -3,11 +3,13 @@
 Per alert: one evaluation interval before the ``for:`` boundary nothing fires (the alert is
 pending), at the boundary it fires with exact labels and annotations, where the scenario says so
 it resolves once its history clears the condition, and a similar history that must stay quiet
-does not fire at the boundary.
+does not fire at the boundary; where the scenario gives one, the firing history as several
+instances export it fires one alert, not one per instance.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from monitor.artifacts.rules.model import RECORDING_GROUP, RULES_FILE, Alert, RuleSet, Series, render_description
@@ -40,6 +42,21 @@ def alert_test_file(rules: RuleSet, alert: Alert) -> dict[str, Any]:
         "description": render_description(alert, sc.labels, sc.value),
         "runbook_url": rules.runbook_link(alert),
     }
+    fires_at = [
+        {"eval_time": _duration(fire - sc.step), "alertname": alert.name, "exp_alerts": []},
+        {
+            "eval_time": _duration(fire),
+            "alertname": alert.name,
+            "exp_alerts": [{"exp_labels": labels, "exp_annotations": annotations}],
+        },
+    ]
+    scaled = [] if not sc.scaled else [{
+        # exp_alerts is the whole set: one alert per instance would fail it
+        "name": f"{alert.name}: scaled out, several instances' series fire one alert",
+        "interval": _duration(sc.step),
+        "input_series": _series(sc.scaled),
+        "alert_rule_test": copy.deepcopy(fires_at),  # a copy: YAML would write anchors for a shared object
+    }]
     return {
         "rule_files": [f"../{RULES_FILE}"],
         "evaluation_interval": _duration(sc.step),
@@ -50,15 +67,7 @@ def alert_test_file(rules: RuleSet, alert: Alert) -> dict[str, Any]:
                 "name": f"{alert.name}: quiet one interval before for, fires at it",
                 "interval": _duration(sc.step),
                 "input_series": _series(sc.firing),
-                "alert_rule_test": [
-                    {"eval_time": _duration(fire - sc.step), "alertname": alert.name, "exp_alerts": []},
-                    {
-                        "eval_time": _duration(fire),
-                        "alertname": alert.name,
-                        "exp_alerts": [{"exp_labels": labels, "exp_annotations": annotations}],
-                    },
-                    *_resolved(alert, sc.resolves_at),
-                ],
+                "alert_rule_test": [*fires_at, *_resolved(alert, sc.resolves_at)],
             },
             {
                 "name": f"{alert.name}: negative case stays quiet",
@@ -68,6 +77,7 @@ def alert_test_file(rules: RuleSet, alert: Alert) -> dict[str, Any]:
                     {"eval_time": _duration(fire), "alertname": alert.name, "exp_alerts": []},
                 ],
             },
+            *scaled,
         ],
     }
 

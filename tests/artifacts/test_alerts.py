@@ -72,7 +72,7 @@ def test_every_alert_has_its_unit_test_with_the_three_checkpoints() -> None:
     for name, rule in alerts.items():
         suite = load(TESTS_DIR / f"{name}.yaml")
         step = suite["evaluation_interval"]
-        fires, quiet = suite["tests"]
+        fires, quiet, *scaled = suite["tests"]
         before, boundary, *resolved = fires["alert_rule_test"]
         assert before["exp_alerts"] == [] and boundary["exp_alerts"], name
         assert _minutes(boundary["eval_time"]) - _minutes(before["eval_time"]) == _minutes(step), name
@@ -84,6 +84,11 @@ def test_every_alert_has_its_unit_test_with_the_three_checkpoints() -> None:
         assert quiet["alert_rule_test"] == [{"eval_time": boundary["eval_time"], "alertname": name, "exp_alerts": []}]
         # the quiet history differs from the firing one
         assert quiet["input_series"] != fires["input_series"], name
+        # scaled out (where given): several instances' series, the same single alert at the same times
+        for case in scaled:
+            assert len({re.search(r'instance="([^"]+)"', s["series"]).group(1)  # type: ignore[union-attr]
+                        for s in case["input_series"]}) >= 2, name
+            assert case["alert_rule_test"] == [before, boundary], name
 
 
 def _minutes(text: str) -> float:
@@ -295,7 +300,7 @@ def test_a_changed_model_pages_per_model_and_resolves_after_a_repin() -> None:
     # the daemon's mismatch counter decides; the lowest canary cosine is the value shown
     assert rule["expr"] == ("min by (model) (embmon_canary_cosine_min) < 1 and "
                             "sum by (model) (increase(embmon_canary_mismatches_total[10m])) > 0")
-    fires, quiet = load(TESTS_DIR / "EmbeddingMonitorModelChanged.yaml")["tests"]
+    fires, quiet, scaled = load(TESTS_DIR / "EmbeddingMonitorModelChanged.yaml")["tests"]
     before, boundary, resolved = fires["alert_rule_test"]
     assert boundary["exp_alerts"][0]["exp_labels"] == {"model": "minilm", "severity": "critical"}
     assert (
@@ -306,6 +311,10 @@ def test_a_changed_model_pages_per_model_and_resolves_after_a_repin() -> None:
     assert "stale" in cosine and resolved["exp_alerts"] == []
     # float noise below 1 that the daemon did not count as a mismatch stays quiet
     assert all("1+" not in s["values"] for s in quiet["input_series"])
+    # scaled out: two reducers export the model (a hand-over), each its own counter: one page per model
+    assert {s["series"].split("instance=")[1].split('"')[1] for s in scaled["input_series"]} == {
+        "reducer-0:9464", "reducer-1:9464"}
+    assert scaled["alert_rule_test"][1]["exp_alerts"] == boundary["exp_alerts"]
 
 
 def test_scale_out_alerts_read_only_what_replicas_and_the_reducer_export() -> None:

@@ -55,10 +55,22 @@ def _model_changed_scenario(job: str) -> ScenarioBuilder:
         repinned = (before + during) * 60
         cosine = m("embmon_canary_cosine_min")
         mismatches = m("embmon_canary_mismatches_total")
+        cosines = seq(repeat(1, before), repeat(low, during), "stale", repeat(1, 10))
+        # scaled out, the reducer exports the canaries; while a reducer hands its models over (or
+        # two reducers are told to own one) two instances export the same model, each with its own counter
+        scaled = tuple(
+            series
+            for instance, offset in (("reducer-0:9464", 0), ("reducer-1:9464", 3))
+            for series in (
+                Series(cosine, {**labels, "instance": instance}, cosines),
+                Series(mismatches, {**labels, "instance": instance},
+                       seq(repeat(offset, before), f"{offset + 1}+1x{during - 1}", repeat(offset + during, 11))),
+            )
+        )
         return Scenario(
             60,
             (
-                Series(cosine, labels, seq(repeat(1, before), repeat(low, during), "stale", repeat(1, 10))),
+                Series(cosine, labels, cosines),
                 Series(mismatches, labels, seq(repeat(0, before), f"1+1x{during - 1}", repeat(during, 11))),
             ),
             # float noise across hardware: a cosine a hair below 1 that the daemon does not count
@@ -70,6 +82,7 @@ def _model_changed_scenario(job: str) -> ScenarioBuilder:
             dict(TEST_CANARY_MODEL),
             low,
             resolves_at=repinned,
+            scaled=scaled,
         )
 
     return build

@@ -70,7 +70,9 @@ class Scenario:
     pending from then and fires at ``onset + for``. ``labels`` are the alert's series labels at
     that time (rule labels are added by the generator); ``value`` is ``$value`` then. When the
     firing history goes on to clear the condition, ``resolves_at`` is an evaluation (seconds)
-    from which the alert must be quiet again.
+    from which the alert must be quiet again. ``scaled`` is, where given, the firing history as
+    several instances export it (a scaled-out deployment): it must fire exactly as ``firing``
+    does, one alert with the same labels, not one per instance.
     """
 
     step: int
@@ -80,6 +82,7 @@ class Scenario:
     labels: dict[str, str]
     value: float
     resolves_at: int | None = None
+    scaled: tuple[Series, ...] = ()
 
 
 ScenarioBuilder = Callable[["Alert"], Scenario]
