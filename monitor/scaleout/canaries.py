@@ -32,7 +32,7 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -47,7 +47,6 @@ from monitor.state import checks
 logger = logging.getLogger(__name__)
 
 ARRIVALS = "canary_arrivals"  # the replica component's name: its key in a checkpoint's components
-T = TypeVar("T")
 SubKey = tuple[str, str, int]  # (model, stream, sub-window index)
 
 
@@ -202,10 +201,3 @@ Factory = Callable[[MonitorContext], Component]
 def for_reducer(factories: Sequence[Factory]) -> list[Factory]:
     """The reducer's components: the canary component is the one fed from the merge table."""
     return [ReducerCanaries if factory is CanaryComponent else factory for factory in factories]
-
-
-def bind(components: Sequence[Component], boundary: Callable[[Callable[[], T]], T]) -> None:
-    """Give the reducer's canary component its intake's batch boundary."""
-    for component in components:
-        if isinstance(component, ReducerCanaries):
-            component.boundary = boundary

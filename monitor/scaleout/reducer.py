@@ -35,8 +35,8 @@ from monitor.daemon.refresh import Published, Refresher
 from monitor.daemon.service import Daemon, daemon_metrics_registry, http_limits, http_security
 from monitor.daemon.status import DaemonStatus, StreamCounts
 from monitor.decoding.decoder import Decoder
-from monitor.scaleout.canaries import bind as bind_canaries
-from monitor.scaleout.canaries import for_reducer
+from monitor.scaleout.canaries import ReducerCanaries, for_reducer
+from monitor.scaleout.detectors import SubwindowDetectors, subwindow_detectors
 from monitor.scaleout.export import ReducerCollector
 from monitor.scaleout.intake import PartialsReader
 from monitor.scaleout.table import MergeTable
@@ -86,6 +86,7 @@ class Reducer(Daemon):
         consumer_factory: Callable[[], Any] | None = None,
     ):
         super().__init__()
+        online = settings.drift.online  # the drift component's are off here: the reducer runs its own
         self.settings = settings = reducer_settings(settings)
         self.clock = clock
         self.table = MergeTable(settings, clock)
@@ -103,6 +104,9 @@ class Reducer(Daemon):
         if component_factories is None:  # canaries: compared here, with the arrivals the replicas publish
             component_factories = for_reducer(default_component_factories(settings))
         self.components: list[Component] = [factory(self.context) for factory in component_factories]
+        detectors = subwindow_detectors(self.context, self.components, online, settings.scale_out.detectors)
+        if detectors is not None:
+            self.components.append(detectors)
         self.decoder = Decoder(
             settings.limits, default_stream=settings.kafka.default_stream,
             declared_dims={name: m.dim for name, m in settings.models.items() if m.dim},
@@ -110,7 +114,9 @@ class Reducer(Daemon):
         )
         self.intake = PartialsReader(settings, self.table, self.decoder, self.components, self.errors, clock,
                                      consumer_factory)
-        bind_canaries(self.components, self.intake.at_batch_boundary)
+        for component in self.components:  # canaries and detectors feed from the table between two polls
+            if isinstance(component, (ReducerCanaries, SubwindowDetectors)):
+                component.boundary = self.intake.at_batch_boundary
         self.checkpointer = Checkpointer(
             settings, self.intake, self.table, self.decoder, self.intake, self.components,  # type: ignore[arg-type]
             self.intake.offsets, self.errors, self.metrics_registry,

@@ -320,6 +320,38 @@ class MergeTable:
                     for (model, stream, _), piece in sorted(view.pieces.items())
                     if piece.canaries is not None and len(piece.canaries)]
 
+    def complete_before(self, now: float) -> int:
+        """The first sub-window index that may still be incomplete at ``now``: the reducer's head,
+        or, if earlier, the sub-window a live replica's newest publication was captured in (a stale
+        replica does not hold the others back). Below it, every piece of a sub-window is in."""
+        complete = math.floor(now / self.width)
+        with self._lock:
+            for view in self._replicas.values():
+                if view.manifest is not None and now - view.epoch / 1e9 <= self.stale_after:
+                    complete = min(complete, math.floor(view.epoch / 1e9 / self.width))
+        return complete
+
+    def subwindow_sums(
+        self, model: str, stream: str, first: int, before: int
+    ) -> list[tuple[int, int, np.ndarray, float]]:
+        """(index, records, Σ x/‖x‖, Σ ‖x‖) of each sub-window of (model, stream) from ``first`` (or the
+        oldest live one) up to ``before``, summed over the replicas' pieces (0 records where none)."""
+        out = []
+        with self._lock:
+            dim = self._dims.get((model, stream))
+            if dim is None:
+                return []
+            for index in range(max(first, self._oldest_live(self.clock())), before):
+                count, units, norms = 0, np.zeros(dim), 0.0
+                for view in sorted(self._replicas.values(), key=lambda v: v.replica):
+                    piece = view.pieces.get((model, stream, index))
+                    if piece is not None and piece.stats.dim == dim:
+                        count += piece.stats.count
+                        units = units + piece.stats.unit_sum
+                        norms += piece.stats.norm_sum
+                out.append((index, count, units, norms))
+        return out
+
     def streams(self) -> list[StreamKey]:
         with self._lock:
             return sorted({(k[0], k[1]) for v in self._replicas.values() for k in v.pieces})

@@ -45,7 +45,8 @@ def test_the_first_merged_window_with_enough_records_becomes_the_reference(tmp_p
         daemon.refresh()
         reference = drift.reference("m", "s")  # type: ignore[attr-defined]
         assert reference is not None and reference.count == 600
-        # online detectors need the records in order: off in the reducer, nothing exported for them
+        # the drift component's own detectors need the records in order: off in the reducer, whose
+        # sub-window detectors (monitor/scaleout/detectors.py) export nothing before they have run
         assert not any(f.samples for f in drift.collect() if f.name.startswith("embmon_drift_change_points"))
         results = drift.run_cycle()  # type: ignore[attr-defined]
         assert ("m", "s") in results and not results[("m", "s")].report.detected

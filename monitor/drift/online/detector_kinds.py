@@ -63,3 +63,10 @@ def check_detector_params(kind: str, params: Mapping[str, Any]) -> None:
     for name, value in params.items():  # river checks ranges, but takes delta=inf or threshold=nan
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{kind}.{name} must be a finite number, not {value}")
+
+
+def check_detectors(detectors: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Mapping[str, Any]]:
+    """:func:`check_detector_params` for every (kind, parameters) of a settings' ``detectors``; returns them."""
+    for kind, params in detectors.items():
+        check_detector_params(kind, params)
+    return detectors
