@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kafka import KafkaConsumer, TopicPartition
 
-from monitor.config import load_settings
+from monitor.config import deep_merge, load_settings
 from monitor.daemon.service import Monitor
 from monitor.decoding.records import EmbeddingBatch
 from tests.support.broker import FAST_GROUP_OPTIONS, Broker, client_settings
@@ -161,23 +161,33 @@ def bare_rate(broker: Broker, topic: str, fmt: str, dim: int, rows: int, options
 
 
 def confluent_rate(broker: Broker, topic: str, fmt: str, dim: int, rows: int) -> Rate:
-    """The same bare loop through confluent-kafka (librdkafka, C): the ceiling a faster client
-    would raise. librdkafka prefetches in its own threads up to ``queued.max.messages.kbytes``
-    (64 MiB, ≈ 170 binary messages here) and, once that is full, stops fetching for
-    ``fetch.queue.backoff.ms``: its default 1 s capped a run at exactly 43,744 rows/s twice."""
+    """The same bare loop through confluent-kafka (librdkafka, C), with the properties the daemon's
+    confluent source uses. librdkafka prefetches in its own threads up to ``queued.max.messages.kbytes``
+    and, once that is full, stops fetching for ``fetch.queue.backoff.ms``: its default 1 s capped a
+    run at exactly 43,744 rows/s twice (the source sets 10 ms)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer
     from confluent_kafka import TopicPartition as CTopicPartition
 
-    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"bench-confluent-{topic}",
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                         "fetch.queue.backoff.ms": 10})
+    from monitor.config import KafkaSettings
+    from monitor.sources.confluent import POLL_BYTES, librdkafka_config
+
+    # the daemon's librdkafka properties (fetch.queue.backoff.ms 10, a 16 MiB prefetch queue, ...)
+    settings = KafkaSettings(client="confluent", bootstrap_servers=[broker.bootstrap],
+                             group_id=f"bench-confluent-{topic}")
+    consumer = Consumer(librdkafka_config(settings))
     consumer.assign([CTopicPartition(topic, 0, OFFSET_BEGINNING)])
 
+    batch = [16]
+
     def values() -> list[bytes]:
-        records = consumer.consume(num_messages=2000, timeout=0.5)
+        # consume waits for num_messages or the timeout: ask for about POLL_BYTES, as the source does
+        records = consumer.consume(num_messages=batch[0], timeout=0.5)
         if errors := [r.error() for r in records if r.error()]:
             raise RuntimeError(errors[0])
-        return [r.value() for r in records]
+        got = [r.value() for r in records]
+        if got:
+            batch[0] = max(1, min(2000, POLL_BYTES * len(got) // sum(len(v) for v in got)))
+        return got
 
     try:
         return _consume_rate(values, broker, fmt, dim, rows)
@@ -202,10 +212,11 @@ def _consume_rate(poll: Callable[[], list[bytes]], broker: Broker, fmt: str, dim
 
 
 def daemon_rate(broker: Broker, topic: str, rows: int, state_dir: Path, precision: str = "float64",
-                options: dict[str, Any] | None = None, client: str = "kafka-python") -> Rate:
+                options: dict[str, Any] | None = None, client: str = "kafka-python",
+                settings_overrides: dict[str, Any] | None = None) -> Rate:
     """Rows/s the daemon folds into its windows (decoded, validated, statistics updated), through ``client``."""
     settings = load_settings(
-        overrides={
+        overrides=deep_merge({
             "window": {"gram_precision": precision},
             "kafka": {
                 "bootstrap_servers": broker.bootstrap,
@@ -218,7 +229,7 @@ def daemon_rate(broker: Broker, topic: str, rows: int, state_dir: Path, precisio
             "http": {"host": "127.0.0.1", "port": 0},
             "refresh_seconds": 3600,
             "state_dir": str(state_dir),
-        }
+        }, settings_overrides or {})
     )
     monitor = Monitor(settings)
     monitor.start()
@@ -241,7 +252,8 @@ def daemon_rate(broker: Broker, topic: str, rows: int, state_dir: Path, precisio
         monitor.stop()
 
 
-def process_memory(broker: Broker, topic: str, rows: int, client: str, workdir: Path) -> tuple[float, float]:
+def process_memory(broker: Broker, topic: str, rows: int, client: str, workdir: Path,
+                   settings_overrides: dict[str, Any] | None = None) -> tuple[float, float]:
     """MB resident (VmRSS, VmHWM) of ``embedding-monitor run`` through ``client``, its JSON worker
     included, once it has counted the whole topic: the daemon's own memory, which the in-process
     runs above cannot tell apart from the bench's."""
@@ -252,12 +264,12 @@ def process_memory(broker: Broker, topic: str, rows: int, client: str, workdir: 
     from tests.support.scrape import scrape, value
 
     config = workdir / f"rss-{client}.yaml"
-    config.write_text(yaml.safe_dump({
+    config.write_text(yaml.safe_dump(deep_merge({
         "source": "kafka", "state_dir": str(workdir / f"state-{client}"), "refresh_seconds": 5,
         "http": {"host": "127.0.0.1"},
         "kafka": {"bootstrap_servers": broker.bootstrap, "embeddings_topic": topic, "group_id": f"rss-{topic}-{client}",
                   "auto_offset_reset": "earliest", "options": dict(FAST_GROUP_OPTIONS), **client_settings(client)},
-    }))
+    }, settings_overrides or {})))
     with daemons.process("--config", str(config), log=workdir / f"rss-{client}.log") as daemon:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -368,6 +380,9 @@ def main() -> None:
                         help="also time the bare loop through confluent-kafka (librdkafka; the bench extra)")
     parser.add_argument("--process-rss", action="store_true",
                         help="also the resident memory of `embedding-monitor run` with each client, per case")
+    parser.add_argument("--json-workers", type=int, help="decoding.json_workers for the daemon (default: its default)")
+    parser.add_argument("--librdkafka", action="append", default=[], metavar="PROPERTY=VALUE",
+                        help="a librdkafka property for the daemon's confluent source (kafka.librdkafka; repeatable)")
     parser.add_argument("--rss-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     options = dict(_kafka_option(o) for o in args.kafka_option)
@@ -409,7 +424,8 @@ def main() -> None:
             for precision in (args.precision or ("float64", "float32")) if fmt == "binary" else ("float64",):
                 for client in bares:
                     with tempfile.TemporaryDirectory() as tmp:
-                        ours = daemon_rate(with_broker, topic, rows, Path(tmp), precision, options, client)
+                        ours = daemon_rate(with_broker, topic, rows, Path(tmp), precision, options, client,
+                                           overrides(args, client))
                     results.append((fmt, dim, rows, precision, client, bare, bares[client], ours))
                     print(
                         f"{fmt:>10} d={dim:<4} {precision} {client:<12} rows={rows:<7} "
@@ -426,7 +442,7 @@ def main() -> None:
             if args.process_rss:
                 with tempfile.TemporaryDirectory() as tmp:
                     for client in bares:
-                        rss, peak = process_memory(with_broker, topic, rows, client, Path(tmp))
+                        rss, peak = process_memory(with_broker, topic, rows, client, Path(tmp), overrides(args, client))
                         memory.append((fmt, dim, client, rss, peak))
                         print(f"{fmt:>10} d={dim:<4} embedding-monitor run, {client}: VmRSS {rss:.0f} MB, "
                               f"VmHWM {peak:.0f} MB (daemon + JSON worker)", flush=True)
@@ -459,6 +475,16 @@ def main() -> None:
     print(f"resident memory, 3 models at d=768, all sub-windows and reservoirs full: {rss:.0f} MB "
           f"(goal <= {RSS_GOAL_MB} MB); importing torch {share} {torch_mb:.0f} MB")
     print(f"load average at the end: {_load_average()}")
+
+
+def overrides(args: argparse.Namespace, client: str) -> dict[str, Any]:
+    """Daemon settings from ``--json-workers`` and ``--librdkafka`` (the latter for the confluent client only)."""
+    found: dict[str, Any] = {}
+    if args.json_workers is not None:
+        found["decoding"] = {"json_workers": args.json_workers}
+    if client == "confluent" and args.librdkafka:
+        found["kafka"] = {"librdkafka": dict(_kafka_option(p) for p in args.librdkafka)}
+    return found
 
 
 def _kafka_option(text: str) -> tuple[str, Any]:

@@ -66,6 +66,12 @@ from monitor.sources.reconnect import ConsumerReadings, LagReading, close_in_tim
 logger = logging.getLogger(__name__)
 
 QUERY_TIMEOUT_SECONDS = 5.0  # committed offsets, watermarks: a request to the broker each
+# What one poll hands the daemon, in bytes of values, at most (about): librdkafka's consume returns
+# up to max_poll_records messages from its prefetch queue whatever their size, and the daemon queues
+# ~10 polls, so 2,000 binary batches of 256 x 384 floats (786 MB) would be one poll (the first poll of
+# a run did that: a 0.8-1.3 GB peak). kafka-python's polls are bounded by its fetch sizes instead.
+# `embedding-monitor run` after a binary d = 384 topic peaked at 319 MB with 8 MiB, 502 MB with 16 MiB.
+POLL_BYTES = 8 << 20
 # librdkafka errors that mean no broker can be reached (``up`` goes False until something succeeds)
 _DOWN = frozenset({KafkaError._ALL_BROKERS_DOWN})
 _OUT_OF_RANGE = frozenset({KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE})
@@ -145,6 +151,8 @@ class ConfluentSource(ConsumerReadings):
         self._progress: dict[str, float] = {}
         self._applied_seen: dict[Partition, int] = {}
         self._started_at: float | None = None
+        # messages per consume, cut to about POLL_BYTES by the sizes seen (a few until a size is seen)
+        self._batch = min(16, settings.max_poll_records)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -318,7 +326,7 @@ class ConfluentSource(ConsumerReadings):
             time.sleep(timeout)
             return []
         try:
-            batch: list[Any] = consumer.consume(self.settings.max_poll_records, timeout)
+            batch: list[Any] = consumer.consume(self._batch, timeout)
         except (KafkaException, RuntimeError) as exc:
             self._errors.add("poll")
             logger.warning("Kafka poll failed: %s", exc)
@@ -341,6 +349,8 @@ class ConfluentSource(ConsumerReadings):
                                  SourcePosition(topic, partition, offset)))
         if messages:
             self._up = True
+            size = sum(len(m.value) for m in messages if m.value is not None) / len(messages)
+            self._batch = max(1, min(self.settings.max_poll_records, int(POLL_BYTES // max(size, 1.0))))
         if self._unverified:
             self._verify(consumer, {(m.position.topic, m.position.partition) for m in messages if m.position})
         if self._pending_commit:
