@@ -8,8 +8,10 @@ Wiring (the counterpart of :class:`monitor.daemon.service.Monitor` for ``scale_o
   (:class:`~monitor.daemon.refresh.Refresher`, reading the table as it reads a replica's registry);
 * the components run on the merged windows: drift test cycles against pinned, captured, lagged or
   first-window references, and the retrieval probes, fed the interactions this reducer reads.
-  What needs the record stream in order cannot run here: the online change detectors are off,
-  and a first-records reference becomes the first merged window holding ``drift.reference.records``
+  What needs the record stream in order runs differently: the online change detectors watch the
+  merged per-sub-window series (:mod:`monitor.scaleout.detectors`), the canaries are compared with
+  this reducer's pins from the arrivals replicas forward (:mod:`monitor.scaleout.canaries`), and a
+  first-records reference becomes the first merged window holding ``drift.reference.records``
   records (docs/deployment.md, "What the reducer cannot do");
 * checkpoints (:class:`~monitor.daemon.checkpointing.Checkpointer`) hold the table, the components' state
   and the reader's positions, taken between two polls, so a restart resumes exactly once;

@@ -75,21 +75,24 @@ def replica(broker: Broker, topic: str, name: str, state_dir: Path, log: Path, g
 
 
 def scaled_settings(monkeypatch: pytest.MonkeyPatch, broker: Broker, topic: str, group: str,
-                    tmp_path: Path, extra: dict[str, Any] | None = None) -> Settings:
+                    tmp_path: Path, extra: dict[str, Any] | None = None,
+                    window: dict[str, float] | None = None) -> Settings:
     """The topic and its partials topic, the reducer's settings, and the replica processes'
     settings in the environment: the reducer's window and partials topic, role replica;
-    ``extra``: more reducer settings (``{"canaries": ...}``)."""
+    ``extra``: more reducer settings, merged over these (``{"canaries": ...}``); ``window``: a
+    window other than :data:`WINDOW` (the replicas' and the reducer's)."""
     partials = f"{topic}-partials"
+    geometry = {**WINDOW, **(window or {})}
     broker.create_topics(topic, partitions=PARTITIONS)
     broker.create_topics(partials, partitions=2)
-    for key, setting in WINDOW.items():
+    for key, setting in geometry.items():
         monkeypatch.setenv(f"EMBMON_WINDOW__{key.upper()}", str(setting))
     monkeypatch.setenv("EMBMON_SCALE_OUT__PARTIALS_TOPIC", partials)
     monkeypatch.setenv("EMBMON_SCALE_OUT__ROLE", "replica")
-    return load_settings(overrides=kafka_daemon_overrides(
-        broker, topic, group, tmp_path / "reducer", window=WINDOW, drift={"enabled": False},
-        scale_out={"role": "reducer", "partials_topic": partials}, **(extra or {}),
-    ))
+    return load_settings(overrides=deep_merge(kafka_daemon_overrides(
+        broker, topic, group, tmp_path / "reducer", window=geometry, drift={"enabled": False},
+        scale_out={"role": "reducer", "partials_topic": partials},
+    ), extra or {}))
 
 
 def exact_counts_in(samples: dict, expected: dict[str, int]) -> bool:  # type: ignore[type-arg]
