@@ -2,9 +2,11 @@
 
 The canaries ``c0`` and ``c1`` are produced to partitions 0 and 1, so each replica forwards one of
 them; the reducer compares both with its pins and exports ``embmon_canary_*`` once per model, with
-the values a single daemon over the same topic exports. After the model changes, an operator
-re-pins through the reducer (``embedding-monitor canary repin``): the window's cosines are dropped
-and the next arrivals match the new pins.
+the values a single daemon over the same topic exports. A real Prometheus scrapes the reducer and
+both replicas with the generated rules (``for`` shortened to 2 s): ``EmbeddingMonitorModelChanged``
+fires once for the model. After the model changes, an operator re-pins through the reducer
+(``embedding-monitor canary repin``): the window's cosines are dropped, the alert resolves, and the
+next arrivals match the new pins.
 """
 
 from __future__ import annotations
@@ -13,19 +15,25 @@ import contextlib
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import orjson
 import pytest
+import yaml
 
+from monitor.artifacts import prometheus
+from monitor.artifacts.rules import build_rules
+from monitor.artifacts.thresholds import Thresholds
 from tests.support import daemons
 from tests.support.broker import Broker
+from tests.support.prometheus import PrometheusServer
 from tests.support.scaleout import replica, scaled_settings
 from tests.support.scrape import Samples, scrape, value
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.prometheus]
 
 GROUP, MODEL, DIM = "canaries-scaled", "m", 16
 CANARIES = ["c0", "c1"]  # c0 on partition 0, c1 on partition 1
@@ -56,6 +64,11 @@ def canary_values(samples: Samples) -> dict[str, float | None]:
 
 def series(samples: Samples, name: str) -> list[dict[str, str]]:
     return [dict(labels) for (n, labels), _ in samples.items() if n == name]
+
+
+def model_changed(prom: PrometheusServer, state: str) -> list[dict[str, object]]:
+    return [a for a in prom.alerts()
+            if a["labels"].get("alertname") == "EmbeddingMonitorModelChanged" and a["state"] == state]
 
 
 @pytest.mark.slow
@@ -107,9 +120,23 @@ def test_a_changed_model_is_caught_once_per_model_and_a_repin_through_the_reduce
         # each replica forwarded the canary of its partition: the comparison spans replicas
         assert {r for r, *_ in reducer.table.canary_arrivals()} == {"replica-0", "replica-1"}
 
+        # Prometheus scrapes the deployment (reducer and replicas) with the generated rules
+        rules = tmp_path / "rules.yaml"
+        th = Thresholds.model_validate({"alerts": {"EmbeddingMonitorModelChanged": {"for": "2s"}}})
+        rules.write_text(yaml.safe_dump(prometheus.rule_file(build_rules(th)), sort_keys=False))
+        targets = [f"127.0.0.1:{port}" for port in (reducer.http.port, *(r.port for r in replicas))]
+        prom = running.enter_context(PrometheusServer.start(tmp_path, scrape={th.job: targets}, rule_files=[rules]))
+        prom.wait_until(lambda: len(prom.query(f'up{{job="{th.job}"}} == 1')) == 3
+                        and prom.query(f'embmon_canary_mismatches_total{{model="{MODEL}"}}'), timeout=60,
+                        message="Prometheus scraping the reducer and both replicas")
+
         # 2. the model changes: 3 rounds, 6 mismatches, counted once, the lowest cosine as one daemon's
+        changed_at = time.time()
         for _ in range(3):
             send(changed)
+        wait_until(lambda: canary_values(scrape(reducer.http.port))["embmon_canary_mismatches_total"], timeout=60,
+                   interval=0.05, message="a mismatch at the reducer")
+        counted = time.time() - changed_at
         mine, theirs = wait_until(settled, timeout=60, message="the mismatches at the reducer and the single daemon")
         assert mine["embmon_canary_mismatches_total"] == 6
         worst = min(float(np.dot(a, b) / np.linalg.norm(a) / np.linalg.norm(b)) for a, b in zip(
@@ -120,6 +147,14 @@ def test_a_changed_model_is_caught_once_per_model_and_a_repin_through_the_reduce
             assert series(got, name) == [{"model": MODEL}], name
             for r in replicas:
                 assert not series(scrape(r.port), name), (name, "replica")
+
+        # the alert fires once for the model (the reducer is its only exporter; the rule aggregates by model)
+        firing = prom.wait_until(lambda: model_changed(prom, "firing"), timeout=60,
+                                 message="EmbeddingMonitorModelChanged firing")
+        print(f"scaled out: first mismatch counted by the reducer {counted:.2f}s after the first changed canary was "
+              f"sent, EmbeddingMonitorModelChanged firing (for: 2s) after {time.time() - changed_at:.2f}s")
+        assert [a["labels"] for a in firing] == [
+            {"alertname": "EmbeddingMonitorModelChanged", "model": MODEL, "severity": "critical"}]
 
         # 3. re-pin through the reducer, with the CLI an operator uses
         token = tmp_path / "token"
@@ -132,6 +167,8 @@ def test_a_changed_model_is_caught_once_per_model_and_a_repin_through_the_reduce
         after = canary_values(scrape(reducer.http.port))
         assert after["embmon_canary_cosine_min"] is None  # the window's cosines against the old pins are gone
         assert after["embmon_canary_mismatches_total"] == 6
+        prom.wait_until(lambda: not model_changed(prom, "firing") and not model_changed(prom, "pending"),
+                        timeout=60, message="EmbeddingMonitorModelChanged resolved after the re-pin")
         send(changed)
         wait_until(lambda: canary_values(scrape(reducer.http.port))["embmon_canary_records_total"]
                    == 2 * rounds[0] - 2,
