@@ -113,3 +113,24 @@ def test_the_detectors_follow_drift_online_enabled_and_check_their_parameters(tm
         assert not any(isinstance(c, SubwindowDetectors) for c in daemon.components)
     with pytest.raises(ValueError, match="page_hinkley does not take"):
         load_settings(overrides={"scale_out": {"detectors": {"page_hinkley": {"clock": 1}}}})
+
+
+def test_a_sub_window_waits_for_every_live_replica_to_publish_past_its_end(tmp_path: Path) -> None:
+    now = [T0 + WIDTH / 2]  # in sub-window k
+    k = int(now[0] // WIDTH)
+    rng = np.random.default_rng(9)
+    with daemons.stopped_after(reducer(tmp_path, now)) as daemon:
+        a, b = Replica("a", now), Replica("b", now)
+        for node in (a, b):
+            node.registry.apply(EmbeddingBatch("m", "s", rows(rng, 10, BASE)), now[0])
+            node.publish(daemon)
+        now[0] += WIDTH  # k closed on the reducer's clock; only a has published since
+        a.publish(daemon)
+        assert daemon.table.complete_before(now[0]) == k  # b's records of k may still come
+        b.publish(daemon)
+        assert daemon.table.complete_before(now[0]) == k + 1
+        [(index, count, _, _)] = daemon.table.subwindow_sums("m", "s", k, k + 1)
+        assert (index, count) == (k, 20)
+        now[0] += 2 * WIDTH  # b falls silent: stale after scale_out.stale_after_seconds (120 s)
+        a.publish(daemon)
+        assert daemon.table.complete_before(now[0]) == k + 3  # a stale replica does not hold the series back
