@@ -41,7 +41,7 @@ import os
 import threading
 import zlib
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -56,7 +56,7 @@ from monitor.decoding.records import EmbeddingBatch
 from monitor.drift.admin import add_drift_routes
 from monitor.drift.attribution.regions import Regions, fit_regions
 from monitor.drift.export import ChangeTotals, CycleResult, DriftSnapshot, ReferenceInfo, StreamKey, families
-from monitor.drift.online.detectors import OnlineDriftMonitor, build_detector
+from monitor.drift.online.detectors import ChangePoint, OnlineDriftMonitor, build_detector
 from monitor.drift.references.first_records import FirstRecords
 from monitor.drift.references.lagged import LaggedRing
 from monitor.drift.references.pinned import PinnedFiles
@@ -248,6 +248,18 @@ class DriftComponent(Component):
         if found:
             with self._lock:
                 self._totals.count_changes(key, found)
+
+    def record_change_points(
+        self, key: StreamKey, found: Sequence[ChangePoint], signals: Sequence[str], detectors: Sequence[str]
+    ) -> None:
+        """Count change points found elsewhere (the reducer's detectors, :mod:`monitor.scaleout.detectors`)
+        as this component's own: exported and checkpointed like them, every (signal, detector) of
+        ``key`` exported from its first call on, at zero until one fires."""
+        with self._lock:
+            for signal in signals:
+                for detector in detectors:
+                    self._totals.changes.setdefault((*key, signal, detector), ChangeTotals(0, None))
+            self._totals.count_changes(key, found)
 
     # ------------------------------------------------------------------ the test cycle
     def jobs(self) -> list[ScheduledJob]:

@@ -158,15 +158,7 @@ class SubwindowDetectors(Component):
 
     def _count(self, key: StreamKey, found: list[ChangePoint]) -> None:
         """Into the drift component's totals: exported, and checkpointed, as one daemon's change points."""
-        from monitor.drift.export import ChangeTotals
-
-        drift = self.drift
-        with drift._lock:  # the drift component's own lock over its totals
-            totals = drift._totals
-            for signal in self.signals:
-                for kind in self.params:
-                    totals.changes.setdefault((*key, signal, kind), ChangeTotals(0, None))
-            totals.count_changes(key, found)
+        self.drift.record_change_points(key, found, self.signals, list(self.params))
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
