@@ -25,7 +25,7 @@ from monitor.daemon import failpoints
 from monitor.quality.intrinsic import report_from_matrix
 from monitor.scaleout.marker import PublishedMarker
 from tests.support import daemons
-from tests.support.broker import Broker
+from tests.support.broker import CLIENTS, Broker
 from tests.support.logs import tracebacks
 from tests.support.producers import KnownSequence
 from tests.support.scaleout import EXACT, exact_counts_in, replica, scaled_settings, wait_for_exact_counts
@@ -38,22 +38,25 @@ KILLS = 3
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("client", CLIENTS)
 def test_a_replica_killed_mid_stream_leaves_the_reducer_exact(broker: Broker, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    topic = "emb-scaled-crash"
+                                                              monkeypatch: pytest.MonkeyPatch, client: str) -> None:
+    topic = f"emb-scaled-crash-{client}"
     rng = random.Random(20261122)
     logs: list[Path] = []
     killed_mid_stream = 0
     with contextlib.ExitStack() as running:
-        reducer = running.enter_context(daemons.reducer(scaled_settings(monkeypatch, broker, topic, "crash-scaled",
-                                                                        tmp_path)))
-        steady = running.enter_context(replica(broker, topic, "replica-b", tmp_path / "b", tmp_path / "b.log"))
+        reducer = running.enter_context(daemons.reducer(scaled_settings(monkeypatch, broker, topic,
+                                                                        f"crash-scaled-{client}", tmp_path)))
+        steady = running.enter_context(replica(broker, topic, "replica-b", tmp_path / "b", tmp_path / "b.log",
+                                               group=f"crash-scaled-{client}", client=client))
         wait_until(lambda: "assigned partitions" in steady.output(), timeout=60, message="the steady replica joined")
         producer = running.enter_context(KnownSequence(broker, topic))
         for kill in range(KILLS):
             log = tmp_path / f"a-{kill}.log"
             logs.append(log)
-            with replica(broker, topic, "replica-a", tmp_path / "a", log) as victim:
+            with replica(broker, topic, "replica-a", tmp_path / "a", log, group=f"crash-scaled-{client}",
+                         client=client) as victim:
                 wait_until(lambda: "assigned partitions: [(" in victim.output(), timeout=60,
                            message="the victim got partitions")
                 time.sleep(rng.uniform(0.5, 3.0))  # the point: killed at random while it consumes and commits
@@ -61,7 +64,8 @@ def test_a_replica_killed_mid_stream_leaves_the_reducer_exact(broker: Broker, tm
                 assert victim.kill() == -signal.SIGKILL
             time.sleep(rng.uniform(0.0, 4.0))  # the point: a random outage; its partitions may move meanwhile
         logs.append(tmp_path / "a-final.log")
-        victim = running.enter_context(replica(broker, topic, "replica-a", tmp_path / "a", logs[-1]))
+        victim = running.enter_context(replica(broker, topic, "replica-a", tmp_path / "a", logs[-1],
+                                               group=f"crash-scaled-{client}", client=client))
         producer.join(timeout=90)
         assert producer.error is None
         expected = {"bin": producer.MESSAGES * 20, "json": producer.MESSAGES}

@@ -67,11 +67,12 @@ WINDOW = {"seconds": 3600, "subwindows": 4, "reservoir_size": 500}
 
 
 def replica(broker: Broker, topic: str, name: str, state_dir: Path, log: Path, group: str = "crash-scaled",
-            env: dict[str, str] | None = None) -> AbstractContextManager[DaemonProcess]:
+            env: dict[str, str] | None = None, client: str = "kafka-python") -> AbstractContextManager[DaemonProcess]:
     """``embedding-monitor run`` as the crash tests start it (``daemons.crash_tested``: fast commits and
-    checkpoints, a short session), as replica ``name`` of the scaled deployment (the environment says so)."""
+    checkpoints, a short session, through ``client``), as replica ``name`` of the scaled deployment
+    (the environment says so)."""
     return daemons.crash_tested(broker, topic, group, state_dir, log,
-                                env={"EMBMON_SCALE_OUT__REPLICA_ID": name, **(env or {})})
+                                env={"EMBMON_SCALE_OUT__REPLICA_ID": name, **(env or {})}, client=client)
 
 
 def scaled_settings(monkeypatch: pytest.MonkeyPatch, broker: Broker, topic: str, group: str,
