@@ -307,3 +307,21 @@ def test_kafka_options_become_librdkafka_properties() -> None:
     assert config["isolation.level"] == "read_uncommitted"
     assert (config["enable.auto.commit"], config["enable.auto.offset.store"], config["auto.offset.reset"]) \
         == (False, False, "error")
+
+
+def test_every_translated_option_is_a_librdkafka_property() -> None:
+    """The translation table names properties this librdkafka knows (a value it refuses is fine
+    here; an unknown name is not), so an upgrade that renames one is noticed."""
+    from confluent_kafka import Consumer, KafkaException
+
+    from monitor.sources.kafka_options import LIBRDKAFKA_NAMES, RESERVED_LIBRDKAFKA
+
+    unknown = []
+    for option, prop in sorted(LIBRDKAFKA_NAMES.items()):
+        try:
+            Consumer({"group.id": "g", prop: "\x01not a value"}).close()
+        except KafkaException as exc:
+            if "No such configuration property" in str(exc):
+                unknown.append((option, prop))
+    assert unknown == []
+    assert not RESERVED_LIBRDKAFKA.intersection(LIBRDKAFKA_NAMES.values()) - {"auto.offset.reset"}
