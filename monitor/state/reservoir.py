@@ -77,9 +77,11 @@ class Reservoir:
         self.seen = 0
         self._vectors = np.empty((self.capacity, self.dim), dtype=np.float32)
         self._ids = np.full(self.capacity, None, dtype=object)
-        # While shared: the held rows live in another array (never written), _shared[_shared_rows].
+        # While shared: held row i is _shared[_shared_rows[i]] when that index is >= 0, else
+        # _rest[-_shared_rows[i] - 1] (the rows the sample did not take, privately held).
         self._shared: np.ndarray | None = None
         self._shared_rows: np.ndarray | None = None
+        self._rest: np.ndarray = np.empty((0, self.dim), dtype=np.float32)
 
     @property
     def size(self) -> int:
@@ -91,28 +93,41 @@ class Reservoir:
         """The held rows, float32 (size, dim); a view, valid until the next ``add`` (a copy
         while the rows are shared)."""
         if self._shared is not None:
-            return self._shared[self._shared_rows]
+            return self.take(np.arange(self.size))
         return self._vectors[: self.size]
 
     def take(self, slots: np.ndarray) -> np.ndarray:
         """A copy of the held rows at ``slots`` (one gather, also while shared)."""
-        if self._shared is not None:
-            assert self._shared_rows is not None
-            return self._shared[self._shared_rows[slots]]
-        return self._vectors[slots]
+        if self._shared is None:
+            return self._vectors[slots]
+        assert self._shared_rows is not None
+        where = self._shared_rows[slots]
+        if self._rest.shape[0] == 0:
+            return self._shared[where]
+        out = np.empty((len(where), self.dim), dtype=np.float32)
+        inside = where >= 0
+        out[inside] = self._shared[where[inside]]
+        out[~inside] = self._rest[-where[~inside] - 1]
+        return out
 
     def share(self, storage: np.ndarray, rows: np.ndarray) -> None:
-        """Hold the sample as ``storage[rows]`` (row i of the sample is ``storage[rows[i]]``), an
-        array owned elsewhere that nobody writes to, and free the private copy.
+        """Hold the held rows in ``storage``, an array owned elsewhere that nobody writes to (the
+        published sample), as far as it has them, and free the private copy.
 
-        A window shares the rows of sub-windows that take no more records with the sample it
-        published, so a stream's sample is in memory once, not twice. Adding rows later copies
-        them back first.
+        ``rows[i]`` is where held row i is in ``storage``, or -1 where the storage lacks it: those
+        rows are kept in a private array of their own. A window shares the rows of sub-windows that
+        take no more records with the sample it published, so a row is in memory once, not twice,
+        whether the sample took all of a sub-window's rows or some. Adding rows later copies them
+        back first.
         """
         rows = np.asarray(rows, dtype=np.int64)
         if rows.shape != (self.size,) or storage.ndim != 2 or storage.shape[1] != self.dim:
             raise ValueError("shared rows do not match the reservoir's size and dimension")
-        self._shared, self._shared_rows = storage, rows
+        missing = np.flatnonzero(rows < 0)
+        rest = self.take(missing)  # before re-pointing: from the current storage, shared or not
+        rows = rows.copy()
+        rows[missing] = -np.arange(1, len(missing) + 1)
+        self._shared, self._shared_rows, self._rest = storage, rows, rest
         self._vectors = np.empty((0, self.dim), dtype=np.float32)
 
     @property
@@ -126,6 +141,7 @@ class Reservoir:
             self._vectors = np.empty((self.capacity, self.dim), dtype=np.float32)
             self._vectors[: held.shape[0]] = held
             self._shared = self._shared_rows = None
+            self._rest = np.empty((0, self.dim), dtype=np.float32)
 
     @property
     def ids(self) -> tuple[str | None, ...]:
@@ -230,8 +246,9 @@ def uniform_sample(
     p·n_j of its rows (randomised rounding keeps the expectation exact). The pieces may be the
     sub-windows of one window or those of several replicas (the reducer merges those).
     Returns the rows in random order (any prefix is itself such a sample) and their ids.
-    A reservoir marked in ``share`` (one that takes no more records: a closed sub-window) whose
-    every row is taken keeps its rows only inside the returned sample, which saves a copy.
+    A reservoir marked in ``share`` (one that takes no more records: a closed sub-window) keeps
+    the rows the sample took only inside the returned sample (and the others on their own), which
+    saves a copy of them.
     ``limit`` lowers p to at most limit/Σn_j, so the sample holds about ``limit`` rows (exactly
     in expectation) and stays uniform.
 
@@ -253,15 +270,15 @@ def uniform_sample(
     share = share if share is not None else [False] * len(reservoirs)
     parts: list[np.ndarray] = []
     ids: list[str | None] = []
-    whole: list[tuple[Reservoir, int]] = []  # (shareable reservoir taken whole, its offset)
+    shared: list[tuple[Reservoir, np.ndarray, int]] = []  # (shareable reservoir, rows taken, their offset)
     total = 0
     for reservoir, n_j, r_j, shareable in zip(reservoirs, seen, held, share, strict=True):
         if n_j == 0:
             continue
         take = _randomised_round(p * n_j, int(r_j), rng)
         chosen = np.sort(rng.choice(int(r_j), size=take, replace=False))
-        if take == r_j and shareable:
-            whole.append((reservoir, total))
+        if shareable:
+            shared.append((reservoir, chosen, total))
         parts.append(reservoir.take(chosen))
         total += len(parts[-1])
         reservoir_ids = reservoir.ids
@@ -270,8 +287,10 @@ def uniform_sample(
     sample = np.concatenate(parts)[order]
     position = np.empty(total, dtype=np.int64)
     position[order] = np.arange(total)
-    for reservoir, start in whole:
-        reservoir.share(sample, position[start : start + reservoir.size])
+    for reservoir, chosen, start in shared:
+        rows = np.full(reservoir.size, -1, dtype=np.int64)
+        rows[chosen] = position[start : start + len(chosen)]
+        reservoir.share(sample, rows)
     return sample, tuple(ids[i] for i in order)
 
 

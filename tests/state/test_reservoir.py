@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from monitor.state.reservoir import Reservoir, generator_from_state
+from monitor.state.reservoir import Reservoir, generator_from_state, uniform_sample
 
 
 def _rows(start: int, stop: int) -> np.ndarray:
@@ -140,3 +140,32 @@ def test_shared_rows_read_the_same_and_are_copied_back_before_a_write() -> None:
     np.testing.assert_array_equal(storage[rows], before)  # the shared array was never written
     with pytest.raises(ValueError, match="match"):
         res.share(storage, np.arange(3))
+
+
+def test_a_sample_that_takes_part_of_a_closed_reservoir_shares_those_rows_and_changes_nothing_it_reads() -> None:
+    """Sub-windows hold more rows than the window's sample limit takes (issue 19's full drift
+    samples): the taken rows live only in the sample, the rest in the reservoir's own array, and
+    every later read (rows, gathers, the next sample, the checkpoint) is what it was unshared."""
+
+    def filled(seed: int) -> list[Reservoir]:
+        pieces = []
+        for j in range(3):
+            res = Reservoir(capacity=50, dim=2, rng=np.random.default_rng(seed + j))
+            res.add(_rows(1000 * j, 1000 * j + 200), ids=_ids(1000 * j, 1000 * j + 200))
+            pieces.append(res)
+        return pieces
+
+    shared, plain = filled(0), filled(0)
+    first = uniform_sample(shared, 2, np.random.default_rng(9), share=[True, True, False], limit=60)
+    again = uniform_sample(plain, 2, np.random.default_rng(9), limit=60)
+    np.testing.assert_array_equal(first[0], again[0])
+    assert first[1] == again[1] and len(first[0]) < 150  # a subsample of the 150 rows held
+    for a, b in zip(shared[:2], plain[:2], strict=True):
+        assert a.shared and 0 < a._rest.shape[0] < a.size  # part in the sample, part its own
+        np.testing.assert_array_equal(a.vectors, b.vectors)
+        np.testing.assert_array_equal(a.take(np.array([0, 7, 49])), b.vectors[[0, 7, 49]])
+        np.testing.assert_array_equal(a.state_dict()["vectors"], b.state_dict()["vectors"])
+    assert not shared[2].shared  # still taking records: never shared
+    second = uniform_sample(shared, 2, np.random.default_rng(10), share=[True, True, False], limit=60)
+    np.testing.assert_array_equal(second[0], uniform_sample(plain, 2, np.random.default_rng(10), limit=60)[0])
+    assert all(r._shared is second[0] for r in shared[:2])  # the older sample is no longer held
