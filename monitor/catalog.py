@@ -269,6 +269,13 @@ def _spec_rows() -> Iterable[MetricSpec]:
          "Partial records the reducer applied, by kind (subwindow, manifest).", ("kind",), ""),
         ("embmon_reducer_partials_ignored_total", "counter",
          "Partial records the reducer did not merge, by reason (see docs/metrics.md).", ("reason",), ""),
+        ("embmon_reducer_stream_owned", "gauge",
+         "1 for each (model, stream) this reducer merges and exports (exactly one reducer per stream).",
+         ("model", "stream"), ""),
+        ("embmon_reducer_partitions_owned", "gauge",
+         "Partitions of the partials topic this reducer merges (all of them for a single reducer).", (), ""),
+        ("embmon_reducer_rebalances_total", "counter",
+         "Changes of the partials partitions this reducer owns in its group (scale_out.reducer_group).", (), ""),
     ]
     for name, kind, help_text, labels, unit in scale_out:
         yield MetricSpec(name, kind, help_text, labels, unit, "scale_out")

@@ -80,6 +80,13 @@ class OffsetTracker:
             self._applied = dict(offsets)
             self._durable = dict(offsets)
 
+    def forget(self, partitions: set[Partition]) -> None:
+        """Another consumer owns ``partitions`` now: what was known of them no longer applies."""
+        with self._lock:
+            for target in (self._applied, self._durable, self._committed):
+                for key in partitions:
+                    target.pop(key, None)
+
     def to_commit(self) -> Offsets:
         """Committable offsets that differ from what was last committed."""
         with self._lock:

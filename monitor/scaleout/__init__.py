@@ -1,4 +1,4 @@
-"""Past one process: replicas publish their exact partial state to Kafka, one reducer merges it.
+"""Past one process: replicas publish their exact partial state to Kafka, reducers merge it.
 
 A daemon runs in one of three roles (``scale_out.role``, docs/deployment.md "Scaling out"):
 
@@ -12,7 +12,10 @@ A daemon runs in one of three roles (``scale_out.role``, docs/deployment.md "Sca
 * ``reducer``: reads the partials topic (:mod:`monitor.scaleout.intake`), keeps per replica the
   newest complete publication (:mod:`monitor.scaleout.table`), merges them exactly per
   sub-window, and runs the refresh, drift cycles and probes on the merged windows
-  (:mod:`monitor.scaleout.reducer`): the only exporter of global gauges.
+  (:mod:`monitor.scaleout.reducer`): the only exporter of global gauges. One reducer reads every
+  partition; several form a consumer group (``scale_out.reducer_group``) and each merges and
+  exports the streams of its partitions (a stream's partials all go to one partition), so every
+  global gauge is exported by exactly one reducer (:class:`monitor.scaleout.export.OwnedOnly`).
 
 Wire format of the partials topic: :mod:`monitor.scaleout.partials`.
 """

@@ -6,7 +6,7 @@ They read counters and immutable snapshots only; names, HELP texts and labels co
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from prometheus_client.metrics_core import Metric
@@ -44,12 +44,69 @@ class PublisherCollector(Collector):
         yield last
 
 
-class ReducerCollector(Collector):
-    """The reducer's view of the replicas: how many, which are stale, how old, what was ignored."""
+class Ownership:
+    """Which streams and models this reducer exports: every one, or in a group the streams whose
+    partials are on its partitions, and the models whose first stream (by name) is one of them."""
 
-    def __init__(self, table: MergeTable, wall_clock: object):
+    def __init__(self, table: MergeTable, owned_partitions: Callable[[], set[int] | None],
+                 read_partitions: Callable[[], set[int]]):
+        self._table = table
+        self._owned_partitions = owned_partitions
+        self.partitions = read_partitions
+
+    def streams(self) -> set[tuple[str, str]] | None:
+        """The streams this reducer owns (None: all of them, a single reducer)."""
+        owned = self._owned_partitions()
+        if owned is None:
+            return None
+        return {key for key, partition in self._table.stream_partitions().items() if partition in owned}
+
+    def keep(self) -> Callable[[dict[str, str]], bool]:
+        """A predicate on a sample's labels: exported here or not."""
+        streams = self.streams()
+        if streams is None:
+            return lambda labels: True
+        first: dict[str, str] = {}
+        for model, stream in sorted(self._table.stream_partitions()):
+            first.setdefault(model, stream)
+        models = {model for model, stream in first.items() if (model, stream) in streams}
+
+        def keep(labels: dict[str, str]) -> bool:
+            if "model" not in labels:
+                return True
+            if "stream" in labels:
+                return (labels["model"], labels["stream"]) in streams
+            return labels["model"] in models
+
+        return keep
+
+
+class OwnedOnly(Collector):
+    """Another collector's families, less the samples of streams and models another reducer exports,
+    so every global gauge is exported by exactly one reducer of a group."""
+
+    def __init__(self, inner: Collector, ownership: Ownership):
+        self._inner = inner
+        self._ownership = ownership
+
+    def collect(self) -> Iterable[Metric]:
+        keep = self._ownership.keep()
+        for family in self._inner.collect():
+            kept = Metric(family.name, family.documentation, family.type, family.unit)
+            kept.samples = [sample for sample in family.samples if keep(sample.labels)]
+            yield kept
+
+
+class ReducerCollector(Collector):
+    """The reducer's view of the replicas: how many, which are stale, how old, what was ignored;
+    which streams it owns."""
+
+    def __init__(self, table: MergeTable, wall_clock: object, ownership: Ownership | None = None,
+                 rebalances: Callable[[], int] = lambda: 0):
         self._table = table
         self._clock = wall_clock
+        self._ownership = ownership
+        self._rebalances = rebalances
 
     def collect(self) -> Iterable[Metric]:
         status = self._table.status(self._clock())  # type: ignore[operator]
@@ -70,4 +127,19 @@ class ReducerCollector(Collector):
         yield records
         yield by_label(catalog.counter("embmon_reducer_partials_applied_total"), status.applied, APPLIED_KINDS)
         yield by_label(catalog.counter("embmon_reducer_partials_ignored_total"), status.ignored)
+        yield from self._ownership_families()
+
+    def _ownership_families(self) -> Iterable[Metric]:
+        owned = catalog.gauge("embmon_reducer_stream_owned")
+        partitions = catalog.gauge("embmon_reducer_partitions_owned")
+        if self._ownership is not None:
+            streams = self._ownership.streams()
+            for model, stream in sorted(self._table.streams() if streams is None else streams):
+                owned.add_metric([model, stream], 1.0)
+            partitions.add_metric([], float(len(self._ownership.partitions())))
+        yield owned
+        yield partitions
+        rebalances = catalog.counter("embmon_reducer_rebalances_total")
+        rebalances.add_metric([], float(self._rebalances()))
+        yield rebalances
 

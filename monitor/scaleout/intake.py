@@ -1,12 +1,18 @@
-"""The reducer's consumer: every partition of the partials topic, and of the interactions topic.
+"""The reducer's consumer: the partials topic (every partition, or its group's share), and the interactions topic.
 
-The reducer is a single instance, so it reads by assignment, not in a consumer group, and keeps
-its positions in its own checkpoint together with the state they produced (the merge table, the
-probes' buffers): a restart resumes right after what the checkpoint reflects, exactly once. Without
-a checkpoint it starts ``window.seconds + 2 x scale_out.full_publish_seconds`` back in the partials
-topic (far enough for every replica's newest full publication whose sub-windows can still be live,
-and what followed it; the merge table ignores anything older or repeated) and where
-``kafka.auto_offset_reset`` says in the interactions topic.
+A single reducer (``scale_out.reducer_group`` unset) reads every partition of both topics by
+assignment. Several reducers form a consumer group on the partials topic (only it), each owning the
+streams whose partials are on its partitions; each also reads every partition of the interactions
+topic by assignment (a second consumer), as the probes of a model need all its events. Either way
+the positions live in the reducer's own checkpoint together with the state they produced (the
+merge table, the probes' buffers), never in the group: a restart resumes right after what the
+checkpoint reflects, exactly once. A partials partition without such a position (no checkpoint,
+or one gained from another reducer in a rebalance) is read from ``window.seconds + 2 x
+scale_out.full_publish_seconds`` back (far enough for every replica's newest full publication
+whose sub-windows can still be live, and what followed it; the merge table ignores anything older
+or repeated), which rebuilds its streams exactly; a partition lost in a rebalance takes its streams
+out of the table (and so out of /metrics) at once. The interactions topic starts where
+``kafka.auto_offset_reset`` says.
 
 Interactions are decoded as in a replica (:class:`~monitor.decoding.decoder.Decoder`) and handed to the
 components (the retrieval probes' buffers); nothing here reads embeddings.
@@ -43,12 +49,14 @@ PARTITION_REFRESH_SECONDS = 30.0
 _GROUP_ONLY = {"max_poll_interval_ms", "session_timeout_ms", "heartbeat_interval_ms", "partition_assignment_strategy"}
 
 
-def consumer_config(settings: Settings) -> dict[str, Any]:
-    """kafka-python settings: the brokers and pass-through options, no group, large enough fetches."""
+def consumer_config(settings: Settings, group: str | None = None) -> dict[str, Any]:
+    """kafka-python settings: the brokers and pass-through options, large enough fetches, no group
+    (or ``group``, with cooperative assignment: a reducer keeps the partitions it still owns)."""
     from kafka import KafkaConsumer
+    from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
 
     config = {k: v for k, v in settings.kafka.options.items()
-              if k in KafkaConsumer.DEFAULT_CONFIG and k not in _GROUP_ONLY}
+              if k in KafkaConsumer.DEFAULT_CONFIG and (group is not None or k not in _GROUP_ONLY)}
     record = settings.scale_out.max_record_bytes + 64 * 1024
     config.update(
         bootstrap_servers=settings.kafka.bootstrap_servers,
@@ -60,6 +68,8 @@ def consumer_config(settings: Settings) -> dict[str, Any]:
         fetch_max_bytes=max(int(config.get("fetch_max_bytes", 0)), 8 * record),
         reconnect_backoff_max_ms=10_000,
     )
+    if group is not None:
+        config.update(group_id=group, partition_assignment_strategy=(CooperativeStickyAssignor,))
     return config
 
 
@@ -86,6 +96,7 @@ class PartialsReader:
         self.clock = clock
         self.partials_topic = settings.scale_out.partials_topic
         self.interactions_topic = settings.kafka.interactions_topic
+        self.group = settings.scale_out.reducer_group
         # any replica's newest full publication whose sub-windows may still be live, and what followed
         full = settings.scale_out.full_publish_seconds or settings.window.seconds
         self.lookback_seconds = settings.window.seconds + 2 * full
@@ -93,8 +104,11 @@ class PartialsReader:
         self.invalid: Tally[tuple[str, str]] = Tally()  # (stream, reason)
         self.interactions: Tally[str] = Tally()  # model
         self._consumer_factory = consumer_factory
-        self._consumer: Any = None
-        self._assigned: set[Partition] = set()
+        self._consumer: Any = None  # the partials topic (and, without a group, the interactions topic)
+        self._side: Any = None  # in a group: the interactions topic, by assignment
+        self._assigned: set[Partition] = set()  # by assignment
+        self._owned: set[int] | None = None  # in a group: the partials partitions whose streams the table holds
+        self.rebalances = 0
         self._partitions_checked = -PARTITION_REFRESH_SECONDS
         self._backoff = Backoff()
         self._up = False
@@ -120,13 +134,14 @@ class PartialsReader:
         return self._thread.is_alive()
 
     def close(self) -> None:
-        consumer, self._consumer = self._consumer, None
+        consumers, self._consumer, self._side = (self._consumer, self._side), None, None
         self._up = False
-        if consumer is not None:
-            try:
-                consumer.close()
-            except Exception:  # closing at shutdown
-                logger.debug("closing the reducer's consumer", exc_info=True)
+        for consumer in consumers:
+            if consumer is not None:
+                try:
+                    consumer.close(autocommit=False)
+                except Exception:  # closing at shutdown
+                    logger.debug("closing the reducer's consumer", exc_info=True)
 
     def _loop(self) -> None:
         timeout = self.settings.kafka.poll_timeout_seconds
@@ -147,19 +162,83 @@ class PartialsReader:
         if consumer is None:
             self._stop.wait(min(timeout, max(0.05, self._backoff.remaining())))
             return 0
-        self._maybe_assign(consumer)
-        if not self._assigned:
+        side = self._side if self.group is not None else consumer
+        if side is not None:
+            self._maybe_assign(side)
+        if self.group is None and not self._assigned:
             self._stop.wait(min(timeout, 1.0))
             return 0
-        polled = consumer.poll(timeout_ms=int(timeout * 1000), max_records=self.settings.kafka.max_poll_records)
+        polled = dict(consumer.poll(timeout_ms=int(timeout * 1000), max_records=self.settings.kafka.max_poll_records))
+        if self.group is not None:
+            fresh = self._follow_group(consumer)
+            polled = {tp: records for tp, records in polled.items() if tp.partition not in fresh}
+            if self._side is not None and self._assigned:
+                polled.update(self._side.poll(timeout_ms=0, max_records=self.settings.kafka.max_poll_records))
         count = sum(len(records) for records in polled.values())
         if polled:
             with self._apply_lock:
                 self.apply(polled)
         with self._apply_lock:
             self.table.forget_expired()
-        self._maybe_refresh_lag(consumer)
+        self._maybe_refresh_lag(consumer, side)
         return count
+
+    def _follow_group(self, consumer: Any) -> set[int]:
+        """After a poll in the group: take lost partitions' streams out, read gained ones from where
+        their state is (the checkpoint's position, or far enough back to rebuild it). Returns the
+        partitions gained (what this poll read of them is dropped: they were just sought)."""
+        now = {tp.partition for tp in consumer.assignment() if tp.topic == self.partials_topic}
+        if self._owned is None and not now:
+            return set()  # not in the group yet: the restored checkpoint's partitions wait for the first assignment
+        if self._owned is None:  # the first assignment: what the restored checkpoint holds counts as ours
+            self._owned = {p for (t, p) in self.offsets.applied() if t == self.partials_topic}
+            self._release(self._owned - now)
+            self._owned &= now
+            self._seek(consumer, self._owned)
+        if now == self._owned:
+            return set()
+        lost, gained = self._owned - now, now - self._owned
+        self._release(lost)
+        self._seek(consumer, gained)
+        self._owned = now
+        self.rebalances += 1
+        logger.info("reducer group %s: merging partitions %s of %s (lost %s, gained %s)", self.group, sorted(now),
+                    self.partials_topic, sorted(lost), sorted(gained))
+        return gained
+
+    def _release(self, partitions: set[int]) -> None:
+        if partitions:
+            with self._apply_lock:
+                self.table.release(partitions)
+                self.table.assembler.forget_partitions({(self.partials_topic, p) for p in partitions})
+                self.offsets.forget({(self.partials_topic, p) for p in partitions})
+
+    def _seek(self, consumer: Any, partitions: set[int]) -> None:
+        from kafka import TopicPartition
+
+        known = self.offsets.applied()
+        back = []
+        for partition in sorted(partitions):
+            tp = TopicPartition(self.partials_topic, partition)
+            if (self.partials_topic, partition) in known:
+                consumer.seek(tp, known[(self.partials_topic, partition)] + 1)
+            else:
+                back.append(tp)
+        if back:
+            self._seek_back(consumer, back)
+
+    def read_partitions(self) -> set[int]:
+        """The partials partitions this reducer reads (its group's share, or every one)."""
+        if self.group is not None:
+            return set(self._owned or ())
+        return {p for t, p in self._assigned if t == self.partials_topic}
+
+    def owned_partitions(self) -> set[int] | None:
+        """The partials partitions whose streams this reducer merges and exports (None: every one)."""
+        if self.group is None:
+            return None
+        owned = self._owned
+        return set(owned) if owned is not None else set()
 
     def apply(self, polled: dict[Any, list[Any]]) -> None:
         """Apply one poll's records (apply lock held), in partition order."""
@@ -229,34 +308,47 @@ class PartialsReader:
         if not self._backoff.ready():
             return None
         try:
-            consumer = self._consumer_factory() if self._consumer_factory else self._new_consumer()
+            consumer = self._consumer_factory() if self._consumer_factory else self._new_consumer(self.group)
         except Exception as exc:  # noqa: BLE001 - unreachable broker: retry with backoff
             logger.warning("cannot reach Kafka at %s (%s); retrying in %.1fs",
                            ",".join(self.settings.kafka.bootstrap_servers), type(exc).__name__, self._backoff.failed())
             return None
+        if self.group is not None:
+            try:
+                side = self._new_consumer(None) if self.interactions_topic else None
+            except Exception as exc:  # noqa: BLE001 - as above
+                consumer.close(autocommit=False)
+                logger.warning("cannot reach Kafka at %s (%s); retrying in %.1fs",
+                               ",".join(self.settings.kafka.bootstrap_servers), type(exc).__name__,
+                               self._backoff.failed())
+                return None
+            consumer.subscribe([self.partials_topic])
+            self._side = side
         self._backoff.succeeded()
         self._consumer, self._up = consumer, True
         self._assigned = set()
         self._partitions_checked = -PARTITION_REFRESH_SECONDS
         return consumer
 
-    def _new_consumer(self) -> Any:
+    def _new_consumer(self, group: str | None) -> Any:
         from kafka import KafkaConsumer
 
-        return KafkaConsumer(**consumer_config(self.settings))
+        return KafkaConsumer(**consumer_config(self.settings, group))
 
     def _drop_consumer(self) -> None:
         self.close()
 
     def _maybe_assign(self, consumer: Any) -> None:
-        """Assign every partition of both topics (re-checked every 30 s: topics appear, grow)."""
+        """Assign every partition of both topics, or in a group of the interactions topic (re-checked
+        every 30 s: topics appear, grow)."""
         if time.monotonic() - self._partitions_checked < PARTITION_REFRESH_SECONDS:
             return
         self._partitions_checked = time.monotonic()
         from kafka import TopicPartition
 
         wanted: set[Partition] = set()
-        for topic in filter(None, (self.partials_topic, self.interactions_topic)):
+        topics = (self.partials_topic, self.interactions_topic) if self.group is None else (self.interactions_topic,)
+        for topic in filter(None, topics):
             for partition in consumer.partitions_for_topic(topic) or ():
                 wanted.add((topic, int(partition)))
         if wanted == self._assigned:
@@ -296,20 +388,27 @@ class PartialsReader:
             else:
                 consumer.seek(tp, hit.offset)
 
-    def _maybe_refresh_lag(self, consumer: Any) -> None:
-        if not self._assigned or not self._lag.due():
+    def _maybe_refresh_lag(self, consumer: Any, side: Any) -> None:
+        if not self._lag.due():
             return
         from kafka import TopicPartition
 
-        try:
-            ends = consumer.end_offsets([TopicPartition(t, p) for t, p in sorted(self._assigned)])
-        except Exception:  # noqa: BLE001 - lag is diagnostics
-            return
         lag: dict[str, int] = {}
-        for tp, end in ends.items():
-            if end is not None:  # every record is applied as soon as it is polled: position = applied + 1
-                lag[tp.topic] = lag.get(tp.topic, 0) + max(0, end - consumer.position(tp))
-        self._lag.record(lag)
+        reading = [(side, sorted(self._assigned))]
+        if self.group is not None:
+            reading.append((consumer, [(self.partials_topic, p) for p in sorted(self._owned or ())]))
+        for reader, partitions in reading:
+            if reader is None or not partitions:
+                continue
+            try:
+                ends = reader.end_offsets([TopicPartition(t, p) for t, p in partitions])
+                for tp, end in ends.items():
+                    if end is not None:  # every record is applied as soon as it is polled: position = applied + 1
+                        lag[tp.topic] = lag.get(tp.topic, 0) + max(0, end - reader.position(tp))
+            except Exception:  # noqa: BLE001 - lag is diagnostics
+                return
+        if lag:
+            self._lag.record(lag)
 
     # ------------------------------------------------------------------ status (DaemonStatus reads these)
     @property

@@ -1,7 +1,10 @@
 """The partials topic's records: a replica's sub-window states and the manifest that binds them.
 
-A replica's publication is a set of **sub-window partials** followed by one **manifest**, all on
-one partition of the topic (chosen by the replica id), so a reader sees them in that order:
+A replica's publication is a set of **sub-window partials**, each on the partition of its
+(model, stream) (:func:`partition_of`), followed, once every partial is acknowledged, by one
+**manifest** written to every partition (the **seal**): on each partition a reader sees a stream's
+partials before the seal that binds them, so a reducer that owns some partitions switches each of
+their streams to a publication atomically (docs/operations.md, "Scaling out: exactly-once"):
 
 * a sub-window partial carries one sub-window of one (model, stream) exactly as the replica's
   window holds it: the :class:`~monitor.state.stats.SufficientStats` and
@@ -10,7 +13,9 @@ one partition of the topic (chosen by the replica id), so a reader sees them in 
   ``max_record_bytes``, it is split into chunks, each a record;
 * the manifest lists every sub-window the replica holds at that epoch with the epoch of the
   publication that last sent it, the window geometry and the source offsets the state reflects.
-  Only sub-windows that changed are re-sent; the manifest says which older ones still stand.
+  Only sub-windows that changed are re-sent; the manifest says which older ones still stand, and
+  on which partition each stream's partials are (``partition``; a manifest without it, written by
+  an older build, put everything on the partition it was read from).
 
 Record keys are JSON arrays, stable per sub-window and chunk, so a compacted topic keeps the
 newest of each; a ``null`` value (tombstone) clears a sub-window the replica no longer holds.
@@ -25,6 +30,7 @@ how many times records are read.
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -138,6 +144,11 @@ class StreamManifest:
     subwindows: tuple[tuple[int, int, int], ...]
     pending_pairs: int = 0
     pending_pairs_evicted: int = 0
+    partition: int | None = None  # where its partials are (None: the partition the manifest was read on)
+
+    def on(self, read_on: int) -> int:
+        """The partition this stream's partials are on, given the one the manifest was read on."""
+        return read_on if self.partition is None else self.partition
 
 
 @dataclass(frozen=True)
@@ -162,7 +173,8 @@ class Manifest:
             "offsets": [[t, p, o] for (t, p), o in sorted(self.offsets.items())],
             "streams": [
                 {"model": s.model, "stream": s.stream, "dim": s.dim, "subwindows": [list(x) for x in s.subwindows],
-                 "pending_pairs": s.pending_pairs, "pending_pairs_evicted": s.pending_pairs_evicted}
+                 "pending_pairs": s.pending_pairs, "pending_pairs_evicted": s.pending_pairs_evicted,
+                 **({} if s.partition is None else {"partition": s.partition})}
                 for s in self.streams
             ],
         }
@@ -180,10 +192,21 @@ class Manifest:
             tuple(
                 StreamManifest(str(s["model"]), str(s["stream"]), int(s["dim"]),
                                tuple((int(i), int(e), int(n)) for i, e, n in s["subwindows"]),
-                               int(s["pending_pairs"]), int(s["pending_pairs_evicted"]))
+                               int(s["pending_pairs"]), int(s["pending_pairs_evicted"]),
+                               None if s.get("partition") is None else int(s["partition"]))
                 for s in data["streams"]
             ),
         )
+
+
+def partition_of(model: str, stream: str, partitions: Sequence[int]) -> int:
+    """The partition of the partials topic that holds every replica's records of (model, stream).
+
+    >>> partition_of("m", "default", [0, 1, 2]) == partition_of("m", "default", [2, 0, 1])
+    True
+    """
+    ordered = sorted(partitions) or [0]
+    return ordered[zlib.crc32(orjson.dumps([model, stream])) % len(ordered)]
 
 
 # ------------------------------------------------------------------------------ records
@@ -194,6 +217,7 @@ class Record:
     key: bytes
     value: bytes | None  # None: a tombstone
     headers: tuple[tuple[str, bytes], ...]
+    stream: tuple[str, str] | None = None  # (model, stream) of a partial or tombstone; None: the seal
 
 
 def subwindow_key(replica: str, key: SubwindowKey, chunk: int) -> bytes:
@@ -217,14 +241,14 @@ def encode_subwindow(
     return [
         Record(subwindow_key(replica, key, i), chunk,
                ((KIND_HEADER, SUBWINDOW.encode()), (EPOCH_HEADER, str(epoch).encode()),
-                (CHUNK_HEADER, f"{i}/{len(chunks)}".encode())))
+                (CHUNK_HEADER, f"{i}/{len(chunks)}".encode())), (model, stream))
         for i, chunk in enumerate(chunks)
     ]
 
 
 def tombstones(replica: str, key: SubwindowKey, chunks: int) -> list[Record]:
     """Clear a sub-window (all its chunk keys) from a compacted topic."""
-    return [Record(subwindow_key(replica, key, i), None, ()) for i in range(chunks)]
+    return [Record(subwindow_key(replica, key, i), None, (), (key[0], key[1])) for i in range(chunks)]
 
 
 def encode_manifest(manifest: Manifest) -> Record:
@@ -356,6 +380,10 @@ class ChunkAssembler:
     def forget_before(self, index: int) -> None:
         """Drop incomplete sub-windows older than ``index`` (they left the window)."""
         self._parts = {slot: v for slot, v in self._parts.items() if slot[1][2] >= index}
+
+    def forget_partitions(self, partitions: set[tuple[str, int]]) -> None:
+        """Drop incomplete sub-windows read on ``partitions`` (a reducer no longer owns them)."""
+        self._parts = {slot: v for slot, v in self._parts.items() if v[3][:2] not in partitions}
 
     def holds(self) -> dict[tuple[str, int], int]:
         """Per (topic, partition), the offset of the earliest chunk of an incomplete sub-window."""

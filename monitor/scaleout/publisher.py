@@ -3,8 +3,11 @@
 A publication is built from the very state a checkpoint captured (the same arrays, taken between
 two batches with the offsets they reflect), so what the reducer merges is exactly what this
 replica could restore. It holds the sub-windows that changed since the last publication that was
-sent (every one when a full publication is due, see ``scale_out.full_publish_seconds``),
-tombstones for sub-windows that left the window, and the manifest last. Building (encoding) and
+sent (every one when a full publication is due, see ``scale_out.full_publish_seconds``) and
+tombstones for sub-windows that left the window, each on its (model, stream)'s partition, and,
+once all of those are acknowledged, the manifest (the seal) on every partition of the topic: a
+reducer owning some partitions sees each of their streams' partials before the seal that binds
+them. Building (encoding) and
 sending are separate: a publication that could not be sent stays staged and the next checkpoint
 replaces it with one that covers both.
 
@@ -18,9 +21,8 @@ import logging
 import threading
 import time
 import uuid
-import zlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from monitor.config import Settings
@@ -36,6 +38,7 @@ from monitor.scaleout.partials import (
     WindowGeometry,
     encode_manifest,
     encode_subwindow,
+    partition_of,
     tombstones,
 )
 
@@ -58,7 +61,8 @@ class Held:
 class Publication:
     epoch: int
     offsets: Offsets
-    records: tuple[Record, ...]
+    records: tuple[Record, ...]  # partials and tombstones, each with its (model, stream)
+    manifest: Manifest  # sealed on every partition once the records are acknowledged
     held: Mapping[SubwindowKey, Held]  # what the reducer holds once this is sent
     full: bool
 
@@ -95,7 +99,7 @@ def producer_config(settings: Settings) -> dict[str, Any]:
 
 
 class PartialsPublisher:
-    """Builds publications from checkpoint captures and sends them, in order, to one partition."""
+    """Builds publications from checkpoint captures and sends them: partials by (model, stream), then the seal."""
 
     def __init__(
         self,
@@ -120,7 +124,6 @@ class PartialsPublisher:
         self._settings = settings
         self._producer_factory = producer_factory
         self._producer: Any = None
-        self._partition: int | None = None
         self._lock = threading.Lock()  # one staging or send at a time
         self._staged: Publication | None = None
         self._held: dict[SubwindowKey, Held] = {}
@@ -160,8 +163,7 @@ class PartialsPublisher:
                 if key not in held:
                     records.extend(tombstones(self.replica, key, gone.chunks))
             manifest = Manifest(self.replica, epoch, self.instance, self.geometry, dict(offsets), tuple(manifests))
-            records.append(encode_manifest(manifest))
-            self._staged = Publication(epoch, dict(offsets), tuple(records), held, full)
+            self._staged = Publication(epoch, dict(offsets), tuple(records), manifest, held, full)
 
     @property
     def pending(self) -> bool:
@@ -194,16 +196,37 @@ class PartialsPublisher:
 
     def _send(self, publication: Publication) -> None:
         producer = self._ensure_producer()
-        partition = self._partition_of(producer)
-        futures = []
-        for record in publication.records:
-            futures.append(producer.send(self.topic, key=record.key, value=record.value,
-                                         headers=list(record.headers), partition=partition))
+        partitions = sorted(producer.partitions_for(self.topic) or [0])
+        where = {s: partition_of(s[0], s[1], partitions) for s in {r.stream for r in publication.records if r.stream}}
+        self._deliver(producer, [(r, where[r.stream]) for r in publication.records if r.stream is not None])
+        manifest = publication.manifest
+        streams = tuple(replace(s, partition=partition_of(s.model, s.stream, partitions)) for s in manifest.streams)
+        self.seal(producer, encode_manifest(replace(manifest, streams=streams)), partitions)
+
+    def seal(self, producer: Any, record: Record, partitions: Sequence[int]) -> None:
+        """Write one manifest to each of ``partitions`` and wait for the broker."""
+        self._deliver(producer, [(record, p) for p in partitions])
+
+    def complete_seal(self, record: Record, partitions: Sequence[int]) -> bool:
+        """Write a manifest (another replica's, killed while sealing it) where it is missing; False
+        (logged) when the broker did not take it."""
+        with self._lock:
+            try:
+                self.seal(self._ensure_producer(), record, partitions)
+            except Exception as exc:  # noqa: BLE001 - reported; the caller goes on without it
+                self._log.warning("seal", "completing a publication's seal on %s failed (%s)", self.topic, exc)
+                self._drop_producer()
+                return False
+            return True
+
+    def _deliver(self, producer: Any, records: Sequence[tuple[Record, int]]) -> None:
+        futures = [producer.send(self.topic, key=record.key, value=record.value, headers=list(record.headers),
+                                 partition=partition) for record, partition in records]
         deadline = time.monotonic() + self.timeout
         producer.flush(timeout=self.timeout)
         for future in futures:
             future.get(timeout=max(0.1, deadline - time.monotonic()))
-        for record in publication.records:
+        for record, _ in records:
             kind = "tombstone" if record.value is None else dict(record.headers).get("embmon-kind", b"").decode()
             self.records.add(kind)
             self.bytes_total += len(record.value or b"")
@@ -218,15 +241,8 @@ class PartialsPublisher:
                 self._producer = KafkaProducer(**producer_config(self._settings))
         return self._producer
 
-    def _partition_of(self, producer: Any) -> int:
-        """All of a replica's records on one partition, so a reader sees a publication in order."""
-        if self._partition is None:
-            partitions = sorted(producer.partitions_for(self.topic) or [0])
-            self._partition = partitions[zlib.crc32(self.replica.encode()) % len(partitions)]
-        return self._partition
-
     def _drop_producer(self) -> None:
-        producer, self._producer, self._partition = self._producer, None, None
+        producer, self._producer = self._producer, None
         if producer is not None:
             try:
                 producer.close(timeout=1)

@@ -1,4 +1,4 @@
-"""The reducer role: one daemon that merges every replica's publications and exports the global gauges.
+"""The reducer role: a daemon that merges the replicas' publications and exports the global gauges.
 
 Wiring (the counterpart of :class:`monitor.daemon.service.Monitor` for ``scale_out.role: reducer``):
 
@@ -16,7 +16,10 @@ Wiring (the counterpart of :class:`monitor.daemon.service.Monitor` for ``scale_o
 * checkpoints (:class:`~monitor.daemon.checkpointing.Checkpointer`) hold the table, the components' state
   and the reader's positions, taken between two polls, so a restart resumes exactly once;
 * the HTTP port exports what a single daemon exports, minus the ingest counters of embeddings
-  (each replica exports its own), plus the reducer's view of the replicas.
+  (each replica exports its own), plus the reducer's view of the replicas. In a group of reducers
+  (``scale_out.reducer_group``) only the streams of its partitions, and the model-level gauges of
+  the models whose first stream (by name) is one of them (:class:`~monitor.scaleout.export.Ownership`);
+  every reducer reads all interactions, so the probes of a model that moves here are warm.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import logging
 import time
 from collections.abc import Callable
 from typing import Any
+
+from prometheus_client.registry import Collector
 
 from monitor.component import Component, MonitorContext
 from monitor.config import ConfigError, Settings
@@ -39,7 +44,7 @@ from monitor.daemon.status import DaemonStatus, StreamCounts
 from monitor.decoding.decoder import Decoder
 from monitor.scaleout.canaries import ReducerCanaries, for_reducer
 from monitor.scaleout.detectors import SubwindowDetectors, subwindow_detectors
-from monitor.scaleout.export import ReducerCollector
+from monitor.scaleout.export import OwnedOnly, Ownership, ReducerCollector
 from monitor.scaleout.intake import PartialsReader
 from monitor.scaleout.table import MergeTable
 from monitor.server.collector import ComponentCollector, CoreCollector, OperationsCollector
@@ -54,6 +59,8 @@ def reducer_settings(settings: Settings) -> Settings:
         raise ConfigError(f"scale_out.role reducer reads Kafka, not source {settings.source}")
     if settings.scale_out.partials_topic in (settings.kafka.embeddings_topic, settings.kafka.interactions_topic):
         raise ConfigError("scale_out.partials_topic must differ from the embeddings and interactions topics")
+    if settings.scale_out.reducer_group == settings.kafka.group_id:
+        raise ConfigError("scale_out.reducer_group must differ from kafka.group_id (the replicas' group)")
     online = settings.drift.online.model_copy(update={"enabled": False})
     return settings.model_copy(update={"drift": settings.drift.model_copy(update={"online": online})})
 
@@ -128,8 +135,14 @@ class Reducer(Daemon):
             jobs=self.jobs, errors=self.errors, checkpointer=self.checkpointer, http=self.http,
             started_at=time.time(), wall_clock=time.time, rejected_files=self.context.rejected_files,
         )
-        for collector in (CoreCollector(self.status), ComponentCollector(self.components, self.errors),
-                          OperationsCollector(self.status), ReducerCollector(self.table, time.time)):
+        # in a group, every global gauge is exported by the reducer that owns its stream (or model)
+        ownership = Ownership(self.table, self.intake.owned_partitions, self.intake.read_partitions)
+        core: Collector = CoreCollector(self.status)
+        components: Collector = ComponentCollector(self.components, self.errors)
+        if settings.scale_out.reducer_group is not None:
+            core, components = OwnedOnly(core, ownership), OwnedOnly(components, ownership)
+        for collector in (core, components, OperationsCollector(self.status),
+                          ReducerCollector(self.table, time.time, ownership, lambda: self.intake.rebalances)):
             self.metrics_registry.register(collector)
 
     # ------------------------------------------------------------------ lifecycle

@@ -145,6 +145,15 @@ class ReplicaRole:
         self.publisher.epochs.advance_past(ours.epoch)
         return MarkerState(self.replica, ours.epoch)
 
+    def complete_seals(self) -> None:
+        """A publication sealed on some partitions only (its replica killed while sealing) is the one
+        the resume positions count: write its manifest where it is missing, so that every reducer
+        holds it whole (:mod:`monitor.scaleout.resume`)."""
+        for record, partitions in self.manifests.incomplete():
+            if self.publisher.complete_seal(record, partitions):
+                logger.info("completed a publication's seal on partitions %s of %s", partitions,
+                            self.publisher.topic)
+
     def publish_restored(self, registry: StateRegistry, offsets: OffsetTracker,
                          components: Sequence[Component] = ()) -> None:
         """Publish the state just restored (or the empty one), in full, under a new epoch.
@@ -341,4 +350,5 @@ class PublishingHandoff(PartitionHandoff):
             logger.error("cannot read the partials topic: resuming from the group's commits (records published "
                          "but not committed by a replica that died may count twice)")
             return own
+        self._role.complete_seals()
         return resume_after(own, published_offsets(manifests))

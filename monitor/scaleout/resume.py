@@ -12,6 +12,14 @@ older (the publication is what the reducer holds and what the other replicas res
 The manifests are read from the beginning of the partials topic, then incrementally, up to its
 end at the time of each call (only manifest records are decoded): a replica that died long ago
 still counts, as long as the topic keeps its newest manifest (it is compacted by key).
+
+A publication's manifest (its seal) goes to every partition once its partials are acknowledged;
+a reducer switches the streams of a partition to it when it reads it there. A replica killed
+while writing the seals leaves it on some partitions only: the newest manifest on any partition
+is the one whose offsets count (it may already be merged), so :meth:`ManifestReader.incomplete`
+names the partitions still missing it and the replica that resumes writes it there
+(:meth:`monitor.scaleout.replica.ReplicaRole.complete_seals`; the partials it binds are on the
+topic already, so every reducer then holds that publication whole).
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from monitor.config import Settings
-from monitor.scaleout.partials import KIND_HEADER, MANIFEST, Manifest, PartialError, decode_manifest
+from monitor.scaleout.partials import KIND_HEADER, MANIFEST, Manifest, PartialError, Record, decode_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +55,9 @@ class ManifestReader:
         self._lock = threading.Lock()
         self._consumer: Any = None
         self._newest: dict[str, Manifest] = {}
+        self._raw: dict[str, Any] = {}  # replica -> the record of its newest manifest
+        self._sealed: dict[str, dict[int, int]] = {}  # replica -> partition -> newest epoch read there
+        self._partitions: list[int] = []
 
     def newest(self) -> dict[str, Manifest] | None:
         """The newest manifest per replica, or ``None`` when the topic cannot be read to its end in time."""
@@ -76,26 +87,50 @@ class ManifestReader:
         partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
         if not partitions:
             return {}
+        self._partitions = [tp.partition for tp in partitions]
         if set(partitions) != consumer.assignment():
             consumer.assign(partitions)
             consumer.seek_to_beginning(*partitions)
-            self._newest = {}
+            self._forget()
         ends = consumer.end_offsets(partitions)
         if any(consumer.position(tp) > ends[tp] for tp in partitions):  # recreated: its old records are gone
             consumer.seek_to_beginning(*partitions)
-            self._newest = {}
+            self._forget()
         while any(consumer.position(tp) < ends[tp] for tp in partitions):
             if time.monotonic() > deadline:
                 logger.warning("the published manifests were not read to the end of %s within %.0fs", topic,
                                self.timeout)
                 return None
-            for records in consumer.poll(timeout_ms=500).values():
+            for tp, records in consumer.poll(timeout_ms=500).items():
                 for record in records:
                     manifest = _manifest(record)
-                    if manifest is not None and manifest.epoch > getattr(self._newest.get(manifest.replica),
-                                                                         "epoch", -1):
+                    if manifest is None:
+                        continue
+                    sealed = self._sealed.setdefault(manifest.replica, {})
+                    sealed[tp.partition] = max(sealed.get(tp.partition, -1), manifest.epoch)
+                    if manifest.epoch > getattr(self._newest.get(manifest.replica), "epoch", -1):
                         self._newest[manifest.replica] = manifest
+                        self._raw[manifest.replica] = record
         return dict(self._newest)
+
+    def _forget(self) -> None:
+        self._newest, self._raw, self._sealed = {}, {}, {}
+
+    def incomplete(self) -> list[tuple[Record, list[int]]]:
+        """Each replica's newest manifest (as read, at the last :meth:`newest`) that is not on every
+        partition yet, with the partitions it is missing from. Only sealed manifests (every stream
+        names its partition): an older build's manifest was written to one partition on purpose."""
+        with self._lock:
+            out = []
+            for replica, manifest in sorted(self._newest.items()):
+                if any(s.partition is None for s in manifest.streams):
+                    continue
+                sealed = self._sealed.get(replica, {})
+                missing = [p for p in self._partitions if sealed.get(p, -1) < manifest.epoch]
+                raw = self._raw[replica]
+                if missing:
+                    out.append((Record(raw.key, raw.value, tuple(raw.headers or ())), missing))
+            return out
 
     def close(self) -> None:
         with self._lock:

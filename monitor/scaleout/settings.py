@@ -53,6 +53,10 @@ class ScaleOutSettings(BaseModel):
     # Reducer: a replica whose newest publication is older than this is reported stale (its
     # partials stay merged until their sub-windows leave the window: they are still exact).
     stale_after_seconds: float = Field(120.0, gt=0, le=MAX_DURATION_SECONDS)
+    # Reducers: None, one reducer reading every partition of the partials topic by assignment; a
+    # group id, reducers in that consumer group, each merging and exporting the streams of the
+    # partitions it is assigned (docs/deployment.md, "Several reducers").
+    reducer_group: str | None = Field(None, min_length=1, max_length=255)
     # Reducer: the replica label budget; publications of further replicas are not merged, counted.
     max_replicas: int = Field(32, ge=1, le=1000)
     # Reducer: the change detectors on the merged per-sub-window signal series (docs/drift.md,

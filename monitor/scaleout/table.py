@@ -2,10 +2,16 @@
 
 Per replica the table keeps what its newest manifest names (**pieces**: one sub-window partial
 per (model, stream, index)) and partials received after it (**pending**, by epoch). A manifest
-switches the replica's view at once: each listed sub-window is taken, at the epoch the manifest
-names, from pending or from the pieces already held; anything it does not list is dropped. So a
-replica's contribution is always one consistent publication, whatever was re-delivered,
-compacted away or read twice, and a replica can never be merged twice.
+(a publication's seal, written to every partition of the partials topic after its partials) read
+on partition p switches the replica's streams whose partials are on p at once: each listed
+sub-window of those streams is taken, at the epoch the manifest names, from pending or from the
+pieces already held; anything it does not list is dropped. So a replica's contribution to a
+stream is always one consistent publication, whatever was re-delivered, compacted away or read
+twice, and a replica can never be merged twice. A reducer that reads only some partitions (one of
+a group, ``scale_out.reducer_group``) holds only their streams (:meth:`MergeTable.release` drops
+a partition that moved to another reducer); every manifest lists every stream of the replica with
+its partition, so the table also knows where the streams it does not hold are
+(:meth:`MergeTable.stream_partitions`).
 
 The merged window of (model, stream) at ``now`` sums, for every live sub-window index, every
 replica's piece: exact statistics add (:meth:`SufficientStats.merge`), alignment sums add, and
@@ -40,6 +46,7 @@ from monitor.scaleout.partials import (
     ChunkAssembler,
     Manifest,
     PartialError,
+    StreamManifest,
     SubwindowKey,
     SubwindowPartial,
     Tombstone,
@@ -63,13 +70,21 @@ _INDEX_MASK = (1 << 62) - 1
 @dataclass
 class _ReplicaView:
     replica: str
-    manifest: Manifest | None = None
+    sealed: dict[int, Manifest] = field(default_factory=dict)  # partition -> newest manifest applied there
+    streams: dict[StreamKey, tuple[int, StreamManifest]] = field(default_factory=dict)  # held: (partition, entry)
     pieces: dict[SubwindowKey, SubwindowPartial] = field(default_factory=dict)
     pending: dict[SubwindowKey, dict[int, SubwindowPartial]] = field(default_factory=dict)
 
     @property
     def epoch(self) -> int:
-        return self.manifest.epoch if self.manifest is not None else -1
+        """The newest publication applied on any partition (-1: none)."""
+        return max((m.epoch for m in self.sealed.values()), default=-1)
+
+    def epoch_of(self, key: StreamKey) -> int:
+        """The publication this stream's pieces come from (-1: none applied)."""
+        held = self.streams.get(key)
+        found = self.sealed.get(held[0]) if held is not None else None
+        return found.epoch if found is not None else -1
 
 
 @dataclass(frozen=True)
@@ -123,6 +138,7 @@ class MergeTable:
         self.assembler = ChunkAssembler()
         self._replicas: dict[str, _ReplicaView] = {}
         self._dims: dict[StreamKey, int] = {}  # the first dimension a replica published for a stream
+        self._partitions: dict[StreamKey, int] = {}  # where each stream's partials are, as manifests say
         self._lock = threading.Lock()
         self._log = RateLimitedLog(logger)
 
@@ -168,7 +184,7 @@ class MergeTable:
                 if data is not None:
                     self.offer_subwindow(decode_subwindow(data))
             else:
-                self.offer_manifest(parsed)
+                self.offer_manifest(parsed, at[1])
                 return parsed
         except PartialError:
             self.ignored.add("corrupt")
@@ -185,7 +201,7 @@ class MergeTable:
             if why is not None:
                 self.ignored.add(why)
                 return
-            if partial.epoch <= view.epoch:
+            if partial.epoch <= view.epoch_of(partial.key[:2]):
                 held = view.pieces.get(partial.key)
                 self.ignored.add("duplicate" if held is not None and held.epoch == partial.epoch else "superseded")
                 return
@@ -199,14 +215,17 @@ class MergeTable:
                 self.ignored.add("superseded")
             self.applied.add("subwindow")
 
-    def offer_manifest(self, manifest: Manifest) -> None:
-        """A manifest arrived: the replica's view becomes exactly the sub-windows it names."""
+    def offer_manifest(self, manifest: Manifest, partition: int = 0) -> None:
+        """A manifest read on ``partition``: the replica's streams there become exactly what it names."""
         with self._lock:
+            for s in manifest.streams:
+                self._partitions[(s.model, s.stream)] = s.on(partition)
             view = self._view(manifest.replica)
             if view is None:
                 return
-            if manifest.epoch <= view.epoch:
-                self.ignored.add("duplicate" if manifest.epoch == view.epoch else "superseded")
+            before = view.sealed.get(partition)
+            if before is not None and manifest.epoch <= before.epoch:
+                self.ignored.add("duplicate" if manifest.epoch == before.epoch else "superseded")
                 return
             if manifest.geometry != self.geometry:
                 self.ignored.add("window_mismatch")
@@ -214,17 +233,20 @@ class MergeTable:
                                   manifest.replica, manifest.geometry, self.geometry)
                 return
             oldest = self._oldest_live(self.clock())
+            here = {(s.model, s.stream): s for s in manifest.streams if s.on(partition) == partition}
             refused = set()
-            for s in manifest.streams:
-                if self._dims.setdefault((s.model, s.stream), s.dim) != s.dim:
-                    refused.add((s.model, s.stream))
+            for stream_key, s in here.items():
+                if self._dims.setdefault(stream_key, s.dim) != s.dim:
+                    refused.add(stream_key)
                     self.ignored.add("dim_mismatch")
                     self._log.warning("dim_mismatch", "%s/%s: replica %r publishes dimension %d, others %d",
-                                      s.model, s.stream, manifest.replica, s.dim, self._dims[(s.model, s.stream)])
-            pieces: dict[SubwindowKey, SubwindowPartial] = {}
+                                      s.model, s.stream, manifest.replica, s.dim, self._dims[stream_key])
+            # the streams this partition's seal decides: those it lists here, and those held from here before
+            decided = set(here) | {key for key, (p, _) in view.streams.items() if p == partition}
+            pieces = {k: p for k, p in view.pieces.items() if k[:2] not in decided}
             for key, epoch in manifest.entries().items():
-                if key[2] < oldest or key[:2] in refused:
-                    continue  # left the window meanwhile, or not mergeable
+                if key[:2] not in here or key[2] < oldest or key[:2] in refused:
+                    continue  # another partition's stream, left the window meanwhile, or not mergeable
                 found = view.pending.get(key, {}).get(epoch)
                 held = view.pieces.get(key)
                 if found is None and held is not None and held.epoch == epoch:
@@ -236,10 +258,32 @@ class MergeTable:
             view.pieces = pieces
             view.pending = {
                 key: newer for key, by_epoch in view.pending.items()
-                if (newer := {e: p for e, p in by_epoch.items() if e > manifest.epoch})
+                if (newer := {e: p for e, p in by_epoch.items() if key[:2] not in decided or e > manifest.epoch})
             }
-            view.manifest = manifest
+            view.streams = {k: v for k, v in view.streams.items() if k not in decided}
+            view.streams.update({k: (partition, s) for k, s in here.items()})
+            view.sealed[partition] = manifest
             self.applied.add("manifest")
+
+    def release(self, partitions: set[int]) -> None:
+        """Forget the streams whose partials are on ``partitions`` (another reducer owns them now)."""
+        with self._lock:
+            gone = {key for key, p in self._partitions.items() if p in partitions}
+            for view in self._replicas.values():
+                gone |= {key for key, (p, _) in view.streams.items() if p in partitions}
+            for view in self._replicas.values():
+                view.pieces = {k: p for k, p in view.pieces.items() if k[:2] not in gone}
+                view.pending = {k: d for k, d in view.pending.items() if k[:2] not in gone}
+                view.streams = {k: v for k, v in view.streams.items() if k not in gone}
+                view.sealed = {p: m for p, m in view.sealed.items() if p not in partitions}
+            self._replicas = {r: v for r, v in self._replicas.items() if v.sealed or v.pending}
+            for key in gone:
+                self._dims.pop(key, None)
+
+    def stream_partitions(self) -> dict[StreamKey, int]:
+        """Every (model, stream) a manifest read here listed, with the partition of its partials."""
+        with self._lock:
+            return dict(self._partitions)
 
     def forget_expired(self) -> None:
         """Drop what left the window (memory stays bounded by replicas x streams x sub-windows)."""
@@ -262,11 +306,10 @@ class MergeTable:
                 for (model, stream, index), piece in view.pieces.items():
                     if oldest <= index <= head + 1 and (only is None or (model, stream) == only):
                         gathered.setdefault((model, stream), []).append(piece)
-                if view.manifest is not None:
-                    for s in view.manifest.streams:
-                        totals = pending_pairs.setdefault((s.model, s.stream), [0, 0])
-                        totals[0] += s.pending_pairs
-                        totals[1] += s.pending_pairs_evicted
+                for _partition, s in view.streams.values():
+                    totals = pending_pairs.setdefault((s.model, s.stream), [0, 0])
+                    totals[0] += s.pending_pairs
+                    totals[1] += s.pending_pairs_evicted
             # merged statistics are fresh objects; reservoir pieces are never written after decoding
             merged = {key: self._merge(key, pieces) for key, pieces in gathered.items()}
         out: dict[StreamKey, WindowSnapshot] = {}
@@ -306,7 +349,7 @@ class MergeTable:
         with self._lock:
             for view in sorted(self._replicas.values(), key=lambda v: v.replica):
                 # the capture time of its newest applied publication (+Inf until one is applied)
-                age = max(0.0, now - view.epoch / 1e9) if view.manifest is not None else math.inf
+                age = max(0.0, now - view.epoch / 1e9) if view.sealed else math.inf
                 records = sum(p.stats.count for k, p in view.pieces.items() if k[2] >= oldest)
                 replicas.append(ReplicaStatus(view.replica, age, age > self.stale_after, records))
         return TableStatus(tuple(replicas), self.applied.snapshot(), self.ignored.snapshot())
@@ -327,8 +370,10 @@ class MergeTable:
         complete = math.floor(now / self.width)
         with self._lock:
             for view in self._replicas.values():
-                if view.manifest is not None and now - view.epoch / 1e9 <= self.stale_after:
-                    complete = min(complete, math.floor(view.epoch / 1e9 / self.width))
+                if view.sealed and now - view.epoch / 1e9 <= self.stale_after:
+                    # the oldest publication this table holds of it (its partitions' seals may differ)
+                    held = min((m.epoch for p, m in view.sealed.items() if p >= 0), default=view.epoch)
+                    complete = min(complete, math.floor(held / 1e9 / self.width))
         return complete
 
     def subwindow_sums(
@@ -364,13 +409,13 @@ class MergeTable:
 
     # ------------------------------------------------------------------ checkpointing
     def state_dict(self) -> dict[str, Any]:
-        """Every replica's manifest, pieces and pending partials (the registry's checkpoint shape:
-        ``streams`` holds the replicas, ``labels`` is unused)."""
+        """Every replica's manifests (by partition read on), pieces and pending partials (the registry's
+        checkpoint shape: ``streams`` holds the replicas, ``labels`` is unused)."""
         with self._lock:
             replicas = [
                 {
                     "replica": view.replica,
-                    "manifest": None if view.manifest is None else view.manifest.to_json(),
+                    "sealed": [[p, m.to_json()] for p, m in sorted(view.sealed.items())],
                     "pieces": [p.state_dict() for p in view.pieces.values()],
                     "pending": [p.state_dict() for d in view.pending.values() for p in d.values()],
                 }
@@ -379,13 +424,26 @@ class MergeTable:
         return {"streams": replicas, "labels": {}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Install a checkpoint's table (raises ``ValueError`` and changes nothing if it does not fit)."""
+        """Install a checkpoint's table (raises ``ValueError`` and changes nothing if it does not fit).
+
+        A checkpoint written before manifests were sealed per partition holds one ``manifest`` per
+        replica, read on the replica's one partition: it stands for every stream it lists."""
         views: dict[str, _ReplicaView] = {}
+        partitions: dict[StreamKey, int] = {}
         for entry in state["streams"]:
-            manifest = None if entry["manifest"] is None else Manifest.from_json(entry["manifest"])
-            if manifest is not None and manifest.geometry != self.geometry:
-                raise ValueError(f"the checkpoint's window {manifest.geometry} is not the configured {self.geometry}")
-            view = _ReplicaView(str(entry["replica"]), manifest)
+            sealed = [(int(p), Manifest.from_json(m)) for p, m in entry.get("sealed", ())]
+            if entry.get("manifest") is not None:
+                sealed.append((-1, Manifest.from_json(entry["manifest"])))
+            view = _ReplicaView(str(entry["replica"]))
+            for partition, manifest in sealed:
+                if manifest.geometry != self.geometry:
+                    raise ValueError(f"the checkpoint's window {manifest.geometry} is not the configured "
+                                     f"{self.geometry}")
+                view.sealed[partition] = manifest
+                for s in manifest.streams:
+                    partitions[(s.model, s.stream)] = s.on(partition)
+                    if s.on(partition) == partition:
+                        view.streams[(s.model, s.stream)] = (partition, s)
             for raw in entry["pieces"]:
                 piece = SubwindowPartial.from_state_dict(raw)
                 view.pieces[piece.key] = piece
@@ -393,7 +451,8 @@ class MergeTable:
                 piece = SubwindowPartial.from_state_dict(raw)
                 view.pending.setdefault(piece.key, {})[piece.epoch] = piece
             views[view.replica] = view
-        dims = {(s.model, s.stream): s.dim for v in views.values() if v.manifest for s in v.manifest.streams}
+        dims = {key: s.dim for v in views.values() for key, (_, s) in v.streams.items()}
         with self._lock:
             self._replicas = views
             self._dims = dims
+            self._partitions = partitions

@@ -83,3 +83,40 @@ def test_an_absent_partials_topic_holds_no_manifests(broker: Broker, tmp_path: P
         assert reader.newest() == {}
     finally:
         reader.close()
+
+
+def test_a_seal_written_to_some_partitions_only_is_completed_on_the_others(broker: Broker, tmp_path: Path) -> None:
+    """A replica killed while sealing a publication: the reader names the partitions its newest
+    manifest is missing from, a publisher writes it there, and then nothing is missing."""
+    from monitor.scaleout.partials import StreamManifest
+    from monitor.scaleout.publisher import PartialsPublisher
+
+    partials = "resume-seals"
+    broker.create_topics(partials, partitions=3)
+    settings = load_settings(overrides=kafka_daemon_overrides(
+        broker, "resume-embeddings", "resume", tmp_path,
+        scale_out={"partials_topic": partials, "replica_id": "survivor", "publish_timeout_seconds": 10}))
+    streams = (StreamManifest("m", "s", 4, ((1, 7, 3),), partition=2),)
+    sealed = Manifest("victim", 7, "i", GEOMETRY, {("t", 0): 12}, streams)
+    older = Manifest("victim", 5, "i", GEOMETRY, {("t", 0): 9}, streams)
+    legacy = Manifest("old-build", 4, "j", GEOMETRY, {("t", 1): 3}, (StreamManifest("m", "s", 4, ((1, 4, 2),)),))
+    producer = broker.producer()
+    for manifest, partitions in ((older, (0, 1, 2)), (sealed, (0,)), (legacy, (1,))):
+        record = encode_manifest(manifest)
+        for partition in partitions:
+            producer.send(partials, key=record.key, value=record.value, headers=list(record.headers),
+                          partition=partition)
+    producer.flush()
+    producer.close()
+    reader = ManifestReader(settings, timeout=15)
+    publisher = PartialsPublisher(settings)
+    try:
+        newest = reader.newest()
+        assert newest is not None and newest["victim"].epoch == 7  # the offsets that count: it may be merged
+        missing = reader.incomplete()
+        assert [(r.value, partitions) for r, partitions in missing] == [(encode_manifest(sealed).value, [1, 2])]
+        assert publisher.complete_seal(*missing[0])
+        assert reader.newest() is not None and reader.incomplete() == []  # an older build's manifest is left
+    finally:
+        publisher.close()
+        reader.close()

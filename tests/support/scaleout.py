@@ -32,30 +32,42 @@ class MemoryProducer:
 
     sent: list[tuple[bytes, bytes | None, list[tuple[str, bytes]]]] = field(default_factory=list)
     fail: bool = False
+    partitions: tuple[int, ...] = (0,)
+    placed: list[int] = field(default_factory=list)  # the partition of each record in ``sent``
 
     def send(self, topic: str, key: bytes, value: bytes | None, headers: Any, partition: int) -> _Done:
         if self.fail:
             raise ConnectionError("broker unreachable")
         self.sent.append((key, value, list(headers)))
+        self.placed.append(partition)
         return _Done()
 
     def flush(self, timeout: float | None = None) -> None:
         pass
 
     def partitions_for(self, topic: str) -> set[int]:
-        return {0}
+        return set(self.partitions)
 
     def close(self, timeout: float | None = None) -> None:
         pass
 
     def take(self) -> list[tuple[bytes, bytes | None, list[tuple[str, bytes]]]]:
-        out, self.sent = self.sent, []
+        out, self.sent, self.placed = self.sent, [], []
+        return out
+
+    def take_by_partition(self) -> dict[int, list[tuple[bytes, bytes | None, list[tuple[str, bytes]]]]]:
+        """What was sent since the last take, per partition, in order."""
+        out: dict[int, list[tuple[bytes, bytes | None, list[tuple[str, bytes]]]]] = {p: [] for p in self.partitions}
+        for partition, record in zip(self.placed, self.sent, strict=True):
+            out[partition].append(record)
+        self.sent, self.placed = [], []
         return out
 
 
-def feed(table: MergeTable, records: Iterable[tuple[bytes, bytes | None, Any]], partition: int = 0) -> None:
+def feed(table: MergeTable, records: Iterable[tuple[bytes, bytes | None, Any]], partition: int = 0,
+         first_offset: int = 0) -> None:
     """Apply records of the partials topic to ``table`` as the reducer's intake does."""
-    for offset, (key, payload, headers) in enumerate(records):
+    for offset, (key, payload, headers) in enumerate(records, start=first_offset):
         table.offer_record(key, payload, headers, ("partials", partition, offset))
 
 

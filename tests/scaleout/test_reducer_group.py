@@ -1,0 +1,130 @@
+"""No single reducer: two reducer processes in a group share the streams, and one takes over when the other dies.
+
+Three replica processes consume a 3-partition embeddings topic carrying four streams; their
+partials go to a 2-partition partials topic, each stream's to one partition. Two reducer processes
+(``scale_out.reducer_group``) each own one partition, so each merges and exports two streams:
+every stream's gauges come from exactly one reducer, with exact counts. One reducer is SIGKILLed;
+the group gives its partition to the other, which rebuilds those streams from the partials topic
+and exports all four, with exact counts, within 60 s (the fail-over time is printed: it is bounded
+below by the group's session timeout and, on tansu, by ``max_poll_interval_ms``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from monitor.scaleout.partials import partition_of
+from tests.support import daemons
+from tests.support.broker import Broker
+from tests.support.daemons import QUICK_SESSION, DaemonProcess
+from tests.support.scaleout import WINDOW, replica
+from tests.support.scrape import scrape, value
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.broker
+
+STREAMS = ("s0", "s1", "s2", "s3")  # two on each partials partition
+DIM, ROWS, BATCHES = 16, 20, 6
+FAIL_OVER_LIMIT_SECONDS = 60
+
+
+def produce(broker: Broker, topic: str, seed: int) -> dict[str, int]:
+    """Binary batches of every stream over every partition; rows produced per stream."""
+    rng = np.random.default_rng(seed)
+    producer = broker.producer()
+    counts = dict.fromkeys(STREAMS, 0)
+    for i in range(BATCHES):
+        for stream in STREAMS:
+            block = rng.standard_normal((ROWS, DIM)).astype(np.float32) + STREAMS.index(stream)
+            producer.send(topic, block.tobytes(), partition=i % 3,
+                          headers=[("model", b"m"), ("dim", str(DIM).encode()), ("stream", stream.encode())])
+            counts[stream] += ROWS
+    producer.flush()
+    producer.close()
+    return counts
+
+
+def reducer_process(broker: Broker, topic: str, partials: str, state_dir: Path,
+                    log: Path) -> contextlib.AbstractContextManager[DaemonProcess]:
+    """``embedding-monitor run`` as a reducer of the group, its consumer leaving the group quickly when killed."""
+    env = {
+        "EMBMON_SCALE_OUT__ROLE": "reducer", "EMBMON_SCALE_OUT__PARTIALS_TOPIC": partials,
+        "EMBMON_SCALE_OUT__REDUCER_GROUP": f"{topic}-reducers", "EMBMON_DRIFT__ENABLED": "false",
+        "EMBMON_KAFKA__POLL_TIMEOUT_SECONDS": "0.2", "EMBMON_CHECKPOINT__INTERVAL_SECONDS": "1",
+        **{f"EMBMON_WINDOW__{k.upper()}": str(v) for k, v in WINDOW.items()},
+    }
+    return daemons.process(
+        "--bootstrap-servers", broker.bootstrap, "--embeddings-topic", topic, "--group-id", f"{topic}-replicas",
+        "--state-dir", str(state_dir), "--refresh-seconds", "0.3",
+        *[f"--kafka-option={k}={v}" for k, v in QUICK_SESSION.items()], log=log, env=env,
+    )
+
+
+def exported(port: int) -> dict[str, float]:
+    """The window records of every stream this reducer exports."""
+    samples = scrape(port)
+    return {s: n for s in STREAMS if (n := value(samples, "embmon_window_records", model="m", stream=s)) is not None}
+
+
+def owned(port: int) -> set[str]:
+    samples = scrape(port)
+    return {s for s in STREAMS if value(samples, "embmon_reducer_stream_owned", model="m", stream=s) == 1}
+
+
+@pytest.mark.slow
+def test_two_reducers_share_the_streams_and_one_takes_over(broker: Broker, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    topic, partials = "emb-group", "emb-group-partials"
+    broker.create_topics(topic, partitions=3)
+    broker.create_topics(partials, partitions=2)
+    assert sorted(partition_of("m", s, [0, 1]) for s in STREAMS) == [0, 0, 1, 1]
+    for key, setting in WINDOW.items():
+        monkeypatch.setenv(f"EMBMON_WINDOW__{key.upper()}", str(setting))
+    monkeypatch.setenv("EMBMON_SCALE_OUT__PARTIALS_TOPIC", partials)
+    monkeypatch.setenv("EMBMON_SCALE_OUT__ROLE", "replica")
+    with contextlib.ExitStack() as running:
+        replicas = [running.enter_context(replica(broker, topic, f"replica-{i}", tmp_path / f"r{i}",
+                                                  tmp_path / f"r{i}.log", group=f"{topic}-replicas"))
+                    for i in range(3)]
+        reducers = [running.enter_context(reducer_process(broker, topic, partials, tmp_path / f"reducer-{i}",
+                                                          tmp_path / f"reducer-{i}.log"))
+                    for i in range(2)]
+        expected = produce(broker, topic, seed=1)
+
+        def shared_exactly() -> bool:
+            views = [exported(r.port) for r in reducers]
+            return (all(len(v) == 2 for v in views) and set(views[0]) | set(views[1]) == set(STREAMS)
+                    and {**views[0], **views[1]} == expected)
+
+        wait_until(shared_exactly, timeout=120,
+                   message="each reducer exports two streams, every stream once, with exact counts")
+        assert [owned(r.port) for r in reducers] == [set(exported(r.port)) for r in reducers]
+        for r in reducers:
+            assert value(scrape(r.port), "embmon_reducer_partitions_owned") == 1
+            assert value(scrape(r.port), "embmon_reducer_replicas", state="live") == 3
+
+        victim, survivor = reducers
+        assert victim.kill() == -signal.SIGKILL
+        killed_at = time.monotonic()
+        wait_until(lambda: exported(survivor.port) == expected, timeout=FAIL_OVER_LIMIT_SECONDS + 30,
+                   message="the surviving reducer exports all four streams with exact counts")
+        fail_over = time.monotonic() - killed_at
+        print(f"reducer fail-over: all 4 streams exported, exact, {fail_over:.1f} s after the SIGKILL")
+        assert fail_over <= FAIL_OVER_LIMIT_SECONDS
+        assert owned(survivor.port) == set(STREAMS)
+
+        # the survivor keeps merging what the replicas publish next, still exactly
+        more = produce(broker, topic, seed=2)
+        expected = {s: n + more[s] for s, n in expected.items()}
+        wait_until(lambda: exported(survivor.port) == expected, timeout=90,
+                   message="the survivor's counts follow new records exactly")
+        samples = scrape(survivor.port)
+        assert value(samples, "embmon_reducer_partitions_owned") == 2
+        assert (value(samples, "embmon_reducer_rebalances_total") or 0) >= 1
+        assert all(p.returncode is None for p in replicas)

@@ -1,0 +1,184 @@
+"""Publications keyed by (model, stream), sealed on every partition: a reducer per partition holds its streams whole.
+
+A replica's publication puts each stream's partials on that stream's partition of the partials
+topic and then its manifest (the seal) on every partition. A reducer that reads some partitions
+holds exactly their streams, each at one publication; a seal that reached only some partitions
+(a replica killed while sealing) moves only those partitions' streams, until it is completed on the
+others; a partition given away takes its streams out. Without a broker: the publisher writes to an
+in-memory producer with two partitions, the tables read what each partition received.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from monitor.config import load_settings
+from monitor.decoding.records import EmbeddingBatch
+from monitor.scaleout.export import OwnedOnly, Ownership
+from monitor.scaleout.partials import MANIFEST, partition_of
+from monitor.scaleout.publisher import PartialsPublisher
+from monitor.scaleout.table import MergeTable
+from monitor.state.registry import StateRegistry
+from tests.support.scaleout import MemoryProducer, feed
+
+T0 = 2_000_000.0
+DIM = 6
+STREAMS = ("s0", "s1", "s2", "s3")  # s1, s3 on partition 0; s0, s2 on partition 1
+
+
+def settings(replica: str = "reducer"):  # type: ignore[no-untyped-def]
+    return load_settings(overrides={
+        "scale_out": {"replica_id": replica},
+        "window": {"seconds": 600, "subwindows": 6, "reservoir_size": 300},
+        "drift": {"window_sample_size": 100},
+    })
+
+
+class Replica:
+    def __init__(self, name: str, now: list[float]):
+        self.registry = StateRegistry(settings(name))
+        self.producer = MemoryProducer(partitions=(0, 1))
+        self.publisher = PartialsPublisher(settings(name), producer_factory=lambda: self.producer,
+                                           clock=lambda: now[0])
+
+    def add(self, rng: np.random.Generator, stream: str, rows: int, at: float) -> None:
+        x = rng.standard_normal((rows, DIM)).astype(np.float32) + STREAMS.index(stream)
+        self.registry.apply(EmbeddingBatch("m", stream, x), at)
+
+    def publish(self) -> dict[int, list]:  # type: ignore[type-arg]
+        self.publisher.stage(self.publisher.epochs.next(), {}, self.registry.state_dict()["streams"])
+        assert self.publisher.flush()
+        return self.producer.take_by_partition()
+
+
+def is_seal(record: tuple) -> bool:  # type: ignore[type-arg]
+    return dict(record[2]).get("embmon-kind") == MANIFEST.encode()
+
+
+def counts(table: MergeTable, at: float) -> dict[str, int]:
+    return {stream: w.records for (_, stream), w in table.snapshot_windows(at).items()}
+
+
+def fleet(now: list[float]) -> tuple[list[Replica], dict[str, int]]:
+    rng = np.random.default_rng(3)
+    replicas = [Replica(f"r{i}", now) for i in range(2)]
+    produced = dict.fromkeys(STREAMS, 0)
+    for i, replica in enumerate(replicas):
+        for j, stream in enumerate(STREAMS):
+            replica.add(rng, stream, 10 + 3 * i + j, T0 + 5)
+            produced[stream] += 10 + 3 * i + j
+    return replicas, produced
+
+
+def test_each_stream_on_its_partition_and_the_seal_on_every_one() -> None:
+    assert {s: partition_of("m", s, [0, 1]) for s in STREAMS} == {"s0": 1, "s1": 0, "s2": 1, "s3": 0}
+    now = [T0 + 10]
+    replicas, produced = fleet(now)
+    tables = {p: MergeTable(settings(), clock=lambda: now[0]) for p in (0, 1)}
+    both = MergeTable(settings(), clock=lambda: now[0])
+    for replica in replicas:
+        by_partition = replica.publish()
+        for partition, records in by_partition.items():
+            assert is_seal(records[-1]) and sum(map(is_seal, records)) == 1  # the seal last, once per partition
+            feed(tables[partition], records, partition)
+            feed(both, records, partition)
+    assert counts(tables[0], now[0]) == {"s1": produced["s1"], "s3": produced["s3"]}
+    assert counts(tables[1], now[0]) == {"s0": produced["s0"], "s2": produced["s2"]}
+    assert counts(both, now[0]) == produced  # a single reducer reading both partitions holds everything
+    # every seal lists every stream with its partition: a reducer knows where the others are
+    assert tables[0].stream_partitions() == {("m", s): partition_of("m", s, [0, 1]) for s in STREAMS}
+
+
+def test_a_seal_missing_on_one_partition_moves_only_the_others_until_completed() -> None:
+    now = [T0 + 10]
+    rng = np.random.default_rng(4)
+    replica = Replica("r0", now)
+    for stream in STREAMS:
+        replica.add(rng, stream, 7, T0 + 5)
+    table = MergeTable(settings(), clock=lambda: now[0])
+    offsets = {0: 0, 1: 0}
+
+    def deliver(records: list, partition: int) -> None:  # type: ignore[type-arg]
+        feed(table, records, partition, first_offset=offsets[partition])
+        offsets[partition] += len(records)
+
+    for partition, records in replica.publish().items():
+        deliver(records, partition)
+    assert counts(table, now[0]) == dict.fromkeys(STREAMS, 7)
+    for stream in STREAMS:
+        replica.add(rng, stream, 5, T0 + 8)
+    second = replica.publish()
+    seal = second[0][-1]
+    # killed while sealing: partition 1 got its partials, not its seal
+    deliver(second[0], 0)
+    deliver([r for r in second[1] if not is_seal(r)], 1)
+    assert counts(table, now[0]) == {"s1": 12, "s3": 12, "s0": 7, "s2": 7}
+    # another replica completes the seal on partition 1 (ReplicaRole.complete_seals): now all of it
+    deliver([seal], 1)
+    assert counts(table, now[0]) == dict.fromkeys(STREAMS, 12)
+    # reading the seal again changes nothing
+    deliver([seal], 1)
+    assert counts(table, now[0]) == dict.fromkeys(STREAMS, 12)
+    assert table.status(now[0]).ignored.get("duplicate", 0) >= 1
+
+
+def test_a_released_partition_takes_its_streams_out_and_a_checkpoint_keeps_the_rest() -> None:
+    now = [T0 + 10]
+    replicas, produced = fleet(now)
+    table = MergeTable(settings(), clock=lambda: now[0])
+    for replica in replicas:
+        for partition, records in replica.publish().items():
+            feed(table, records, partition)
+    table.release({1})
+    assert counts(table, now[0]) == {"s1": produced["s1"], "s3": produced["s3"]}
+    restored = MergeTable(settings(), clock=lambda: now[0])
+    restored.load_state_dict(table.state_dict())
+    assert counts(restored, now[0]) == counts(table, now[0])
+    assert restored.stream_partitions() == table.stream_partitions()
+    # a checkpoint written before seals (one manifest per replica, no partitions) still loads
+    legacy = table.state_dict()
+    for entry in legacy["streams"]:
+        (_partition, manifest), = entry.pop("sealed")[:1]
+        for s in manifest["streams"]:
+            s.pop("partition")
+        entry["manifest"] = manifest
+    old = MergeTable(settings(), clock=lambda: now[0])
+    old.load_state_dict(legacy)
+    assert counts(old, now[0]) == counts(table, now[0])
+
+
+class _Families(Collector):
+    def collect(self):  # type: ignore[no-untyped-def]
+        per_stream = GaugeMetricFamily("embmon_window_records", "records", labels=["model", "stream"])
+        for stream in STREAMS:
+            per_stream.add_metric(["m", stream], 1.0)
+        per_model = GaugeMetricFamily("embmon_interactions", "events", labels=["model"])
+        per_model.add_metric(["m"], 1.0)
+        yield per_stream
+        yield per_model
+        yield GaugeMetricFamily("embmon_build", "no labels", value=1.0)
+
+
+def test_a_reducer_of_a_group_exports_only_its_streams_and_the_models_whose_first_stream_it_owns() -> None:
+    now = [T0 + 10]
+    replicas, _ = fleet(now)
+    table = MergeTable(settings(), clock=lambda: now[0])
+    for records in replicas[0].publish().values():
+        feed(table, records[-1:])  # the seals say where every stream is
+    table_partitions = table.stream_partitions()
+    assert set(table_partitions) == {("m", s) for s in STREAMS}
+
+    def exported(owned: set[int] | None) -> dict[str, set[tuple[str, ...]]]:
+        collector = OwnedOnly(_Families(), Ownership(table, lambda: owned, lambda: owned or set()))
+        return {f.name: {tuple(s.labels.values()) for s in f.samples} for f in collector.collect()}
+
+    mine = exported({0})
+    assert mine["embmon_window_records"] == {("m", "s1"), ("m", "s3")}
+    assert mine["embmon_interactions"] == set()  # model m's first stream, s0, is on partition 1
+    assert mine["embmon_build"] == {()}
+    theirs = exported({1})
+    assert theirs["embmon_window_records"] == {("m", "s0"), ("m", "s2")}
+    assert theirs["embmon_interactions"] == {("m",)}
+    assert exported(None)["embmon_window_records"] == {("m", s) for s in STREAMS}
