@@ -6,8 +6,8 @@ They read counters and immutable snapshots only; names, HELP texts and labels co
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -44,15 +44,33 @@ class PublisherCollector(Collector):
         yield last
 
 
+def probe_home(spec: Any) -> tuple[str, str] | None:
+    """The (model, stream) whose merged window a probe reads (None: it reads interactions only).
+
+    An agreement probe reads two windows: its home is the candidate's (its ``model`` label); the
+    reference's must be owned by the same reducer in a group (docs/deployment.md).
+    """
+    if spec.kind == "ann_recall":
+        return (spec.model, spec.stream)
+    if spec.kind == "golden" and getattr(spec.retriever, "kind", None) == "knn":
+        return (spec.model, spec.retriever.stream)
+    if spec.kind == "agreement":
+        return (spec.candidate.model, spec.candidate.stream)
+    return None
+
+
 class Ownership:
-    """Which streams and models this reducer exports: every one, or in a group the streams whose
-    partials are on its partitions, and the models whose first stream (by name) is one of them."""
+    """Which streams, models and probes this reducer exports: every one, or in a group the streams
+    whose partials are on its partitions, the models whose first stream (by name) is one of them,
+    and the probes whose window (:func:`probe_home`) is one of them (a probe that reads no window:
+    its per-model numbers by the model's owner, its run counters by the owner of the first stream)."""
 
     def __init__(self, table: MergeTable, owned_partitions: Callable[[], set[int] | None],
-                 read_partitions: Callable[[], set[int]]):
+                 read_partitions: Callable[[], set[int]], probe_homes: Mapping[str, tuple[str, str] | None]):
         self._table = table
         self._owned_partitions = owned_partitions
         self.partitions = read_partitions
+        self._probe_homes = dict(probe_homes)
 
     def streams(self) -> set[tuple[str, str]] | None:
         """The streams this reducer owns (None: all of them, a single reducer)."""
@@ -61,19 +79,31 @@ class Ownership:
             return None
         return {key for key, partition in self._table.stream_partitions().items() if partition in owned}
 
+    def runs_probe(self, name: str) -> bool:
+        """Whether this reducer runs the probe (one that reads a window: where the window is)."""
+        streams = self.streams()
+        home = self._probe_homes.get(name)
+        return streams is None or home is None or home in streams
+
     def keep(self) -> Callable[[dict[str, str]], bool]:
         """A predicate on a sample's labels: exported here or not."""
         streams = self.streams()
         if streams is None:
             return lambda labels: True
+        known = sorted(self._table.stream_partitions())
         first: dict[str, str] = {}
-        for model, stream in sorted(self._table.stream_partitions()):
+        for model, stream in known:
             first.setdefault(model, stream)
         models = {model for model, stream in first.items() if (model, stream) in streams}
+        leader = bool(known) and known[0] in streams
+        homes = self._probe_homes
 
         def keep(labels: dict[str, str]) -> bool:
+            home = homes.get(labels.get("probe", ""))
+            if home is not None:
+                return home in streams
             if "model" not in labels:
-                return True
+                return leader if "probe" in labels else True
             if "stream" in labels:
                 return (labels["model"], labels["stream"]) in streams
             return labels["model"] in models

@@ -44,7 +44,7 @@ from monitor.daemon.status import DaemonStatus, StreamCounts
 from monitor.decoding.decoder import Decoder
 from monitor.scaleout.canaries import ReducerCanaries, for_reducer
 from monitor.scaleout.detectors import SubwindowDetectors, subwindow_detectors
-from monitor.scaleout.export import OwnedOnly, Ownership, ReducerCollector
+from monitor.scaleout.export import OwnedOnly, Ownership, ReducerCollector, probe_home
 from monitor.scaleout.intake import PartialsReader
 from monitor.scaleout.table import MergeTable
 from monitor.server.collector import ComponentCollector, CoreCollector, OperationsCollector
@@ -136,11 +136,17 @@ class Reducer(Daemon):
             started_at=time.time(), wall_clock=time.time, rejected_files=self.context.rejected_files,
         )
         # in a group, every global gauge is exported by the reducer that owns its stream (or model)
-        ownership = Ownership(self.table, self.intake.owned_partitions, self.intake.read_partitions)
+        ownership = Ownership(self.table, self.intake.owned_partitions, self.intake.read_partitions,
+                              {spec.name: probe_home(spec) for spec in settings.probes.all_probes()})
         core: Collector = CoreCollector(self.status)
         components: Collector = ComponentCollector(self.components, self.errors)
         if settings.scale_out.reducer_group is not None:
             core, components = OwnedOnly(core, ownership), OwnedOnly(components, ownership)
+            from monitor.retrieval.probes.component import ProbeComponent
+
+            for component in self.components:
+                if isinstance(component, ProbeComponent):  # a probe runs where its window is
+                    component.runs_here = ownership.runs_probe
         for collector in (core, components, OperationsCollector(self.status),
                           ReducerCollector(self.table, time.time, ownership, lambda: self.intake.rebalances)):
             self.metrics_registry.register(collector)

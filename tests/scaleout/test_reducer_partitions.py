@@ -156,12 +156,19 @@ class _Families(Collector):
             per_stream.add_metric(["m", stream], 1.0)
         per_model = GaugeMetricFamily("embmon_interactions", "events", labels=["model"])
         per_model.add_metric(["m"], 1.0)
+        estimates = GaugeMetricFamily("embmon_retrieval_mrr", "estimates", labels=["probe", "model"])
+        runs = GaugeMetricFamily("embmon_probe_runs", "runs", labels=["probe"])
+        for probe in ("ann", "clicks"):
+            estimates.add_metric([probe, "m"], 1.0)
+            runs.add_metric([probe], 1.0)
         yield per_stream
         yield per_model
+        yield estimates
+        yield runs
         yield GaugeMetricFamily("embmon_build", "no labels", value=1.0)
 
 
-def test_a_reducer_of_a_group_exports_only_its_streams_and_the_models_whose_first_stream_it_owns() -> None:
+def test_a_reducer_of_a_group_exports_only_its_streams_models_and_probes() -> None:
     now = [T0 + 10]
     replicas, _ = fleet(now)
     table = MergeTable(settings(), clock=lambda: now[0])
@@ -170,15 +177,45 @@ def test_a_reducer_of_a_group_exports_only_its_streams_and_the_models_whose_firs
     table_partitions = table.stream_partitions()
     assert set(table_partitions) == {("m", s) for s in STREAMS}
 
+    # "ann" reads the window of m/s3 (partition 0); "clicks" reads interactions only
+    homes = {"ann": ("m", "s3"), "clicks": None}
+
+    def ownership(owned: set[int] | None) -> Ownership:
+        return Ownership(table, lambda: owned, lambda: owned or set(), homes)
+
     def exported(owned: set[int] | None) -> dict[str, set[tuple[str, ...]]]:
-        collector = OwnedOnly(_Families(), Ownership(table, lambda: owned, lambda: owned or set()))
+        collector = OwnedOnly(_Families(), ownership(owned))
         return {f.name: {tuple(s.labels.values()) for s in f.samples} for f in collector.collect()}
 
     mine = exported({0})
     assert mine["embmon_window_records"] == {("m", "s1"), ("m", "s3")}
     assert mine["embmon_interactions"] == set()  # model m's first stream, s0, is on partition 1
+    assert mine["embmon_retrieval_mrr"] == {("ann", "m")}  # where its window is
+    assert mine["embmon_probe_runs"] == {("ann",)}
     assert mine["embmon_build"] == {()}
     theirs = exported({1})
     assert theirs["embmon_window_records"] == {("m", "s0"), ("m", "s2")}
     assert theirs["embmon_interactions"] == {("m",)}
-    assert exported(None)["embmon_window_records"] == {("m", s) for s in STREAMS}
+    assert theirs["embmon_retrieval_mrr"] == {("clicks", "m")}  # model m's owner
+    assert theirs["embmon_probe_runs"] == {("clicks",)}  # the owner of the first stream, m/s0
+    everything = exported(None)
+    assert everything["embmon_window_records"] == {("m", s) for s in STREAMS}
+    assert everything["embmon_probe_runs"] == {("ann",), ("clicks",)}
+    # a probe runs where its window is; one without a window runs everywhere
+    assert [ownership({0}).runs_probe(p) for p in homes] == [True, True]
+    assert [ownership({1}).runs_probe(p) for p in homes] == [False, True]
+    assert ownership(None).runs_probe("ann")
+
+
+def test_a_probe_is_at_home_where_the_window_it_reads_is() -> None:
+    from monitor.retrieval.settings import ProbeSettings
+    from monitor.scaleout.export import probe_home
+
+    probes = ProbeSettings.model_validate({
+        "ann_recall": [{"name": "ann", "model": "m", "stream": "s2"}],
+        "clicks": [{"name": "clicks", "model": "m"}],
+        "agreement": [{"name": "agree", "reference": {"model": "a", "stream": "x"},
+                       "candidate": {"model": "b", "stream": "y"}}],
+    })
+    assert {p.name: probe_home(p) for p in probes.all_probes()} == {
+        "ann": ("m", "s2"), "clicks": None, "agree": ("b", "y")}

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +83,9 @@ class ProbeComponent(Component):
             last_success=dict.fromkeys(self.probes, started),
         )
         self._log = RateLimitedLog(logger, interval=60.0)
+        # whether a scheduled run of the probe happens in this process (a reducer of a group runs
+        # a probe where the window it reads is: monitor/scaleout/export.py)
+        self.runs_here: Callable[[str], bool] = lambda name: True
 
     # ------------------------------------------------------------------ hooks (ingest thread)
     def on_embeddings(self, batch: EmbeddingBatch, now: float) -> None:
@@ -109,7 +112,8 @@ class ProbeComponent(Component):
         ]
 
     def _job(self, name: str) -> None:
-        self.run_probe(name)
+        if self.runs_here(name):
+            self.run_probe(name)
 
     def run_probe(self, name: str) -> ProbeResult | None:
         """Run one probe now, count its outcome and publish; re-raise a failure (see the module doc)."""
