@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from monitor.config import Settings
+from monitor.daemon import failpoints
 from monitor.daemon.counters import Tally
 from monitor.logs import RateLimitedLog
 from monitor.scaleout.partials import (
@@ -201,11 +202,16 @@ class PartialsPublisher:
         self._deliver(producer, [(r, where[r.stream]) for r in publication.records if r.stream is not None])
         manifest = publication.manifest
         streams = tuple(replace(s, partition=partition_of(s.model, s.stream, partitions)) for s in manifest.streams)
-        self.seal(producer, encode_manifest(replace(manifest, streams=streams)), partitions)
+        seal = encode_manifest(replace(manifest, streams=streams))
+        self.seal(producer, seal, partitions[:1])
+        if self.sent is None or publication.offsets != self.sent.offsets:  # only when it binds new records
+            failpoints.reach("replica-sealing")  # tests: killed with the seal on the first partition only
+        self.seal(producer, seal, partitions[1:])
 
     def seal(self, producer: Any, record: Record, partitions: Sequence[int]) -> None:
         """Write one manifest to each of ``partitions`` and wait for the broker."""
-        self._deliver(producer, [(record, p) for p in partitions])
+        if partitions:
+            self._deliver(producer, [(record, p) for p in partitions])
 
     def complete_seal(self, record: Record, partitions: Sequence[int]) -> bool:
         """Write a manifest (another replica's, killed while sealing it) where it is missing; False

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-import time
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -26,7 +26,15 @@ from tests.support import daemons
 from tests.support.broker import Broker
 from tests.support.logs import tracebacks
 from tests.support.producers import KnownSequence
-from tests.support.scaleout import EXACT, exact_counts_in, replica, scaled_settings, wait_for_exact_counts
+from tests.support.scaleout import (
+    EXACT,
+    exact_counts_in,
+    produced,
+    replica,
+    scaled_settings,
+    wait_for_exact_counts,
+    wait_for_further_publications,
+)
 from tests.support.scrape import scrape, value
 from tests.support.waiting import wait_until
 
@@ -77,15 +85,11 @@ def test_a_replica_killed_between_publication_and_commit_leaves_the_reducer_exac
                                                  GROUP))
             wait_until(lambda: "the partials topic holds our epoch" in back.output(), timeout=60,
                        message="the victim restoring its newest published checkpoint")
-        producer.join(timeout=90)
-        assert producer.error is None
-        expected = {"bin": producer.MESSAGES * 20, "json": producer.MESSAGES}
+        expected = produced(producer)
         wait_for_exact_counts(reducer.http.port, expected)
         wait_until(lambda: exact_counts_in(scrape(single.port), expected), timeout=60,
                    message="the single daemon counted everything")
-        settled = reducer.table.status(time.time()).applied.get("manifest", 0)
-        wait_until(lambda: reducer.table.status(time.time()).applied.get("manifest", 0) >= settled + 10,
-                   timeout=60, message="further publications")
+        wait_for_further_publications(reducer)
         samples, one = scrape(reducer.http.port), scrape(single.port)
         survivor_log = survivor.output()
 
@@ -107,3 +111,35 @@ def test_a_replica_killed_between_publication_and_commit_leaves_the_reducer_exac
             assert got == pytest.approx(getattr(want, name), rel=1e-9, abs=1e-12), (model, name)
     # the dead replica's publication stays merged (stale once it is old, never dropped before its window)
     assert sum(value(samples, "embmon_reducer_replicas", state=s) or 0 for s in ("live", "stale")) == 2
+
+
+@pytest.mark.slow
+def test_a_replica_killed_while_sealing_leaves_the_reducer_exact(broker: Broker, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed with its publication's seal on partition 0 only (both streams' partials are on
+    partition 1, acknowledged), never restarted: the survivor resumes after that publication and
+    writes its seal to partition 1 (``ReplicaRole.complete_seals``), so the reducer holds it whole;
+    without that, the records between the victim's last two publications would be missing."""
+    topic, group = "emb-scaled-sealing", f"{GROUP}-sealing"
+    settings = scaled_settings(monkeypatch, broker, topic, group, tmp_path)
+    with contextlib.ExitStack() as running:
+        reducer = running.enter_context(daemons.reducer(settings))
+        producer = running.enter_context(KnownSequence(broker, topic))
+        victim = running.enter_context(replica(broker, topic, "replica-a", tmp_path / "a", tmp_path / "a.log", group,
+                                               env={"EMBMON_FAILPOINT": "replica-sealing@5"}))
+        try:
+            assert victim.wait(timeout=90) == failpoints.EXIT_STATUS  # sealed on partition 0, then died
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the victim did not reach its fail point:\n{victim.output()[-3000:]}") from None
+        assert producer.is_alive()
+        survivor = running.enter_context(replica(broker, topic, "replica-b", tmp_path / "b", tmp_path / "b.log",
+                                                 group))
+        wait_until(lambda: "completed a publication's seal on partitions [1]" in survivor.output(), timeout=60,
+                   message="the survivor completing the victim's seal")
+        expected = produced(producer)
+        wait_for_exact_counts(reducer.http.port, expected)
+        wait_for_further_publications(reducer)
+        samples = scrape(reducer.http.port)
+        survivor_log = survivor.output()
+    assert exact_counts_in(samples, expected)
+    assert not tracebacks(survivor_log)

@@ -28,7 +28,15 @@ from tests.support import daemons
 from tests.support.broker import CLIENTS, Broker
 from tests.support.logs import tracebacks
 from tests.support.producers import KnownSequence
-from tests.support.scaleout import EXACT, exact_counts_in, replica, scaled_settings, wait_for_exact_counts
+from tests.support.scaleout import (
+    EXACT,
+    exact_counts_in,
+    produced,
+    replica,
+    scaled_settings,
+    wait_for_exact_counts,
+    wait_for_further_publications,
+)
 from tests.support.scrape import scrape, value
 from tests.support.waiting import wait_until
 
@@ -66,15 +74,11 @@ def test_a_replica_killed_mid_stream_leaves_the_reducer_exact(broker: Broker, tm
         logs.append(tmp_path / "a-final.log")
         victim = running.enter_context(replica(broker, topic, "replica-a", tmp_path / "a", logs[-1],
                                                group=f"crash-scaled-{client}", client=client))
-        producer.join(timeout=90)
-        assert producer.error is None
-        expected = {"bin": producer.MESSAGES * 20, "json": producer.MESSAGES}
+        expected = produced(producer)
 
         wait_for_exact_counts(reducer.http.port, expected)
         # both replicas keep publishing: a doubled or lost publication would show within a few cycles
-        settled = reducer.table.status(time.time()).applied.get("manifest", 0)
-        wait_until(lambda: reducer.table.status(time.time()).applied.get("manifest", 0) >= settled + 10,
-                   timeout=60, message="further publications")
+        wait_for_further_publications(reducer)
         samples = scrape(reducer.http.port)
         # the replicas' own ingest counters (checkpointed with their state) add up exactly too
         invalid = [value(scrape(port), "embmon_records_invalid_total", stream="default", reason="bad_binary") or 0
@@ -124,14 +128,10 @@ def test_a_replica_killed_between_its_commit_and_its_marker_loses_nothing(broker
         wait_until(lambda: value(scrape(steady.port), "embmon_records_total", model="bin", stream="default"),
                    timeout=60, message="the steady replica consuming from the victim's offsets")
         running.enter_context(replica(broker, topic, "replica-a", tmp_path / "a", tmp_path / "a-1.log", GAP_GROUP))
-        producer.join(timeout=90)
-        assert producer.error is None
-        expected = {"bin": producer.MESSAGES * 20, "json": producer.MESSAGES}
+        expected = produced(producer)
         wait_until(lambda: exact_counts_in(scrape(reducer.http.port), expected), timeout=120,
                    message="the reducer's counts reach what was produced")
-        settled = reducer.table.status(time.time()).applied.get("manifest", 0)
-        wait_until(lambda: reducer.table.status(time.time()).applied.get("manifest", 0) >= settled + 10,
-                   timeout=60, message="further publications")
+        wait_for_further_publications(reducer)
         samples = scrape(reducer.http.port)
     assert exact_counts_in(samples, expected)
     restart_log = (tmp_path / "a-1.log").read_text()

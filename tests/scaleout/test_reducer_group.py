@@ -6,7 +6,9 @@ partials go to a 2-partition partials topic, each stream's to one partition. Two
 every stream's gauges come from exactly one reducer, with exact counts. One reducer is SIGKILLed;
 the group gives its partition to the other, which rebuilds those streams from the partials topic
 and exports all four, with exact counts, within 60 s (the fail-over time is printed: it is bounded
-below by the group's session timeout and, on tansu, by ``max_poll_interval_ms``).
+below by the group's session timeout and, on tansu, by ``max_poll_interval_ms``). Before and after
+the kill, every exact window gauge each reducer exports equals a single daemon's that read the same
+topic, to 1e-9 relative (the largest relative difference per gauge is printed).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from monitor.scaleout.partials import partition_of
 from tests.support import daemons
 from tests.support.broker import Broker
 from tests.support.daemons import QUICK_SESSION, DaemonProcess
-from tests.support.scaleout import WINDOW, replica
+from tests.support.scaleout import EXACT, WINDOW, replica
 from tests.support.scrape import scrape, value
 from tests.support.waiting import wait_until
 
@@ -72,6 +74,19 @@ def exported(port: int) -> dict[str, float]:
     return {s: n for s in STREAMS if (n := value(samples, "embmon_window_records", model="m", stream=s)) is not None}
 
 
+def differences(port: int, single: int, streams: set[str], worst: dict[str, float]) -> None:
+    """Every exact gauge of ``streams`` on this reducer against the single daemon's: equal to 1e-9
+    relative; ``worst`` keeps the largest relative difference per gauge."""
+    got, want = scrape(port), scrape(single)
+    for stream in sorted(streams):
+        for name in EXACT:
+            a = value(got, f"embmon_{name}", model="m", stream=stream)
+            b = value(want, f"embmon_{name}", model="m", stream=stream)
+            assert a is not None and b is not None, (stream, name)
+            assert a == pytest.approx(b, rel=1e-9, abs=1e-12), (stream, name)
+            worst[name] = max(worst.get(name, 0.0), abs(a - b) / max(abs(b), 1e-300))
+
+
 def owned(port: int) -> set[str]:
     samples = scrape(port)
     return {s for s in STREAMS if value(samples, "embmon_reducer_stream_owned", model="m", stream=s) == 1}
@@ -95,6 +110,9 @@ def test_two_reducers_share_the_streams_and_one_takes_over(broker: Broker, tmp_p
         reducers = [running.enter_context(reducer_process(broker, topic, partials, tmp_path / f"reducer-{i}",
                                                           tmp_path / f"reducer-{i}.log"))
                     for i in range(2)]
+        single = running.enter_context(daemons.crash_tested(broker, topic, f"{topic}-single", tmp_path / "single",
+                                                            tmp_path / "single.log",
+                                                            env={"EMBMON_SCALE_OUT__ROLE": "single"}))
         expected = produce(broker, topic, seed=1)
 
         def shared_exactly() -> bool:
@@ -105,6 +123,10 @@ def test_two_reducers_share_the_streams_and_one_takes_over(broker: Broker, tmp_p
         wait_until(shared_exactly, timeout=120,
                    message="each reducer exports two streams, every stream once, with exact counts")
         assert [owned(r.port) for r in reducers] == [set(exported(r.port)) for r in reducers]
+        worst: dict[str, float] = {}
+        wait_until(lambda: exported(single.port) == expected, timeout=60, message="the single daemon counted all")
+        for r in reducers:
+            differences(r.port, single.port, set(exported(r.port)), worst)
         for r in reducers:
             assert value(scrape(r.port), "embmon_reducer_partitions_owned") == 1
             assert value(scrape(r.port), "embmon_reducer_replicas", state="live") == 3
@@ -124,6 +146,10 @@ def test_two_reducers_share_the_streams_and_one_takes_over(broker: Broker, tmp_p
         expected = {s: n + more[s] for s, n in expected.items()}
         wait_until(lambda: exported(survivor.port) == expected, timeout=90,
                    message="the survivor's counts follow new records exactly")
+        wait_until(lambda: exported(single.port) == expected, timeout=60, message="the single daemon counted all")
+        differences(survivor.port, single.port, set(STREAMS), worst)
+        print("largest relative difference per gauge, reducers vs single daemon: "
+              + ", ".join(f"{name} {d:.1e}" for name, d in sorted(worst.items())))
         samples = scrape(survivor.port)
         assert value(samples, "embmon_reducer_partitions_owned") == 2
         assert (value(samples, "embmon_reducer_rebalances_total") or 0) >= 1

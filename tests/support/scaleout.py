@@ -3,6 +3,7 @@ replica processes with their reducer on the real broker (the crash and publish-g
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -125,6 +126,20 @@ def wait_for_exact_counts(port: int, expected: dict[str, int], timeout: float = 
         wait_until(exact_counts, timeout=timeout, message="the reducer's counts reach what was produced")
     except AssertionError as exc:
         raise AssertionError(f"{exc}; produced {expected}, the reducer's window last held {seen}") from None
+
+
+def produced(producer: Any) -> dict[str, int]:
+    """What the crash tests' producer (``KnownSequence``) wrote per model, once it is done."""
+    producer.join(timeout=90)
+    assert producer.error is None
+    return {"bin": producer.MESSAGES * 20, "json": producer.MESSAGES}
+
+
+def wait_for_further_publications(reducer: Reducer, count: int = 10) -> None:
+    """Until the reducer applied ``count`` more manifests: a doubled or lost publication would show."""
+    settled = reducer.table.status(time.time()).applied.get("manifest", 0)
+    wait_until(lambda: reducer.table.status(time.time()).applied.get("manifest", 0) >= settled + count,
+               timeout=60, message="further publications")
 
 
 # ---------------------------------------------------------------- a reducer without broker
