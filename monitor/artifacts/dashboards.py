@@ -384,12 +384,12 @@ def monitor_health(rules: RuleSet) -> dict[str, Any]:
 
 
 def _scale_out_panels() -> list[Panel | Row]:
-    """Replicas publishing their partial state, the reducer merging it (empty for a single daemon)."""
+    """Replicas publishing their partial state, the reducers merging it (empty for a single daemon)."""
     def rate(metric: str, by: str) -> str:
         return f"sum by ({by}) (rate({m(metric)}[$__rate_interval]))"
 
     return [
-        Row("Scale-out: replicas and the reducer"),
+        Row("Scale-out: replicas and reducers"),
         Panel("Replica publication age", "s",
               [Target(f"time() - max by (instance) ({m('embmon_partials_last_publish_timestamp_seconds')})",
                       "{{instance}}")],
@@ -427,6 +427,23 @@ def _scale_out_panels() -> list[Panel | Row]:
               "its older state stays merged until it leaves the window.",
               min=0, max=1, mappings=[{"type": "value", "options": {
                   "0": {"text": "LIVE", "color": "green"}, "1": {"text": "STALE", "color": "red"}}}]),
+        Panel("Streams per reducer", "short",
+              [Target(f"count by (instance) ({_ms('embmon_reducer_stream_owned')})", "{{instance}}"),
+               Target(f"max by (instance) ({m('embmon_reducer_partitions_owned')})", "{{instance}} partitions")],
+              "Streams and partials partitions each reducer merges and exports; a group shares them, and "
+              "after a reducer dies the others take its partitions over (runbook: Reducer fail-over).",
+              width=8, min=0),
+        Panel("Reducer rebalances", "short",
+              [Target(f"sum by (instance) (increase({m('embmon_reducer_rebalances_total')}[$__rate_interval]))",
+                      "{{instance}}")],
+              "Changes of the partials partitions each reducer owns: a reducer joined, left or died. A steady "
+              "rate means reducers restart or fall out of the group.", width=8, min=0),
+        Panel("Which reducer exports which stream", "none",
+              [Target(f"max by (model, stream, instance) ({_ms('embmon_reducer_stream_owned')})",
+                      "{{model}} {{stream}} {{instance}}", instant=True)],
+              "One row per (model, stream) and the reducer that owns it; a stream on two rows is exported twice "
+              "(alert: EmbeddingMonitorStreamMergedTwice), one ingested and on no row is not merged "
+              "(alert: EmbeddingMonitorStreamNotMerged).", kind="table", width=8),
     ]
 
 

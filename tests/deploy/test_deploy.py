@@ -36,8 +36,9 @@ def test_the_expected_manifests_exist() -> None:
                             # sidecar-native.yaml: the sidecar's ConfigMap and Deployment, native form
                             "ConfigMap", "Deployment",
                             "PodMonitor", "ServiceMonitor", "PrometheusRule", "ConfigMap",
-                            # scaled.yaml: replicas + reducer (tests/deploy/test_scaled.py)
-                            "ConfigMap", "Service", "StatefulSet", "StatefulSet", "PodDisruptionBudget"])
+                            # scaled.yaml: replicas + reducers (tests/deploy/test_scaled.py)
+                            "ConfigMap", "Service", "StatefulSet", "StatefulSet", "PodDisruptionBudget",
+                            "PodDisruptionBudget"])
 
 
 @pytest.mark.parametrize(("path", "doc"), [(p, d) for p, d in documents() if d["kind"] not in CRD_KINDS],

@@ -1,4 +1,4 @@
-"""deploy/kubernetes/scaled.yaml: N replicas plus one reducer that fit together and with the monitors.
+"""deploy/kubernetes/scaled.yaml: N replicas plus a group of reducers that fit together and with the monitors.
 
 Schema validation (kubernetes-validate, strict) and the pod hardening checks run on these
 manifests in tests/deploy/test_deploy.py like on every other; here: what makes the scaled deployment work.
@@ -57,7 +57,10 @@ def test_each_workload_runs_its_role_from_the_shared_config(role: str, tmp_path:
         assert "EMBMON_SCALE_OUT__REPLICA_ID" not in env  # the pod name: stable across restarts, unique
     else:
         reducer_settings(settings)
-        assert sts["spec"]["replicas"] == 1  # the only exporter of the global gauges
+        # a group of reducers: each exports its streams, the others take them over when it dies
+        assert sts["spec"]["replicas"] >= 2 and settings.scale_out.reducer_group
+        assert settings.scale_out.reducer_group != settings.kafka.group_id
+        assert sts["spec"]["volumeClaimTemplates"]  # a checkpoint each
 
 
 def test_the_service_monitor_scrapes_replicas_and_reducer_under_the_alerts_job() -> None:
@@ -87,5 +90,7 @@ def test_the_two_workloads_do_not_select_each_others_pods() -> None:
         not reducer["spec"]["selector"]["matchLabels"].items()
         <= replica["spec"]["template"]["metadata"]["labels"].items()
     )
-    pdb = objects()[("PodDisruptionBudget", "embedding-monitor-replica")]
-    assert pdb["spec"]["selector"]["matchLabels"] == replica["spec"]["selector"]["matchLabels"]
+    for role in ("replica", "reducer"):  # one pod of each at a time: the others take its partitions over
+        pdb = objects()[("PodDisruptionBudget", f"embedding-monitor-{role}")]
+        assert pdb["spec"]["selector"]["matchLabels"] == workload(role)["spec"]["selector"]["matchLabels"]
+        assert pdb["spec"]["maxUnavailable"] == 1

@@ -1,15 +1,21 @@
-"""Scale-out alerts: replicas publishing their partial state, one reducer merging it (docs/deployment.md).
+"""Scale-out alerts: replicas publishing their partial state, reducers merging it (docs/deployment.md).
 
 A single daemon exports none of the series these read, so none of them can fire there. Replicas
-export ``embmon_partials_*`` and the reducer ``embmon_reducer_*`` under the same ``job`` (the
+export ``embmon_partials_*`` and the reducers ``embmon_reducer_*`` under the same ``job`` (the
 shipped ServiceMonitor scrapes both), which is how ``EmbeddingMonitorReducerNotMerging`` tells
-"replicas publish, and no reducer applies what they publish", with the reducer down or absent.
+"replicas publish, and no reducer applies what they publish", with every reducer down or absent.
+With a group of reducers each (model, stream) is exported by the one that owns it
+(``embmon_reducer_stream_owned``): ``EmbeddingMonitorStreamNotMerged`` fires when replicas ingest a
+stream no reducer exports (its reducer died and no other took its partition over), and
+``EmbeddingMonitorStreamMergedTwice`` when two reducers export one stream (two single reducers, or
+reducers in different groups: every gauge of it twice). The replica alerts read ``max by
+(replica)`` over reducers: every reducer reads every replica's seals.
 """
 
 from __future__ import annotations
 
 from monitor.artifacts.catalog import m
-from monitor.artifacts.rules.model import PREFIX, Alert, Condition, Scenario, ScenarioBuilder, Series
+from monitor.artifacts.rules.model import MODEL_STREAM, PREFIX, Alert, Condition, Scenario, ScenarioBuilder, Series
 from monitor.artifacts.rules.scenarios import repeat, seq, target_labels
 from monitor.artifacts.thresholds import Thresholds
 
@@ -20,6 +26,7 @@ GROUP = "embedding-monitor.scale-out"
 REFUSED_REASONS = ("window_mismatch", "dim_mismatch", "replica_limit", "corrupt")
 TEST_REPLICA = "embedding-monitor-replica-1"
 REDUCER_INSTANCE = "reducer-0:9464"
+OTHER_REDUCER_INSTANCE = "reducer-1:9464"
 
 
 def alerts(th: Thresholds) -> list[Alert]:
@@ -29,6 +36,8 @@ def alerts(th: Thresholds) -> list[Alert]:
     published, applied = m("embmon_partials_published_total"), m("embmon_reducer_partials_applied_total")
     ignored = m("embmon_reducer_partials_ignored_total")
     refused = "|".join(REFUSED_REASONS)
+    records_in, owned = m("embmon_records_total"), m("embmon_reducer_stream_owned")
+    partitions = m("embmon_reducer_partitions_owned")
     return [
         Alert(
             name=f"{PREFIX}ReplicaStale",
@@ -82,6 +91,40 @@ def alerts(th: Thresholds) -> list[Alert]:
                 f'sum by (job) (increase({published}{{kind="manifest"}}[5m]))',
                 f'sum by (job) (increase({applied}{{kind="manifest"}}[5m]))',
             ),
+        ),
+        Alert(
+            name=f"{PREFIX}StreamNotMerged",
+            group=GROUP,
+            severity="critical",
+            for_="10m",
+            summary="Replicas ingest a stream that no reducer merges: its global gauges are missing.",
+            description=(
+                "Replicas of job {{ $labels.job }} ingest " + MODEL_STREAM + " ($VALUE records/s) and no reducer "
+                "exports it: its reducer is gone and no other took its partials partition over."
+            ),
+            value_format="number",
+            condition=Condition(
+                f"(sum by (job, model, stream) (rate({records_in}[10m])) unless on (job, model, stream) "
+                f"max by (job, model, stream) ({owned})) and on (job) max by (job) ({partitions})",
+                ">", 0,
+            ),
+            scenario_builder=_not_merged_scenario(job),
+            live_signals=(f"sum by (job, model, stream) (rate({records_in}[10m]))",
+                          f"max by (job, model, stream) ({owned})"),
+        ),
+        Alert(
+            name=f"{PREFIX}StreamMergedTwice",
+            group=GROUP,
+            severity="warning",
+            for_="15m",
+            summary="Two reducers export the same stream: every global gauge of it is exported twice.",
+            description=(
+                "$VALUE reducers of job {{ $labels.job }} export " + MODEL_STREAM + ": they are not one "
+                "consumer group (scale_out.reducer_group unset or different), so each merges it on its own."
+            ),
+            value_format="count",
+            condition=Condition(f"count by (job, model, stream) ({owned})", ">", 1),
+            scenario_builder=_merged_twice_scenario(job),
         ),
         Alert(
             name=f"{PREFIX}PartialsRefused",
@@ -182,3 +225,45 @@ def _refused_scenario(job: str) -> ScenarioBuilder:
 
     return build
 
+
+def _not_merged_scenario(job: str) -> ScenarioBuilder:
+    def build(alert: Alert) -> Scenario:
+        onset = 60  # rate() needs two samples
+        n = (onset + alert.for_seconds) // 60 + 2
+        stream = {"model": "m", "stream": "s"}
+        ingested = Series(m("embmon_records_total"), {**target_labels(job), **stream}, f"0+600x{n - 1}")
+        partitions = Series(m("embmon_reducer_partitions_owned"), _reducer(job), repeat(1, n))
+        owned = m("embmon_reducer_stream_owned")
+        return Scenario(
+            60,
+            # the reducer left exports another stream only: nobody exports m/s
+            (ingested, partitions, Series(owned, _reducer(job, model="m", stream="other"), repeat(1, n))),
+            # the surviving reducer took m/s over
+            (ingested, partitions, Series(owned, _reducer(job, **stream), repeat(1, n))),
+            onset,
+            {"job": job, **stream},
+            10.0,  # 600 records a minute
+        )
+
+    return build
+
+
+def _merged_twice_scenario(job: str) -> ScenarioBuilder:
+    def build(alert: Alert) -> Scenario:
+        n = alert.for_seconds // 60 + 2
+        stream = {"model": "m", "stream": "s"}
+        owned = m("embmon_reducer_stream_owned")
+        first = Series(owned, _reducer(job, **stream), repeat(1, n))
+        return Scenario(
+            60,
+            # two reducers outside one group both merge m/s
+            (first, Series(owned, {**_reducer(job, **stream), "instance": OTHER_REDUCER_INSTANCE}, repeat(1, n))),
+            # a group: the other reducer exports another stream
+            (first, Series(owned, {**_reducer(job, model="m", stream="t"), "instance": OTHER_REDUCER_INSTANCE},
+                           repeat(1, n))),
+            0,
+            {"job": job, **stream},
+            2.0,
+        )
+
+    return build
