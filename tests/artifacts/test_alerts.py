@@ -345,6 +345,10 @@ def test_stream_ages_take_the_newest_record_over_instances() -> None:
     }
 
 
+# alerts about a stream whose point is how many instances export it (two reducers outside one group)
+COUNTS_INSTANCES = {"EmbeddingMonitorStreamMergedTwice"}
+
+
 def _about_a_model_or_stream(suite: dict[str, Any]) -> dict[str, str]:
     """The labels of the alert the firing test expects, when they name a model or a stream."""
     (expected,) = suite["tests"][0]["alert_rule_test"][1]["exp_alerts"]
@@ -362,7 +366,8 @@ def test_an_alert_about_a_model_or_stream_fires_once_however_many_instances_expo
     unchanged (one alert, same labels, value and annotations; quiet where it was quiet) when a
     second instance exports every one of its input series too."""
     suites = {p.stem: load(p) for p in sorted(TESTS_DIR.glob(f"{PREFIX}*.yaml"))}
-    about = {name: labels for name, suite in suites.items() if (labels := _about_a_model_or_stream(suite))}
+    about = {name: labels for name, suite in suites.items()
+             if (labels := _about_a_model_or_stream(suite)) and name not in COUNTS_INSTANCES}
     # intrinsic, drift, canary, retrieval quality, ingest ages and the invalid-record ratio
     assert {"EmbeddingMonitorCollapse", "EmbeddingMonitorDriftDetected", "EmbeddingMonitorModelChanged",
             "EmbeddingMonitorMetricsStale", "EmbeddingMonitorNoRecentRecords", "EmbeddingMonitorInvalidRecordsHigh",

@@ -99,17 +99,17 @@ def alerts(th: Thresholds) -> list[Alert]:
             for_="10m",
             summary="Replicas ingest a stream that no reducer merges: its global gauges are missing.",
             description=(
-                "Replicas of job {{ $labels.job }} ingest " + MODEL_STREAM + " ($VALUE records/s) and no reducer "
-                "exports it: its reducer is gone and no other took its partials partition over."
+                "Replicas of job {{ $labels.job }} ingest " + MODEL_STREAM + " ($VALUE records/s on the busiest "
+                "replica) and no reducer exports it: its reducer is gone and no other took its partials partition over."
             ),
             value_format="number",
             condition=Condition(
-                f"(sum by (job, model, stream) (rate({records_in}[10m])) unless on (job, model, stream) "
+                f"(max by (job, model, stream) (rate({records_in}[10m])) unless on (job, model, stream) "
                 f"max by (job, model, stream) ({owned})) and on (job) max by (job) ({partitions})",
                 ">", 0,
             ),
             scenario_builder=_not_merged_scenario(job),
-            live_signals=(f"sum by (job, model, stream) (rate({records_in}[10m]))",
+            live_signals=(f"max by (job, model, stream) (rate({records_in}[10m]))",
                           f"max by (job, model, stream) ({owned})"),
         ),
         Alert(
