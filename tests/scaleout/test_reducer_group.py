@@ -21,11 +21,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 
+from monitor.config import load_settings
 from monitor.scaleout.partials import partition_of
 from tests.support import daemons
-from tests.support.broker import Broker
+from tests.support.broker import Broker, kafka_daemon_overrides
 from tests.support.daemons import QUICK_SESSION, DaemonProcess
 from tests.support.scaleout import EXACT, WINDOW, replica
 from tests.support.scrape import scrape, value
@@ -169,3 +171,56 @@ def test_two_reducers_share_the_streams_and_one_takes_over(broker: Broker, tmp_p
         print("largest relative difference per gauge, reducers vs single daemon: "
               + ", ".join(f"{name} {d:.1e}" for name, d in sorted(worst.items())))
         assert all(p.returncode is None for p in replicas)
+
+
+@pytest.mark.slow  # about 7 s alone, two group joins: kept out of the fast tier's budget
+def test_in_a_group_each_model_level_gauge_comes_from_one_reducer_that_read_every_interaction(
+        broker: Broker, tmp_path: Path) -> None:
+    """Each reducer of the group reads the whole interactions topic (its own consumer, by
+    assignment); ``embmon_interactions_total`` and the clicks probe's estimates of model m are
+    exported by the owner of m's first stream (s0) alone, with every event counted."""
+    topic, partials, interactions = "emb-group-int", "emb-group-int-partials", "emb-group-int-interactions"
+    broker.create_topics(topic, partitions=3)
+    broker.create_topics(partials, partitions=2)
+    broker.create_topics(interactions)
+
+    def settings(name: str, **scale: object):  # type: ignore[no-untyped-def]
+        return load_settings(overrides=kafka_daemon_overrides(
+            broker, topic, f"{topic}-replicas", tmp_path / name,
+            kafka={"interactions_topic": interactions}, window=WINDOW, checkpoint={"interval_seconds": 0.5},
+            drift={"enabled": False},
+            probes={"clicks": [{"name": "clicks", "k": [5], "catalog_stream": None, "catalog_size": 100,
+                                "interval_seconds": 3600}]},
+            scale_out={"partials_topic": partials, **scale}))
+
+    with contextlib.ExitStack() as running:
+        running.enter_context(daemons.monitor(settings("replica", role="replica", replica_id="replica-0")))
+        reducers = [running.enter_context(daemons.reducer(settings(f"reducer-{i}", role="reducer",
+                                                                   reducer_group=f"{topic}-reducers")))
+                    for i in range(2)]
+        expected = produce(broker, topic, seed=3)
+        producer = broker.producer()
+        events = 40
+        for q in range(events):
+            results = [f"doc-{(q + i) % 50}" for i in range(5)]
+            event = {"query_id": f"q{q}", "model": "m", "results": results, "clicks": results[:1] if q % 2 else []}
+            producer.send(interactions, orjson.dumps(event))
+        producer.flush()
+        producer.close()
+
+        def counted() -> list[float | None]:
+            return [value(scrape(r.http.port), "embmon_interactions_total", model="m") for r in reducers]
+
+        wait_until(lambda: sorted(map(len, (exported(r.http.port) for r in reducers))) == [2, 2]
+                   and sorted(counted(), key=lambda v: v or 0) == [None, events], timeout=90,
+                   message="two streams each, and m's interactions counted by one reducer, all of them")
+        (owner,) = [r for r, n in zip(reducers, counted(), strict=True) if n == events]
+        assert "s0" in owned(owner.http.port)  # the owner of m's first stream
+        other = next(r for r in reducers if r is not owner)
+        assert other.intake.interactions.snapshot().get("m") == events  # it read them too: warm if m moves
+        for r in reducers:
+            next(c for c in r.components if c.name == "probes").run_probe("clicks")  # type: ignore[attr-defined]
+        estimates = [{name for name, _ in scrape(r.http.port) if name.startswith("embmon_retrieval_")}
+                     for r in (owner, other)]
+        assert estimates[0] and not estimates[1]
+        assert sum(exported(r.http.port).get(s, 0) for r in reducers for s in STREAMS) == sum(expected.values())
