@@ -10,8 +10,9 @@ checkpoint reflects, exactly once. A partials partition without such a position 
 or one gained from another reducer in a rebalance) is read from ``window.seconds + 2 x
 scale_out.full_publish_seconds`` back (far enough for every replica's newest full publication
 whose sub-windows can still be live, and what followed it; the merge table ignores anything older
-or repeated), which rebuilds its streams exactly; a partition lost in a rebalance takes its streams
-out of the table (and so out of /metrics) at once. The interactions topic starts where
+or repeated), which rebuilds its streams exactly; in a group its streams are exported only once it
+is read up to where its end was when it was gained (never a partial count); a partition lost in a
+rebalance takes its streams out of the table (and so out of /metrics) at once. The interactions topic starts where
 ``kafka.auto_offset_reset`` says.
 
 Interactions are decoded as in a replica (:class:`~monitor.decoding.decoder.Decoder`) and handed to the
@@ -108,6 +109,7 @@ class PartialsReader:
         self._side: Any = None  # in a group: the interactions topic, by assignment
         self._assigned: set[Partition] = set()  # by assignment
         self._owned: set[int] | None = None  # in a group: the partials partitions whose streams the table holds
+        self._rebuilding: dict[int, int] = {}  # gained partitions read back, not exported until read up to this end
         self.rebalances = 0
         self._partitions_checked = -PARTITION_REFRESH_SECONDS
         self._backoff = Backoff()
@@ -178,6 +180,8 @@ class PartialsReader:
         if polled:
             with self._apply_lock:
                 self.apply(polled)
+        if self._rebuilding:
+            self._check_rebuilt(consumer)
         with self._apply_lock:
             self.table.forget_expired()
         self._maybe_refresh_lag(consumer, side)
@@ -206,7 +210,20 @@ class PartialsReader:
                     self.partials_topic, sorted(lost), sorted(gained))
         return gained
 
+    def _check_rebuilt(self, consumer: Any) -> None:
+        """A gained partition read back up to where its end was when it was gained holds every
+        replica's newest publication of its streams: from then on they are exported."""
+        from kafka import TopicPartition
+
+        for partition, end in sorted(self._rebuilding.items()):
+            if consumer.position(TopicPartition(self.partials_topic, partition)) >= end:
+                del self._rebuilding[partition]
+                logger.info("reducer group %s: partition %d of %s rebuilt; exporting its streams", self.group,
+                            partition, self.partials_topic)
+
     def _release(self, partitions: set[int]) -> None:
+        for partition in partitions:
+            self._rebuilding.pop(partition, None)
         if partitions:
             with self._apply_lock:
                 self.table.release(partitions)
@@ -226,6 +243,14 @@ class PartialsReader:
                 back.append(tp)
         if back:
             self._seek_back(consumer, back)
+            if self.group is not None:  # not exported until rebuilt: never a partial count
+                try:
+                    ends = consumer.end_offsets(back)
+                except Exception:  # noqa: BLE001 - exported at once then, counts growing while it catches up
+                    logger.warning("cannot read the end of %s: its gained streams are exported while rebuilt",
+                                   self.partials_topic)
+                    ends = {}
+                self._rebuilding.update({tp.partition: int(end) for tp, end in ends.items() if end is not None})
 
     def read_partitions(self) -> set[int]:
         """The partials partitions this reducer reads (its group's share, or every one)."""
@@ -238,7 +263,7 @@ class PartialsReader:
         if self.group is None:
             return None
         owned = self._owned
-        return set(owned) if owned is not None else set()
+        return set(owned) - set(self._rebuilding) if owned is not None else set()
 
     def apply(self, polled: dict[Any, list[Any]]) -> None:
         """Apply one poll's records (apply lock held), in partition order."""

@@ -138,9 +138,19 @@ def test_two_reducers_share_the_streams_and_one_takes_over(broker: Broker, tmp_p
         victim, survivor = reducers
         assert victim.kill() == -signal.SIGKILL
         killed_at = time.monotonic()
-        wait_until(lambda: exported(survivor.port) == expected, timeout=FAIL_OVER_LIMIT_SECONDS + 30,
+        wrong: list[dict[str, float]] = []
+
+        def took_over() -> bool:
+            """All four exported, exact; and no stream ever exported with another count meanwhile."""
+            seen = exported(survivor.port)
+            if any(expected[s] != n for s, n in seen.items()):
+                wrong.append(seen)
+            return seen == expected
+
+        wait_until(took_over, timeout=FAIL_OVER_LIMIT_SECONDS + 30, interval=0.1,
                    message="the surviving reducer exports all four streams with exact counts")
         fail_over = time.monotonic() - killed_at
+        assert not wrong, f"partial counts exported while taking over: {wrong[:3]} (produced {expected})"
         print(f"reducer fail-over: all 4 streams exported, exact, {fail_over:.1f} s after the SIGKILL")
         assert fail_over <= FAIL_OVER_LIMIT_SECONDS
         assert owned(survivor.port) == set(STREAMS)

@@ -219,3 +219,61 @@ def test_a_probe_is_at_home_where_the_window_it_reads_is() -> None:
     })
     assert {p.name: probe_home(p) for p in probes.all_probes()} == {
         "ann": ("m", "s2"), "clicks": None, "agree": ("b", "y")}
+
+
+class _GroupConsumer:
+    """Stands in for the reducer group's KafkaConsumer: partition 0 of the partials topic assigned,
+    its end at offset 10, nothing to poll; the test moves its position."""
+
+    def __init__(self, topic: str):
+        from kafka import TopicPartition
+
+        self.tp = TopicPartition(topic, 0)
+        self.at = 0
+
+    def subscribe(self, topics: list[str]) -> None:
+        pass
+
+    def poll(self, timeout_ms: int, max_records: int) -> dict:  # type: ignore[type-arg]
+        return {}
+
+    def assignment(self) -> set:  # type: ignore[type-arg]
+        return {self.tp}
+
+    def offsets_for_times(self, wanted: dict) -> dict:  # type: ignore[type-arg]
+        return dict.fromkeys(wanted)  # nothing that recent: seek to the end
+
+    def seek_to_end(self, tp: object) -> None:
+        pass
+
+    def end_offsets(self, partitions: list) -> dict:  # type: ignore[type-arg]
+        return dict.fromkeys(partitions, 10)
+
+    def position(self, tp: object) -> int:
+        return self.at
+
+    def close(self, autocommit: bool = False) -> None:
+        pass
+
+
+def test_a_gained_partition_is_exported_only_once_read_up_to_its_end_when_gained(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from monitor.daemon.counters import InternalErrors
+    from monitor.decoding.decoder import Decoder
+    from monitor.scaleout.intake import PartialsReader
+
+    group = load_settings(overrides={
+        "source": "kafka", "state_dir": str(tmp_path), "kafka": {"interactions_topic": None},
+        "scale_out": {"role": "reducer", "reducer_group": "reducers"},
+        "window": {"seconds": 600, "subwindows": 6, "reservoir_size": 300},
+    })
+    consumer = _GroupConsumer(group.scale_out.partials_topic)
+    reader = PartialsReader(group, MergeTable(group), Decoder(group.limits), [], InternalErrors(),
+                            consumer_factory=lambda: consumer)
+    reader.poll_once(0.0)
+    assert reader.read_partitions() == {0} and reader.owned_partitions() == set()  # read back, not exported yet
+    consumer.at = 9
+    reader.poll_once(0.0)
+    assert reader.owned_partitions() == set()
+    consumer.at = 10
+    reader.poll_once(0.0)
+    assert reader.owned_partitions() == {0} and reader.rebalances == 1
