@@ -12,11 +12,14 @@ replica owns their partition, so the comparison moves to the one place that can 
 * the reducer runs :class:`ReducerCanaries`, the single daemon's component fed from the merge
   table instead of the ingest thread: on each publishing job (and before a re-pin) it takes every
   arrival of the replicas' current publications numbered above what it already counted for that
-  replica, in arrival-time order, and compares it exactly as one daemon does. Its pins are
+  replica's (model, stream), in arrival-time order, and compares it exactly as one daemon does. Its pins are
   ``canary-pins.json`` in the reducer's state directory (first sightings; ``canaries.pins_file``
   wins), its counters and cosines are in the reducer's checkpoint with the highest number
   counted per replica, taken at the same batch boundary as the merge table, so a restart neither
-  recounts nor skips an arrival. ``embmon_canary_*`` is exported once per model, by the reducer,
+  recounts nor skips an arrival. Counted per (replica, model, stream), not per replica: in a group
+  of reducers a stream taken over from another reducer carries the replica's older numbers, which
+  a per-replica high-water mark from this reducer's other streams would skip.
+  ``embmon_canary_*`` is exported once per model, by the reducer,
   and ``POST /admin/canaries/repin`` (``embedding-monitor canary repin``) is the reducer's.
 
 Why not pins on the replicas: first sightings of one canary on two partitions would pin two
@@ -138,7 +141,9 @@ class ReducerCanaries(CanaryComponent):
     """The canary component on the reducer: fed from the replicas' publications (module docstring)."""
 
     def __init__(self, context: MonitorContext):
-        self._counted: dict[str, int] = {}  # replica -> highest arrival number compared
+        # (replica, model, stream) -> highest arrival number compared there
+        self._counted: dict[tuple[str, str, str], int] = {}
+        self._floor: dict[str, int] = {}  # replica -> high-water mark of a checkpoint from before the split
         self._feed_lock = threading.Lock()
         # set by the reducer once its intake exists: feeding runs between two polls, as captures do
         self.boundary: Callable[[Callable[[], Any]], Any] | None = None
@@ -156,16 +161,17 @@ class ReducerCanaries(CanaryComponent):
 
     def _feed(self) -> int:
         with self._feed_lock:
-            new: list[tuple[float, str, int, str, str, np.ndarray]] = []
-            for replica, model, _stream, rows in self._arrivals():
-                after = self._counted.get(replica, -1)
+            new: list[tuple[float, str, int, str, str, str, np.ndarray]] = []
+            for replica, model, stream, rows in self._arrivals():
+                after = max(self._counted.get((replica, model, stream), -1), self._floor.get(replica, -1))
                 for q, t, ident, vector in zip(rows.seq, rows.times, rows.ids, rows.vectors, strict=True):
                     if int(q) > after:
-                        new.append((float(t), replica, int(q), model, ident, vector))
+                        new.append((float(t), replica, int(q), model, stream, ident, vector))
             new.sort(key=lambda a: (a[0], a[1], a[2]))
-            for t, replica, q, model, ident, vector in new:
+            for t, replica, q, model, stream, ident, vector in new:
                 self.on_embeddings(EmbeddingBatch(model, "", vector[None, :], ids=(ident,)), t)
-                self._counted[replica] = max(self._counted.get(replica, -1), q)
+                key = (replica, model, stream)
+                self._counted[key] = max(self._counted.get(key, -1), q)
             return len(new)
 
     def publish(self) -> CanarySnapshot:
@@ -180,18 +186,23 @@ class ReducerCanaries(CanaryComponent):
 
     def state_dict(self) -> dict[str, Any]:
         with self._feed_lock:
-            return {**super().state_dict(), "counted": dict(self._counted)}
+            return {**super().state_dict(), "counted_streams": [[*key, q] for key, q in sorted(self._counted.items())],
+                    "counted": dict(self._floor)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        counted = {str(r): checks.count(q, f"canaries counted of {r}")
-                   for r, q in dict(state.get("counted") or {}).items()}
+        # "counted": per replica, as written before the count was split by stream; kept as a floor
+        floor = {str(r): checks.count(q, f"canaries counted of {r}")
+                 for r, q in dict(state.get("counted") or {}).items()}
+        counted = {(str(r), str(m), str(s)): checks.count(q, f"canaries counted of {r} on {m}/{s}")
+                   for r, m, s, q in state.get("counted_streams") or ()}
         with self._feed_lock:
-            before, self._counted = self._counted, counted
+            before = self._counted, self._floor
+            self._counted, self._floor = counted, floor
         try:
             super().load_state_dict(state)  # then publishes, comparing what the restored table holds beyond
         except Exception:
             with self._feed_lock:
-                self._counted = before
+                self._counted, self._floor = before
             raise
 
 

@@ -170,3 +170,32 @@ def test_arrivals_travel_in_their_sub_window_partial_and_bad_ones_are_refused(tm
         CanaryRows.from_state_dict({**sub["canaries"], "seq": np.array([3, 3]), "ids": ["c0", "c1"],
                                     "times": np.zeros(2), "vectors": np.ones((2, DIM), np.float32)}, DIM)
     assert replica.arrivals.name == ARRIVALS  # its key in a replica's checkpoint
+
+
+def test_a_stream_taken_over_from_another_reducer_has_its_older_arrivals_compared(tmp_path: Path) -> None:
+    """In a group of reducers, a stream this reducer takes over carries a replica's arrival numbers
+    below those it already counted for that replica on its own streams: they are counted per
+    (replica, model, stream), so they are compared, not skipped. A checkpoint written before the
+    split (one high-water mark per replica) still holds as a floor."""
+    now = [T0 + 10]
+    rng = np.random.default_rng(3)
+    pinned = vectors(rng, 1)[0]
+    turned = pinned[::-1].copy()  # a changed model: the same canary, another direction
+    with daemons.stopped_after(reducer(tmp_path, now, {"canaries": {"ids": CANARIES}}, enabled=False)) as daemon:
+        canaries = canaries_of(daemon)
+        arrivals = [("a", "m", "owned", CanaryRows.of([(5, T0 + 5, "c0", pinned)], DIM))]
+        canaries._arrivals = lambda: list(arrivals)  # type: ignore[method-assign]
+        assert canaries.feed() == 1  # a first sighting: pinned
+        arrivals.append(("a", "m", "taken-over", CanaryRows.of([(3, T0 + 3, "c0", turned)], DIM)))
+        assert canaries.feed() == 1  # number 3 < 5, on another stream: compared all the same
+        snap = canaries.publish()
+        assert snap.checked["m"] == 1 and snap.mismatches["m"] == 1
+        assert canaries.feed() == 0  # and only once
+        state = canaries.state_dict()
+        assert ["a", "m", "taken-over", 3] in state["counted_streams"]
+        old = {**state, "counted": {"a": 9}}
+        del old["counted_streams"]
+        canaries.load_state_dict(old)
+        arrivals.append(("a", "m", "third", CanaryRows.of([(8, T0 + 8, "c0", turned), (11, T0 + 9, "c0", turned)],
+                                                         DIM)))
+        assert canaries.feed() == 1  # only number 11 is above the old checkpoint's mark
