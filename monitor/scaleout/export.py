@@ -111,9 +111,19 @@ class Ownership:
         return keep
 
 
+# Families a reducer exports for whatever it compared itself, whoever owns the model: the canary
+# numbers. A model's canary records arrive on whichever of its streams the producer writes them
+# to, so they are compared by that stream's owner; filtered to the model's owner (the owner of its
+# first stream) they would be dropped whenever the two differ, and EmbeddingMonitorModelChanged
+# could not fire. The component only has the models it compared; the alert and the dashboard
+# aggregate by model (two reducers comparing one model's canaries fire one alert: promtool test).
+COMPARED_HERE = "embmon_canary_"
+
+
 class OwnedOnly(Collector):
     """Another collector's families, less the samples of streams and models another reducer exports,
-    so every global gauge is exported by exactly one reducer of a group."""
+    so every global gauge is exported by exactly one reducer of a group (the canary numbers: by the
+    reducer that compared them, :data:`COMPARED_HERE`)."""
 
     def __init__(self, inner: Collector, ownership: Ownership):
         self._inner = inner
@@ -122,6 +132,9 @@ class OwnedOnly(Collector):
     def collect(self) -> Iterable[Metric]:
         keep = self._ownership.keep()
         for family in self._inner.collect():
+            if family.name.startswith(COMPARED_HERE):
+                yield family
+                continue
             kept = Metric(family.name, family.documentation, family.type, family.unit)
             kept.samples = [sample for sample in family.samples if keep(sample.labels)]
             yield kept

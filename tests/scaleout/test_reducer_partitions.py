@@ -166,6 +166,9 @@ class _Families(Collector):
         yield estimates
         yield runs
         yield GaugeMetricFamily("embmon_build", "no labels", value=1.0)
+        canary = GaugeMetricFamily("embmon_canary_cosine_min", "what this reducer compared", labels=["model"])
+        canary.add_metric(["m"], 0.5)
+        yield canary
 
 
 def test_a_reducer_of_a_group_exports_only_its_streams_models_and_probes() -> None:
@@ -193,11 +196,13 @@ def test_a_reducer_of_a_group_exports_only_its_streams_models_and_probes() -> No
     assert mine["embmon_retrieval_mrr"] == {("ann", "m")}  # where its window is
     assert mine["embmon_probe_runs"] == {("ann",)}
     assert mine["embmon_build"] == {()}
+    assert mine["embmon_canary_cosine_min"] == {("m",)}  # compared here: exported, whoever owns model m
     theirs = exported({1})
     assert theirs["embmon_window_records"] == {("m", "s0"), ("m", "s2")}
     assert theirs["embmon_interactions"] == {("m",)}
     assert theirs["embmon_retrieval_mrr"] == {("clicks", "m")}  # model m's owner
     assert theirs["embmon_probe_runs"] == {("clicks",)}  # the owner of the first stream, m/s0
+    assert theirs["embmon_canary_cosine_min"] == {("m",)}
     everything = exported(None)
     assert everything["embmon_window_records"] == {("m", s) for s in STREAMS}
     assert everything["embmon_probe_runs"] == {("ann",), ("clicks",)}
