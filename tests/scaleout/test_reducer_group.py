@@ -28,8 +28,7 @@ from monitor.config import load_settings
 from monitor.scaleout.partials import partition_of
 from tests.support import daemons
 from tests.support.broker import Broker, kafka_daemon_overrides
-from tests.support.daemons import QUICK_SESSION, DaemonProcess
-from tests.support.scaleout import EXACT, WINDOW, replica
+from tests.support.scaleout import EXACT, WINDOW, reducer_process, replica
 from tests.support.scrape import scrape, value
 from tests.support.waiting import wait_until
 
@@ -54,22 +53,6 @@ def produce(broker: Broker, topic: str, seed: int) -> dict[str, int]:
     producer.flush()
     producer.close()
     return counts
-
-
-def reducer_process(broker: Broker, topic: str, partials: str, state_dir: Path,
-                    log: Path) -> contextlib.AbstractContextManager[DaemonProcess]:
-    """``embedding-monitor run`` as a reducer of the group, its consumer leaving the group quickly when killed."""
-    env = {
-        "EMBMON_SCALE_OUT__ROLE": "reducer", "EMBMON_SCALE_OUT__PARTIALS_TOPIC": partials,
-        "EMBMON_SCALE_OUT__REDUCER_GROUP": f"{topic}-reducers", "EMBMON_DRIFT__ENABLED": "false",
-        "EMBMON_KAFKA__POLL_TIMEOUT_SECONDS": "0.2", "EMBMON_CHECKPOINT__INTERVAL_SECONDS": "1",
-        **{f"EMBMON_WINDOW__{k.upper()}": str(v) for k, v in WINDOW.items()},
-    }
-    return daemons.process(
-        "--bootstrap-servers", broker.bootstrap, "--embeddings-topic", topic, "--group-id", f"{topic}-replicas",
-        "--state-dir", str(state_dir), "--refresh-seconds", "0.3",
-        *[f"--kafka-option={k}={v}" for k, v in QUICK_SESSION.items()], log=log, env=env,
-    )
 
 
 def exported(port: int) -> dict[str, float]:

@@ -1,5 +1,6 @@
 """Helpers for the scale-out tests: an in-memory producer, feeding publications to a merge table, and
-replica processes with their reducer on the real broker (the crash and publish-gap tests)."""
+replica processes with their reducer on the real broker (the crash and publish-gap tests), and
+reducer processes of a group (the group tests)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from monitor.scaleout.reducer import Reducer
 from monitor.scaleout.table import MergeTable
 from tests.support import daemons
 from tests.support.broker import Broker, kafka_daemon_overrides
-from tests.support.daemons import DaemonProcess
+from tests.support.daemons import QUICK_SESSION, DaemonProcess
 from tests.support.scrape import scrape, value
 from tests.support.waiting import wait_until
 
@@ -86,6 +87,23 @@ def replica(broker: Broker, topic: str, name: str, state_dir: Path, log: Path, g
     (the environment says so)."""
     return daemons.crash_tested(broker, topic, group, state_dir, log,
                                 env={"EMBMON_SCALE_OUT__REPLICA_ID": name, **(env or {})}, client=client)
+
+
+def reducer_process(broker: Broker, topic: str, partials: str, state_dir: Path,
+                    log: Path) -> AbstractContextManager[DaemonProcess]:
+    """``embedding-monitor run`` as a reducer of the group ``{topic}-reducers`` on ``partials`` (the
+    window :data:`WINDOW`), its consumer leaving the group quickly when killed."""
+    env = {
+        "EMBMON_SCALE_OUT__ROLE": "reducer", "EMBMON_SCALE_OUT__PARTIALS_TOPIC": partials,
+        "EMBMON_SCALE_OUT__REDUCER_GROUP": f"{topic}-reducers", "EMBMON_DRIFT__ENABLED": "false",
+        "EMBMON_KAFKA__POLL_TIMEOUT_SECONDS": "0.2", "EMBMON_CHECKPOINT__INTERVAL_SECONDS": "1",
+        **{f"EMBMON_WINDOW__{k.upper()}": str(v) for k, v in WINDOW.items()},
+    }
+    return daemons.process(
+        "--bootstrap-servers", broker.bootstrap, "--embeddings-topic", topic, "--group-id", f"{topic}-replicas",
+        "--state-dir", str(state_dir), "--refresh-seconds", "0.3",
+        *[f"--kafka-option={k}={v}" for k, v in QUICK_SESSION.items()], log=log, env=env,
+    )
 
 
 def scaled_settings(monkeypatch: pytest.MonkeyPatch, broker: Broker, topic: str, group: str,
