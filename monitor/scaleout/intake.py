@@ -10,10 +10,12 @@ checkpoint reflects, exactly once. A partials partition without such a position 
 or one gained from another reducer in a rebalance) is read from ``window.seconds + 2 x
 scale_out.full_publish_seconds`` back (far enough for every replica's newest full publication
 whose sub-windows can still be live, and what followed it; the merge table ignores anything older
-or repeated), which rebuilds its streams exactly; in a group its streams are exported only once it
-is read up to where its end was when it was gained (never a partial count); a partition lost in a
-rebalance takes its streams out of the table (and so out of /metrics) at once. The interactions topic starts where
-``kafka.auto_offset_reset`` says.
+or repeated), which rebuilds its streams exactly. In a group a partition's streams are exported only
+once it is read up to where its end was when it was assigned: never a partial count; one restored
+from the checkpoint (a restarted reducer given its partition back, which another reducer exported
+meanwhile) also waits for a refresh after that, never exporting the checkpoint's older counts. A
+partition lost in a rebalance takes its streams out of the table (and so out of /metrics) at once.
+The interactions topic starts where ``kafka.auto_offset_reset`` says.
 
 Interactions are decoded as in a replica (:class:`~monitor.decoding.decoder.Decoder`) and handed to the
 components (the retrieval probes' buffers); nothing here reads embeddings.
@@ -110,6 +112,9 @@ class PartialsReader:
         self._assigned: set[Partition] = set()  # by assignment
         self._owned: set[int] | None = None  # in a group: the partials partitions whose streams the table holds
         self._rebuilding: dict[int, int] = {}  # gained partitions read back, not exported until read up to this end
+        self._restored: set[int] = set()  # in _rebuilding from a checkpoint's position: they wait for a refresh too
+        self._caught_up: dict[int, float] = {}  # when such a one was read up to its end (clock)
+        self.refreshed_at: Callable[[], float | None] | None = None  # the reducer's last refresh (clock), if any
         self.rebalances = 0
         self._partitions_checked = -PARTITION_REFRESH_SECONDS
         self._backoff = Backoff()
@@ -218,12 +223,17 @@ class PartialsReader:
         for partition, end in sorted(self._rebuilding.items()):
             if consumer.position(TopicPartition(self.partials_topic, partition)) >= end:
                 del self._rebuilding[partition]
-                logger.info("reducer group %s: partition %d of %s rebuilt; exporting its streams", self.group,
-                            partition, self.partials_topic)
+                if partition in self._restored:
+                    self._restored.discard(partition)
+                    self._caught_up[partition] = self.clock()
+                logger.info("reducer group %s: partition %d of %s read up to its end; exporting its streams",
+                            self.group, partition, self.partials_topic)
 
     def _release(self, partitions: set[int]) -> None:
         for partition in partitions:
             self._rebuilding.pop(partition, None)
+            self._restored.discard(partition)
+            self._caught_up.pop(partition, None)
         if partitions:
             with self._apply_lock:
                 self.table.release(partitions)
@@ -239,18 +249,21 @@ class PartialsReader:
             tp = TopicPartition(self.partials_topic, partition)
             if (self.partials_topic, partition) in known:
                 consumer.seek(tp, known[(self.partials_topic, partition)] + 1)
+                self._restored.add(partition)
             else:
                 back.append(tp)
         if back:
             self._seek_back(consumer, back)
-            if self.group is not None:  # not exported until rebuilt: never a partial count
-                try:
-                    ends = consumer.end_offsets(back)
-                except Exception:  # noqa: BLE001 - exported at once then, counts growing while it catches up
-                    logger.warning("cannot read the end of %s: its gained streams are exported while rebuilt",
-                                   self.partials_topic)
-                    ends = {}
-                self._rebuilding.update({tp.partition: int(end) for tp, end in ends.items() if end is not None})
+        if self.group is not None and partitions:
+            # not exported until read up to the end: never a partial count (rebuilt), nor the older one of
+            # a checkpoint (restored: another reducer exported newer meanwhile; it waits for a refresh too)
+            try:
+                ends = consumer.end_offsets([TopicPartition(self.partials_topic, p) for p in sorted(partitions)])
+            except Exception:  # noqa: BLE001 - exported at once then, counts growing while it catches up
+                logger.warning("cannot read the end of %s: its gained streams are exported while rebuilt",
+                               self.partials_topic)
+                ends = {}
+            self._rebuilding.update({tp.partition: int(end) for tp, end in ends.items() if end is not None})
 
     def read_partitions(self) -> set[int]:
         """The partials partitions this reducer reads (its group's share, or every one)."""
@@ -263,7 +276,18 @@ class PartialsReader:
         if self.group is None:
             return None
         owned = self._owned
-        return set(owned) - set(self._rebuilding) if owned is not None else set()
+        if owned is None:
+            return set()
+        return set(owned) - set(self._rebuilding) - self._not_refreshed()
+
+    def _not_refreshed(self) -> set[int]:
+        """Restored partitions read up to their end after the last refresh: the windows it published of
+        their streams hold the checkpoint's older counts."""
+        caught_up = dict(self._caught_up)
+        if self.refreshed_at is None or not caught_up:
+            return set()
+        at = self.refreshed_at()
+        return {p for p, when in caught_up.items() if at is None or at < when}
 
     def apply(self, polled: dict[Any, list[Any]]) -> None:
         """Apply one poll's records (apply lock held), in partition order."""

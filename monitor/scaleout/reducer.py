@@ -123,6 +123,7 @@ class Reducer(Daemon):
         )
         self.intake = PartialsReader(settings, self.table, self.decoder, self.components, self.errors, clock,
                                      consumer_factory)
+        self.intake.refreshed_at = lambda: self.refresher.published.computed_at  # a caught-up partition waits for it
         for component in self.components:  # canaries and detectors feed from the table between two polls
             if isinstance(component, (ReducerCanaries, SubwindowDetectors)):
                 component.boundary = self.intake.at_batch_boundary

@@ -20,94 +20,40 @@ import signal
 import time
 from pathlib import Path
 
-import numpy as np
 import orjson
 import pytest
 
 from monitor.config import load_settings
-from monitor.scaleout.partials import partition_of
 from tests.support import daemons
 from tests.support.broker import Broker, kafka_daemon_overrides
-from tests.support.scaleout import EXACT, WINDOW, reducer_process, replica
+from tests.support.scaleout import (
+    STREAMS,
+    WINDOW,
+    differences,
+    exported,
+    owned,
+    produce,
+    reducer_process,
+    shared_exactly,
+    start_reducer_group,
+)
 from tests.support.scrape import scrape, value
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
 
-STREAMS = ("s0", "s1", "s2", "s3")  # two on each partials partition
-DIM, ROWS, BATCHES = 16, 20, 6
 FAIL_OVER_LIMIT_SECONDS = 60
-
-
-def produce(broker: Broker, topic: str, seed: int) -> dict[str, int]:
-    """Binary batches of every stream over every partition; rows produced per stream."""
-    rng = np.random.default_rng(seed)
-    producer = broker.producer()
-    counts = dict.fromkeys(STREAMS, 0)
-    for i in range(BATCHES):
-        for stream in STREAMS:
-            block = rng.standard_normal((ROWS, DIM)).astype(np.float32) + STREAMS.index(stream)
-            producer.send(topic, block.tobytes(), partition=i % 3,
-                          headers=[("model", b"m"), ("dim", str(DIM).encode()), ("stream", stream.encode())])
-            counts[stream] += ROWS
-    producer.flush()
-    producer.close()
-    return counts
-
-
-def exported(port: int) -> dict[str, float]:
-    """The window records of every stream this reducer exports."""
-    samples = scrape(port)
-    return {s: n for s in STREAMS if (n := value(samples, "embmon_window_records", model="m", stream=s)) is not None}
-
-
-def differences(port: int, single: int, streams: set[str], worst: dict[str, float]) -> None:
-    """Every exact gauge of ``streams`` on this reducer against the single daemon's: equal to 1e-9
-    relative; ``worst`` keeps the largest relative difference per gauge."""
-    got, want = scrape(port), scrape(single)
-    for stream in sorted(streams):
-        for name in EXACT:
-            a = value(got, f"embmon_{name}", model="m", stream=stream)
-            b = value(want, f"embmon_{name}", model="m", stream=stream)
-            assert a is not None and b is not None, (stream, name)
-            assert a == pytest.approx(b, rel=1e-9, abs=1e-12), (stream, name)
-            worst[name] = max(worst.get(name, 0.0), abs(a - b) / max(abs(b), 1e-300))
-
-
-def owned(port: int) -> set[str]:
-    samples = scrape(port)
-    return {s for s in STREAMS if value(samples, "embmon_reducer_stream_owned", model="m", stream=s) == 1}
 
 
 @pytest.mark.slow
 def test_two_reducers_share_the_streams_and_one_takes_over(broker: Broker, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     topic, partials = "emb-group", "emb-group-partials"
-    broker.create_topics(topic, partitions=3)
-    broker.create_topics(partials, partitions=2)
-    assert sorted(partition_of("m", s, [0, 1]) for s in STREAMS) == [0, 0, 1, 1]
-    for key, setting in WINDOW.items():
-        monkeypatch.setenv(f"EMBMON_WINDOW__{key.upper()}", str(setting))
-    monkeypatch.setenv("EMBMON_SCALE_OUT__PARTIALS_TOPIC", partials)
-    monkeypatch.setenv("EMBMON_SCALE_OUT__ROLE", "replica")
     with contextlib.ExitStack() as running:
-        replicas = [running.enter_context(replica(broker, topic, f"replica-{i}", tmp_path / f"r{i}",
-                                                  tmp_path / f"r{i}.log", group=f"{topic}-replicas"))
-                    for i in range(3)]
-        reducers = [running.enter_context(reducer_process(broker, topic, partials, tmp_path / f"reducer-{i}",
-                                                          tmp_path / f"reducer-{i}.log"))
-                    for i in range(2)]
-        single = running.enter_context(daemons.crash_tested(broker, topic, f"{topic}-single", tmp_path / "single",
-                                                            tmp_path / "single.log",
-                                                            env={"EMBMON_SCALE_OUT__ROLE": "single"}))
+        replicas, reducers, single = start_reducer_group(running, broker, topic, tmp_path, monkeypatch, replicas=3)
         expected = produce(broker, topic, seed=1)
 
-        def shared_exactly() -> bool:
-            views = [exported(r.port) for r in reducers]
-            return (all(len(v) == 2 for v in views) and set(views[0]) | set(views[1]) == set(STREAMS)
-                    and {**views[0], **views[1]} == expected)
-
-        wait_until(shared_exactly, timeout=120,
+        wait_until(lambda: shared_exactly(reducers, expected), timeout=120,
                    message="each reducer exports two streams, every stream once, with exact counts")
         assert [owned(r.port) for r in reducers] == [set(exported(r.port)) for r in reducers]
         worst: dict[str, float] = {}
@@ -155,7 +101,7 @@ def test_two_reducers_share_the_streams_and_one_takes_over(broker: Broker, tmp_p
         back = running.enter_context(reducer_process(broker, topic, partials, tmp_path / "reducer-0",
                                                      tmp_path / "reducer-0-back.log"))
         reducers = [back, survivor]
-        wait_until(shared_exactly, timeout=120,
+        wait_until(lambda: shared_exactly(reducers, expected), timeout=120,
                    message="back to two streams each, every stream once, with exact counts")
         assert (value(scrape(survivor.port), "embmon_reducer_rebalances_total") or 0) > rebalances
         assert [owned(r.port) for r in reducers] == [set(exported(r.port)) for r in reducers]

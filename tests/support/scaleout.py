@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from monitor.config import Settings, deep_merge, load_settings
+from monitor.scaleout.partials import partition_of
 from monitor.scaleout.reducer import Reducer
 from monitor.scaleout.table import MergeTable
 from tests.support import daemons
@@ -104,6 +106,85 @@ def reducer_process(broker: Broker, topic: str, partials: str, state_dir: Path,
         "--state-dir", str(state_dir), "--refresh-seconds", "0.3",
         *[f"--kafka-option={k}={v}" for k, v in QUICK_SESSION.items()], log=log, env=env,
     )
+
+
+# ---------------------------------------------------------------- a group of reducers: four streams, two on each
+# of two partials partitions (the group tests)
+STREAMS = ("s0", "s1", "s2", "s3")  # two on each partials partition
+DIM, ROWS, BATCHES = 16, 20, 6
+
+
+def produce(broker: Broker, topic: str, seed: int) -> dict[str, int]:
+    """Binary batches of every stream over partitions 0-2 of ``topic``; rows produced per stream."""
+    rng = np.random.default_rng(seed)
+    producer = broker.producer()
+    counts = dict.fromkeys(STREAMS, 0)
+    for i in range(BATCHES):
+        for stream in STREAMS:
+            block = rng.standard_normal((ROWS, DIM)).astype(np.float32) + STREAMS.index(stream)
+            producer.send(topic, block.tobytes(), partition=i % 3,
+                          headers=[("model", b"m"), ("dim", str(DIM).encode()), ("stream", stream.encode())])
+            counts[stream] += ROWS
+    producer.flush()
+    producer.close()
+    return counts
+
+
+def exported(port: int) -> dict[str, float]:
+    """The window records of every stream this reducer exports."""
+    samples = scrape(port)
+    return {s: n for s in STREAMS if (n := value(samples, "embmon_window_records", model="m", stream=s)) is not None}
+
+
+def differences(port: int, single: int, streams: set[str], worst: dict[str, float]) -> None:
+    """Every exact gauge of ``streams`` on this reducer against the single daemon's: equal to 1e-9
+    relative; ``worst`` keeps the largest relative difference per gauge."""
+    got, want = scrape(port), scrape(single)
+    for stream in sorted(streams):
+        for name in EXACT:
+            a = value(got, f"embmon_{name}", model="m", stream=stream)
+            b = value(want, f"embmon_{name}", model="m", stream=stream)
+            assert a is not None and b is not None, (stream, name)
+            assert a == pytest.approx(b, rel=1e-9, abs=1e-12), (stream, name)
+            worst[name] = max(worst.get(name, 0.0), abs(a - b) / max(abs(b), 1e-300))
+
+
+def owned(port: int) -> set[str]:
+    samples = scrape(port)
+    return {s for s in STREAMS if value(samples, "embmon_reducer_stream_owned", model="m", stream=s) == 1}
+
+
+def start_reducer_group(running: ExitStack, broker: Broker, topic: str, tmp_path: Path,
+                        monkeypatch: pytest.MonkeyPatch, replicas: int,
+                        ) -> tuple[list[DaemonProcess], list[DaemonProcess], DaemonProcess]:
+    """``topic`` (3 partitions) and ``{topic}-partials`` (2, two of :data:`STREAMS` on each), the
+    replicas' settings in the environment, and entered into ``running``: ``replicas`` replica
+    processes, two reducer processes of one group and a single daemon that reads everything."""
+    partials = f"{topic}-partials"
+    broker.create_topics(topic, partitions=3)
+    broker.create_topics(partials, partitions=2)
+    assert sorted(partition_of("m", s, [0, 1]) for s in STREAMS) == [0, 0, 1, 1]
+    for key, setting in WINDOW.items():
+        monkeypatch.setenv(f"EMBMON_WINDOW__{key.upper()}", str(setting))
+    monkeypatch.setenv("EMBMON_SCALE_OUT__PARTIALS_TOPIC", partials)
+    monkeypatch.setenv("EMBMON_SCALE_OUT__ROLE", "replica")
+    started = [running.enter_context(replica(broker, topic, f"replica-{i}", tmp_path / f"r{i}",
+                                             tmp_path / f"r{i}.log", group=f"{topic}-replicas"))
+               for i in range(replicas)]
+    reducers = [running.enter_context(reducer_process(broker, topic, partials, tmp_path / f"reducer-{i}",
+                                                      tmp_path / f"reducer-{i}.log"))
+                for i in range(2)]
+    single = running.enter_context(daemons.crash_tested(broker, topic, f"{topic}-single", tmp_path / "single",
+                                                        tmp_path / "single.log",
+                                                        env={"EMBMON_SCALE_OUT__ROLE": "single"}))
+    return started, reducers, single
+
+
+def shared_exactly(reducers: list[DaemonProcess], expected: dict[str, int]) -> bool:
+    """Each of the two reducers exports two streams, every stream once, with the records ``expected``."""
+    views = [exported(r.port) for r in reducers]
+    return (all(len(v) == 2 for v in views) and set(views[0]) | set(views[1]) == set(STREAMS)
+            and {**views[0], **views[1]} == expected)
 
 
 def scaled_settings(monkeypatch: pytest.MonkeyPatch, broker: Broker, topic: str, group: str,
