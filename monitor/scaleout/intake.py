@@ -11,9 +11,10 @@ or one gained from another reducer in a rebalance) is read from ``window.seconds
 scale_out.full_publish_seconds`` back (far enough for every replica's newest full publication
 whose sub-windows can still be live, and what followed it; the merge table ignores anything older
 or repeated), which rebuilds its streams exactly. In a group a partition's streams are exported only
-once it is read up to where its end was when it was assigned: never a partial count; one restored
-from the checkpoint (a restarted reducer given its partition back, which another reducer exported
-meanwhile) also waits for a refresh after that, never exporting the checkpoint's older counts. A
+once it is read up to where its end was when it was assigned, and a refresh started after that
+(the exported windows are the last refresh's): never a partial count of a rebuild, nor the older
+counts of a checkpoint (a restarted reducer given its partition back, which another reducer
+exported meanwhile). A
 partition lost in a rebalance takes its streams out of the table (and so out of /metrics) at once.
 The interactions topic starts where ``kafka.auto_offset_reset`` says.
 
@@ -112,7 +113,6 @@ class PartialsReader:
         self._assigned: set[Partition] = set()  # by assignment
         self._owned: set[int] | None = None  # in a group: the partials partitions whose streams the table holds
         self._rebuilding: dict[int, int] = {}  # gained partitions read back, not exported until read up to this end
-        self._restored: set[int] = set()  # in _rebuilding from a checkpoint's position: they wait for a refresh too
         self._caught_up: dict[int, float] = {}  # when such a one was read up to its end (clock)
         self.refreshed_at: Callable[[], float | None] | None = None  # the reducer's last refresh (clock), if any
         self.rebalances = 0
@@ -223,16 +223,14 @@ class PartialsReader:
         for partition, end in sorted(self._rebuilding.items()):
             if consumer.position(TopicPartition(self.partials_topic, partition)) >= end:
                 del self._rebuilding[partition]
-                if partition in self._restored:
-                    self._restored.discard(partition)
-                    self._caught_up[partition] = self.clock()
+                # rebuilt or restored, the windows exported are the last refresh's: wait for one after this
+                self._caught_up[partition] = self.clock()
                 logger.info("reducer group %s: partition %d of %s read up to its end; exporting its streams",
                             self.group, partition, self.partials_topic)
 
     def _release(self, partitions: set[int]) -> None:
         for partition in partitions:
             self._rebuilding.pop(partition, None)
-            self._restored.discard(partition)
             self._caught_up.pop(partition, None)
         if partitions:
             with self._apply_lock:
@@ -249,14 +247,13 @@ class PartialsReader:
             tp = TopicPartition(self.partials_topic, partition)
             if (self.partials_topic, partition) in known:
                 consumer.seek(tp, known[(self.partials_topic, partition)] + 1)
-                self._restored.add(partition)
             else:
                 back.append(tp)
         if back:
             self._seek_back(consumer, back)
         if self.group is not None and partitions:
-            # not exported until read up to the end: never a partial count (rebuilt), nor the older one of
-            # a checkpoint (restored: another reducer exported newer meanwhile; it waits for a refresh too)
+            # not exported until read up to the end and refreshed since: never a partial count (rebuilt),
+            # nor the older one of a checkpoint (restored: another reducer exported newer meanwhile)
             try:
                 ends = consumer.end_offsets([TopicPartition(self.partials_topic, p) for p in sorted(partitions)])
             except Exception:  # noqa: BLE001 - exported at once then, counts growing while it catches up

@@ -145,5 +145,6 @@ def test_canaries_are_exported_by_the_reducer_that_compared_them_and_by_the_one_
         # it pinned the first arrivals (the pinned vectors) and compared the rest, each once
         wait_until(lambda: compared(other.port) == expected, timeout=30,
                    message="the survivor compared every arrival in the window once")
-        assert owned(other.port) == {FIRST, CANARY_STREAM}
+        wait_until(lambda: owned(other.port) == {FIRST, CANARY_STREAM}, timeout=30,
+                   message="the survivor exports both streams once a refresh followed their rebuild")
         assert all(r.returncode is None for r in replicas)
