@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -392,7 +392,3 @@ class ChunkAssembler:
             out[(topic, partition)] = min(out.get((topic, partition), offset), offset)
         return out
 
-
-def subwindow_states(window_state: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
-    """The sub-window entries of a window's ``state_dict()`` (what a replica publishes)."""
-    yield from window_state["live"]
