@@ -391,4 +391,3 @@ class ChunkAssembler:
         for *_, (topic, partition, offset) in self._parts.values():
             out[(topic, partition)] = min(out.get((topic, partition), offset), offset)
         return out
-
