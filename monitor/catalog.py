@@ -249,6 +249,9 @@ def _spec_rows() -> Iterable[MetricSpec]:
          ("kind",), ""),
         ("embmon_partials_published_bytes_total", "counter",
          "Bytes of record values a replica published to the partials topic.", (), "bytes"),
+        ("embmon_partials_manifests_refused_total", "counter",
+         "Manifests on the partials topic a replica refused to resume after (forged, unsigned, out of "
+         "range), and published offsets capped at the log's end, by reason.", ("reason",), ""),
         ("embmon_partials_publish_failures_total", "counter",
          "Publications a replica could not send; its offsets are not committed until one is sent.", (), ""),
         ("embmon_partials_last_publish_timestamp_seconds", "gauge",
