@@ -451,6 +451,22 @@ class Tombstone:
     key: SubwindowKey
 
 
+def record_replica(key: bytes | None) -> str | None:
+    """The replica a record's key names (None when it names none): checked before its value is read,
+    and against the value once it is (:func:`parse_record`).
+
+    >>> record_replica(manifest_key("r1")), record_replica(b"junk")
+    ('r1', None)
+    """
+    try:
+        parsed = orjson.loads(key) if key else None
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(parsed, list) and len(parsed) >= 2 and isinstance(parsed[1], str):
+        return parsed[1]
+    return None
+
+
 def parse_record(
     key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]], bounds: Bounds | None = None
 ) -> Chunk | Manifest | Tombstone:

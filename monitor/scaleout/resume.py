@@ -50,6 +50,7 @@ from monitor.scaleout.partials import (
     PartialError,
     Record,
     parse_record,
+    record_replica,
 )
 
 logger = logging.getLogger(__name__)
@@ -171,6 +172,9 @@ class ManifestReader:
             why = signing.refusal(self.keys, getattr(record, "key", None), value, headers)
             if why is not None:
                 raise PartialError("a manifest without a valid signature", why)
+            named = record_replica(getattr(record, "key", None))
+            if self.trusted and named not in self.trusted:
+                raise PartialError(f"replica {named!r} is not in scale_out.replicas", "unknown_replica")
             manifest = parse_record(getattr(record, "key", None), value, headers, self.bounds)
             if not isinstance(manifest, Manifest):
                 raise PartialError("a manifest's kind on another record")

@@ -55,6 +55,7 @@ from monitor.scaleout.partials import (
     WindowGeometry,
     decode_subwindow,
     parse_record,
+    record_replica,
 )
 from monitor.state.reservoir import uniform_sample
 from monitor.state.stats import SufficientStats
@@ -231,6 +232,9 @@ class MergeTable:
         why = signing.refusal(self.keys, key, value, headers)
         if why is not None:
             raise PartialError("a record without a valid signature (scale_out.partials_key_file)", why)
+        named = record_replica(key)
+        if self.trusted and named is not None:
+            self._check_source(named, None)  # before its value is read: the value must name the same replica
         parsed = parse_record(key, value, headers, self.bounds)
         if isinstance(parsed, Tombstone):
             self._check_source(parsed.replica, None)
