@@ -51,7 +51,8 @@ def _publication(key_file: Path, replica: str, stream: str, single: StateRegistr
     rng = np.random.default_rng(seed)
     for t in np.arange(0.0, 250.0, 50.0):
         batch = EmbeddingBatch("m", stream, rng.standard_normal((12, DIM)).astype(np.float32) + seed,
-                               ids=[f"{replica}-{t}-{i}" for i in range(12)], pair_ids=[f"p{i // 2}" for i in range(12)])
+                               ids=[f"{replica}-{t}-{i}" for i in range(12)],
+                               pair_ids=[f"p{i // 2}" for i in range(12)])
         registry.apply(batch, T0 + t)
         if single is not None:
             single.apply(batch, T0 + t)
