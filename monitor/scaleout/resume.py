@@ -104,7 +104,7 @@ class ManifestReader:
     def _catch_up(self) -> dict[str, Manifest] | None:
         from kafka import KafkaConsumer, TopicPartition
 
-        from monitor.scaleout.intake import consumer_config
+        from monitor.scaleout.intake import consumer_config, poll_past_unreadable
 
         topic = self.settings.scale_out.partials_topic
         deadline = time.monotonic() + self.timeout
@@ -131,7 +131,7 @@ class ManifestReader:
                 logger.warning("the published manifests were not read to the end of %s within %.0fs", topic,
                                self.timeout)
                 return None
-            for tp, records in consumer.poll(timeout_ms=500).items():
+            for tp, records in poll_past_unreadable(consumer, 500).items():  # one unreadable record stops nothing
                 for record in records:
                     manifest = self._manifest(record)
                     if manifest is None:
