@@ -60,6 +60,12 @@ def consumer_config(settings: Settings, group: str | None = None) -> dict[str, A
     from kafka import KafkaConsumer
     from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
 
+    from monitor.sources.kafka_internals import read_unreadable_records
+
+    # issue 27: a partials record kafka-python cannot parse (a header key that is not UTF-8) reaches
+    # the reader as a record with no key, value or headers, refused like any malformed one, instead of
+    # failing every poll at it for good
+    read_unreadable_records()
     config = {k: v for k, v in settings.kafka.options.items()
               if k in KafkaConsumer.DEFAULT_CONFIG and (group is not None or k not in _GROUP_ONLY)}
     record = settings.scale_out.max_record_bytes + 64 * 1024
