@@ -112,15 +112,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if settings.scale_out.role == "reducer":
         from monitor.scaleout.reducer import Reducer
 
-        Reducer(settings).serve()
+        return Reducer(settings).serve()
     else:
         from monitor.daemon.lifecycle import StopRequest, capture_signals
         from monitor.daemon.service import Monitor
 
         stop = StopRequest()
         with capture_signals(stop):  # a signal while the daemon is being built stops it cleanly too
-            Monitor(settings, early_port=True, stop_request=stop).serve()
-    return 0
+            return Monitor(settings, early_port=True, stop_request=stop).serve()
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
