@@ -414,6 +414,8 @@ def test_what_h11_lets_by_is_refused_here() -> None:
     assert ok is not None and (ok.path, ok.query, ok.version) == ("/metrics", "a=b", "HTTP/1.1")
     refused: Callable[[bytes], int] = lambda data: _status(lambda: run_reader(data))  # noqa: E731
     assert refused(b"GET / HTTP/1.1\nHost: h\r\n\r\n") == 400
+    assert refused(b"GET / HTTP/1.1\r\nHost: h\r\nX-A: a\r\n b\r\n\r\n") == 400  # obs-fold: h11 unfolds it
+    assert run_reader(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\n\n b") is not None  # not in a body
     assert refused(b"GET / HTTP/1.9\r\nHost: h\r\n\r\n") == 400
     assert refused(b"GET / HTTP/3.0\r\n\r\n") == 505
     assert refused(b"GET http://[::1/metrics HTTP/1.1\r\nHost: h\r\n\r\n") == 400
