@@ -109,7 +109,7 @@ class Daemon:
         A stop request in any phase, start-up included, ends the process within the shutdown
         bound (``shutdown_timeout_seconds`` + 1.5 s), with status 0 (:class:`ShutdownWatchdog`), or
         :data:`LOOP_FAILED_EXIT_STATUS` after :meth:`fail`."""
-        self.http.server.on_failure = self.fail
+        self.http.server.on_failure = self.fail  # every role's port: exit non-zero if its I/O loop stops
         with capture_signals(self.stop_request):
             watchdog = ShutdownWatchdog(self.stop_request, self.settings.shutdown_timeout_seconds + 1.5,
                                         exit_status=lambda: self.exit_status).start()
@@ -249,6 +249,7 @@ class Monitor(Daemon):
             **http_security(settings),
             **http_limits(settings),
         )
+        self.http.server.on_failure = self.fail  # from the start: the port may open before serve()
         if early_port:
             self.http.start()
         self.source = source or build_source(replica_source_settings(settings) if self.replica else settings)

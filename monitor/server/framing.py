@@ -6,10 +6,11 @@ the same reader as bytes to send. h11 parses the request line, the fields, ``Con
 (at most 20 ASCII digits) and chunked bodies, refuses bare CR, obsolete or conflicting framing and
 a missing ``Host``, and frames the answer (``Content-Length``, ``Connection: close``, nothing after
 a ``HEAD``). This module adds what h11 lets by: a head over ``max_header_bytes`` (431), bare LF
-line endings, HTTP/1.x versions other than 1.0 and 1.1 (400) and other majors (505), more than 100
-fields (431), ``Content-Length`` with ``Transfer-Encoding`` (400), a body over 16 KiB (413) and an
-absolute-form target that is no URL (400). Every refusal is a :class:`Reject` carrying the status;
-the server answers it and closes that connection (``monitor/server/http_server.py``).
+line endings and folded field lines, HTTP/1.x versions other than 1.0 and 1.1 (400) and other
+majors (505), more than 100 fields (431), ``Content-Length`` with ``Transfer-Encoding`` (400), a
+body over 16 KiB (413) and an absolute-form target that is no URL (400). Every refusal is a
+:class:`Reject` carrying the status; the server answers it and closes that connection
+(``monitor/server/http_server.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ REASONS = {
     431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
     505: "HTTP Version Not Supported",
 }
-_BARE_LF = re.compile(rb"(?<!\r)\n")  # RFC 9112 lets a server accept one; h11 does, this server does not
+# RFC 9112 lets a server accept a bare LF, and unfold a field line that starts with whitespace (obs-fold); h11
+# does both, this server refuses them (400), as a proxy in front may read either differently
+_BARE_LF_OR_FOLD = re.compile(rb"(?<!\r)\n|\r\n[ \t]")
 
 
 class Reject(Exception):
@@ -139,10 +142,10 @@ class RequestReader:
 
     def _head_end(self) -> int | None:
         """Where the buffered head ends (after its CRLF CRLF), None while it arrives; :class:`Reject`
-        (431) past ``max_header_bytes``, (400) for a bare LF."""
+        (431) past ``max_header_bytes``, (400) for a bare LF or a folded field line."""
         start = max(0, self._scanned - 3)
         end = self._buf.find(b"\r\n\r\n", start)
-        if _BARE_LF.search(self._buf, start, len(self._buf) if end < 0 else end + 4):
+        if _BARE_LF_OR_FOLD.search(self._buf, start, len(self._buf) if end < 0 else end + 4):
             raise Reject(400)
         if end < 0:
             self._scanned = len(self._buf)
