@@ -429,8 +429,10 @@ def test_a_wrong_password_flood_does_not_slow_scrapes(tmp_path: Path, backoff: s
     print(f"\nflood ({backoff=}): {len(answers)} guesses, {answers.count(429)} got 429, {answers.count(401)} 401; "
           f"scrape median {median * 1000:.1f} ms vs quiet {quiet_median * 1000:.1f} ms; daemon CPU {share:.2f} cores")
     assert all(status == 200 for status, _ in flooded)
-    # 3x the quiet median, which is ~1 ms here: below 20 ms that is the shared machine's noise, not the flood's
-    assert median < max(3 * quiet_median, 0.02) and median < 0.1
+    # A scrape that waited behind a guess's hash would take one PBKDF2 of 600,000 iterations (0.3-0.5 s
+    # here). A bound relative to the quiet median measured the machine's load instead: at load average 10
+    # the median read 26-44 ms with or without the flood (issue 27, part 5), so only the hash's cost is asserted.
+    assert median < 0.1, (median, quiet_median)
     assert answers.count(429) > answers.count(401)
     assert share < 1.5  # one hash at a time is one core; the stdlib server let 16 run
 
