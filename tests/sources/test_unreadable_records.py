@@ -221,3 +221,45 @@ def test_fuzzed_headers_and_keys_through_the_broker_count_each_record_as_alone(
 def test_fuzzed_headers_and_keys_through_the_broker_many(client: str, broker: Broker, tmp_path: Path) -> None:
     seen = run_fuzz(client, broker, tmp_path, examples=150)
     assert seen["bad_header"] > 10 and seen["applied"] > 20
+
+
+# -- the scale-out readers of the partials topic share kafka-python's record reading ------------------
+
+
+def test_a_partials_reader_moves_past_a_record_it_cannot_read(broker: Broker, tmp_path: Path) -> None:
+    """A reducer's or replica's consumer (``scaleout.intake.consumer_config``) gets the unreadable
+    record as one with no key, value or headers, which the partials parser refuses (counted
+    ``corrupt`` by the merge table), and reads the records after it: before, every poll failed at it
+    and the reducer's partition halted for good (issue 27, part 3)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from monitor.scaleout.intake import consumer_config
+    from monitor.scaleout.partials import PartialError, parse_record
+    from monitor.sources.kafka_internals import unreadable_reason
+
+    topic = "partials-unreadable"
+    broker.create_topics(topic)
+    producer = broker.producer()
+    for i in range(10):
+        headers = [(RawHeaderKey(b"\xfe"), b"x")] if i == 4 else [("kind", b"manifest")]
+        producer.send(topic, b"v%d" % i, key=b"k%d" % i, headers=headers)
+    producer.flush()
+    producer.close()
+    settings = load_settings(overrides=kafka_daemon_overrides(broker, "embeddings", "g", tmp_path / "state"))
+    consumer = KafkaConsumer(**consumer_config(settings))
+    try:
+        consumer.assign([TopicPartition(topic, 0)])
+        consumer.seek_to_beginning()
+        got = []
+        deadline = time.monotonic() + 30
+        while len(got) < 10 and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                got += records
+    finally:
+        consumer.close()
+    assert [r.offset for r in got] == list(range(10))
+    assert [unreadable_reason(r.headers) for r in got] == [None] * 4 + ["bad_header"] + [None] * 5
+    assert [r.value for r in got] == [b"v%d" % i for i in range(4)] + [None] + [b"v%d" % i for i in range(5, 10)]
+    poison = got[4]
+    with pytest.raises(PartialError):
+        parse_record(poison.key, poison.value, poison.headers or ())
