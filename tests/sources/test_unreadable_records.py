@@ -105,6 +105,45 @@ def test_a_record_with_a_header_key_that_is_not_utf8_is_counted_once_and_its_nei
         np.testing.assert_allclose(stats.vector_sum, kept.sum(axis=0), rtol=1e-9)  # the right rows, not just as many
 
 
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_batch_that_fails_its_checksum_never_stalls_its_partition(
+    client: str, broker: Broker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tansu stores a batch whose checksum is wrong as a producer sends it. kafka-python refused it
+    on every poll, for good; now its records count as one ``corrupt_record`` (none of them can be
+    trusted) and the partition reads on. librdkafka does not check checksums (``check.crcs`` is
+    off by default): it reads the records as they are."""
+    import kafka.record.default_records as records_module
+
+    topic, group = f"bad-crc-{client}", f"bad-crc-{client}-group"
+    broker.create_topics(topic)
+    rng = np.random.default_rng(5)
+    producer = broker.producer()
+    for i in range(10):
+        producer.send(topic, event(i, rng))
+    producer.flush()
+    with monkeypatch.context() as patch:  # the next batch's checksum written wrong
+        patch.setattr(records_module, "calc_crc32c", lambda data: 12345)
+        for i in range(10, 15):
+            producer.send(topic, event(i, rng))
+        producer.flush()
+    for i in range(15, 25):
+        producer.send(topic, event(i, rng))
+    producer.flush()
+    producer.close()
+    settings = load_settings(overrides=kafka_daemon_overrides(broker, topic, group, tmp_path / "state", client=client))
+    with daemons.monitor(settings) as monitor:
+        port = monitor.http.port
+        wait_until(lambda: broker.committed(group, topic) == 25, timeout=60, message="committed past every record")
+        samples = scrape(port)
+        if client == "kafka-python":
+            assert records_total(samples) == 20 and by_reason(samples) == {"corrupt_record": 1}
+        else:
+            assert records_total(samples) == 25 and by_reason(samples) == {}
+        assert value(samples, "embmon_source_errors_total", reason="poll") == 0
+        assert http_status(port, "/healthz") == 200 and monitor.pipeline.alive
+
+
 # -- the fuzz -------------------------------------------------------------------------------------
 
 Record = tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]  # key, value, headers
