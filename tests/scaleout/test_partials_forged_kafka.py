@@ -61,7 +61,7 @@ ROUNDS = 3
 
 
 def geometry() -> WindowGeometry:
-    quality = load_settings().quality
+    quality = load_settings(overrides={"scale_out": {"role": "single"}}).quality  # the environment says replica
     return WindowGeometry(float(WINDOW["seconds"]), int(WINDOW["subwindows"]), int(WINDOW["reservoir_size"]),
                           quality.alignment_alpha)
 
