@@ -166,7 +166,7 @@ class ManifestReader:
         """The manifest in ``record``, if it is one that may move a position (module docstring)."""
         headers = getattr(record, "headers", None) or ()
         value = getattr(record, "value", None)
-        if (MANIFEST.encode(), ) != tuple(raw for name, raw in headers if name == KIND_HEADER) or value is None:
+        if (MANIFEST.encode(),) != tuple(raw for name, raw in headers if name == KIND_HEADER) or value is None:
             return None
         try:
             why = signing.refusal(self.keys, getattr(record, "key", None), value, headers)
@@ -176,10 +176,8 @@ class ManifestReader:
             if self.trusted and named not in self.trusted:
                 raise PartialError(f"replica {named!r} is not in scale_out.replicas", "unknown_replica")
             manifest = parse_record(getattr(record, "key", None), value, headers, self.bounds)
-            if not isinstance(manifest, Manifest):
+            if not isinstance(manifest, Manifest):  # its replica is the key's (parse_record checks)
                 raise PartialError("a manifest's kind on another record")
-            if self.trusted and manifest.replica not in self.trusted:
-                raise PartialError(f"replica {manifest.replica!r} is not in scale_out.replicas", "unknown_replica")
             why = self.bounds.epoch_refusal(manifest.epoch, self.clock())
             if why is not None:
                 raise PartialError(f"epoch {manifest.epoch} is beyond this clock + max_clock_skew_seconds", why)
