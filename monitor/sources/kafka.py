@@ -43,7 +43,8 @@ Unreadable records (issue 27): a record kafka-python cannot parse (a header key 
 a record whose structure is broken) reaches the daemon as a placeholder
 (``kafka_internals.read_unreadable_records``), counted in
 ``embmon_records_invalid_total{reason="bad_header"|"corrupt_record"}`` and skipped like any invalid
-record: the records around it are read and the partition moves on.
+record: the records around it are read and the partition moves on. A batch that fails its checksum
+or its decompression is one ``corrupt_record`` placeholder at its last offset.
 """
 
 from __future__ import annotations
