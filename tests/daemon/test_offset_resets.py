@@ -26,24 +26,11 @@ from monitor.daemon.service import Monitor
 from monitor.storage.checkpoint_format import CheckpointStore, flatten, read_file
 from tests.support import daemons
 from tests.support.broker import Broker, kafka_daemon_overrides
+from tests.support.producers import produce_rows as produce
 from tests.support.scrape import scrape, value
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
-DIM = 4
-HEADERS = [("model", b"m"), ("dim", str(DIM).encode())]
-
-
-def produce(broker: Broker, topic: str, count: int, seed: int) -> np.ndarray:
-    rows = np.random.default_rng(seed).standard_normal((count, DIM)).astype(np.float32)
-    producer = broker.producer()
-    try:
-        for row in rows:
-            producer.send(topic, row.tobytes(), headers=HEADERS)
-        producer.flush()
-    finally:
-        producer.close()
-    return rows
 
 
 def recreate(broker: Broker, topic: str) -> None:

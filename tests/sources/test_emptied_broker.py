@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from monitor.config import load_settings
-from tests.daemon.test_offset_resets import produce
 from tests.support import daemons
 from tests.support.broker import CLIENTS, Broker, kafka_daemon_overrides
+from tests.support.producers import produce_rows as produce
 from tests.support.scrape import scrape, value
 from tests.support.waiting import wait_until
 

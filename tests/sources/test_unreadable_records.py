@@ -29,9 +29,9 @@ from hypothesis import strategies as st
 
 from monitor.config import load_settings
 from monitor.decoding.decoder import Decoder
-from tests.decoding.test_fuzz_fields import DIMS, LIMITS, messages, weighted
 from tests.support import daemons
 from tests.support.broker import Broker, kafka_daemon_overrides
+from tests.support.json_fuzz import DIMS, LIMITS, messages, weighted
 from tests.support.producers import RawHeaderKey
 from tests.support.scrape import Samples, http_status, scrape, value
 from tests.support.waiting import wait_until

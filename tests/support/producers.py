@@ -21,6 +21,20 @@ from tests.support.broker import Broker
 Message = tuple[bytes, list[tuple[str, bytes]]]  # (value, headers)
 
 
+def produce_rows(broker: Broker, topic: str, count: int, seed: int, dim: int = 4) -> np.ndarray:
+    """``count`` standard normal float32 rows of model ``m``, one binary record each, flushed; returns them."""
+    rows = np.random.default_rng(seed).standard_normal((count, dim)).astype(np.float32)
+    headers = [("model", b"m"), ("dim", str(dim).encode())]
+    producer = broker.producer()
+    try:
+        for row in rows:
+            producer.send(topic, row.tobytes(), headers=headers)
+        producer.flush()
+    finally:
+        producer.close()
+    return rows
+
+
 class RawHeaderKey(str):
     """A header key written as these exact bytes, UTF-8 or not.
 
