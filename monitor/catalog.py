@@ -93,7 +93,7 @@ RETRIEVAL_ESTIMATE_CODE = {
 def _spec_rows() -> Iterable[MetricSpec]:
     ingest: list[tuple[str, Kind, str, tuple[str, ...], str, str]] = [
         ("embmon_build_info", "info", "embedding-monitor build information.", ("version",), "",
-         "monitor.server.collector:CoreCollector.collect"),
+         "monitor.daemon.export:CoreCollector.collect"),
         ("embmon_records_total", "counter", "Valid embedding records ingested.", MS, "",
          "monitor.state.registry:StateRegistry.apply"),
         ("embmon_last_record_timestamp_seconds", "gauge", "When the last valid record of the stream was ingested.",
@@ -179,7 +179,7 @@ def _spec_rows() -> Iterable[MetricSpec]:
          (), "seconds", "monitor.daemon.checkpointing:Checkpointer.checkpoint"),
         ("embmon_checkpoint_age_seconds", "gauge",
          "Seconds since the last checkpoint was written (since start-up if none).", (), "seconds",
-         "monitor.server.collector:_checkpoint_families"),
+         "monitor.daemon.export:_checkpoint_families"),
         ("embmon_checkpoint_size_bytes", "gauge", "Size of the last checkpoint file.", (), "bytes",
          "monitor.daemon.checkpointing:Checkpointer.checkpoint"),
         ("embmon_checkpoint_duration_seconds", "histogram",

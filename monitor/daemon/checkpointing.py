@@ -27,7 +27,7 @@ from monitor import catalog
 from monitor.component import Component
 from monitor.config import Settings
 from monitor.daemon import failpoints
-from monitor.daemon.counters import InternalErrors, Tally
+from monitor.daemon.counters import InternalErrors
 from monitor.daemon.ingest import IngestPipeline
 from monitor.daemon.offsets import OffsetTracker
 from monitor.decoding.decoder import Decoder
@@ -36,6 +36,7 @@ from monitor.sources.base import Source
 from monitor.state import checks
 from monitor.state.registry import StateRegistry
 from monitor.storage import checkpoint_format as ckpt
+from monitor.tally import Tally
 
 logger = logging.getLogger(__name__)
 

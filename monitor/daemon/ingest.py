@@ -34,13 +34,14 @@ from threadpoolctl import threadpool_limits
 
 from monitor.component import Component
 from monitor.config import Settings
-from monitor.daemon.counters import InternalErrors, Tally
+from monitor.daemon.counters import InternalErrors
 from monitor.daemon.offsets import OffsetTracker
 from monitor.decoding.decoder import Decoder, DecodeResult, RawMessage, StartedDecode
 from monitor.decoding.json_workers import JsonWorkerPool
 from monitor.logs import RateLimitedLog
 from monitor.sources.base import Source, SourceMessage
 from monitor.state.registry import StateRegistry
+from monitor.tally import Tally
 
 logger = logging.getLogger(__name__)
 

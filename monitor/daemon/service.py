@@ -8,7 +8,7 @@ The parts, in data-flow order (docs/architecture.md):
 * :mod:`monitor.daemon.checkpointing`: capture at a batch boundary, durable write, restore;
 * :mod:`monitor.daemon.refresh`: the intrinsic metrics of every window, published as one snapshot;
 * :mod:`monitor.daemon.jobs`: the scheduler that runs refresh, checkpoint and component jobs;
-* :mod:`monitor.server.collector`: scrape-time families, reading :class:`~monitor.daemon.status.DaemonStatus`;
+* :mod:`monitor.daemon.export`: scrape-time families, reading :class:`~monitor.daemon.status.DaemonStatus`;
 * :mod:`monitor.daemon.lifecycle`: signals, exception-safe start-up, bounded shutdown;
 * :mod:`monitor.scaleout`: with ``scale_out.role: replica`` this daemon publishes each checkpoint's
   state and commits only published offsets (and computes no window metrics); the reducer role is
@@ -33,16 +33,17 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
+from monitor.blocking import BlockingCall
 from monitor.component import Component, MonitorContext, ScheduledJob
 from monitor.config import Settings
 from monitor.daemon import failpoints
 from monitor.daemon.checkpointing import Checkpointer, checkpoint_interval, checkpointing_enabled
 from monitor.daemon.counters import InternalErrors
+from monitor.daemon.export import ComponentCollector, CoreCollector, OperationsCollector
 from monitor.daemon.features import ComponentFactory, default_component_factories
 from monitor.daemon.ingest import IngestPipeline
 from monitor.daemon.jobs import JobRunner
 from monitor.daemon.lifecycle import (
-    BlockingCall,
     ShutdownWatchdog,
     StartInterrupted,
     StartUp,
@@ -63,7 +64,6 @@ from monitor.scaleout.replica import (
     check_replica_settings,
     replica_source_settings,
 )
-from monitor.server.collector import ComponentCollector, CoreCollector, OperationsCollector
 from monitor.server.exporter import HttpServer
 from monitor.server.http_server import ConnectionLimits
 from monitor.server.security import AuthLimits, is_loopback_host, read_token_file, server_ssl_context

@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 from monitor.component import Component
 from monitor.config import Settings
-from monitor.daemon.counters import InternalErrors, Tally
+from monitor.daemon.counters import InternalErrors
 from monitor.daemon.ingest import OVERFLOW_STREAM
 from monitor.daemon.offsets import OffsetTracker, Partition
 from monitor.decoding.decoder import Decoder, DecodeResult, RawMessage
@@ -44,6 +44,7 @@ from monitor.logs import RateLimitedLog
 from monitor.scaleout.partials import PartialError
 from monitor.scaleout.table import MergeTable
 from monitor.sources.reconnect import Backoff, LagReading
+from monitor.tally import Tally
 
 logger = logging.getLogger(__name__)
 

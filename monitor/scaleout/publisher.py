@@ -27,7 +27,6 @@ from typing import Any
 
 from monitor.config import Settings
 from monitor.daemon import failpoints
-from monitor.daemon.counters import Tally
 from monitor.logs import RateLimitedLog
 from monitor.scaleout.partials import (
     EpochClock,
@@ -42,6 +41,7 @@ from monitor.scaleout.partials import (
     partition_of,
     tombstones,
 )
+from monitor.tally import Tally
 
 logger = logging.getLogger(__name__)
 

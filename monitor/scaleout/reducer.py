@@ -35,6 +35,7 @@ from monitor.component import Component, MonitorContext
 from monitor.config import ConfigError, Settings
 from monitor.daemon.checkpointing import Checkpointer
 from monitor.daemon.counters import InternalErrors
+from monitor.daemon.export import ComponentCollector, CoreCollector, OperationsCollector
 from monitor.daemon.features import ComponentFactory, default_component_factories
 from monitor.daemon.jobs import JobRunner
 from monitor.daemon.lifecycle import StartUp
@@ -47,7 +48,6 @@ from monitor.scaleout.detectors import SubwindowDetectors, subwindow_detectors
 from monitor.scaleout.export import OwnedOnly, Ownership, ReducerCollector, probe_home
 from monitor.scaleout.intake import PartialsReader
 from monitor.scaleout.table import MergeTable
-from monitor.server.collector import ComponentCollector, CoreCollector, OperationsCollector
 from monitor.server.exporter import HttpServer
 
 logger = logging.getLogger(__name__)

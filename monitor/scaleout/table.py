@@ -37,7 +37,6 @@ from typing import Any
 import numpy as np
 
 from monitor.config import Settings
-from monitor.daemon.counters import Tally
 from monitor.decoding.records import StreamKey
 from monitor.logs import RateLimitedLog
 from monitor.scaleout.canary_rows import CanaryRows
@@ -57,6 +56,7 @@ from monitor.scaleout.partials import (
 from monitor.state.reservoir import uniform_sample
 from monitor.state.stats import SufficientStats
 from monitor.state.window import WindowSnapshot
+from monitor.tally import Tally
 
 logger = logging.getLogger(__name__)
 

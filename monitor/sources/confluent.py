@@ -47,7 +47,6 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 
 from monitor.config import KafkaSettings
-from monitor.daemon.counters import Tally
 from monitor.decoding.records import SourcePosition
 from monitor.errors import ConfigError
 from monitor.sources.base import MessageKind, Partition, SourceMessage
@@ -62,6 +61,7 @@ from monitor.sources.kafka import (
 from monitor.sources.kafka_options import LIBRDKAFKA_NAMES
 from monitor.sources.kafka_positions import _WHY, RESET_REASONS
 from monitor.sources.reconnect import ConsumerReadings, LagReading, close_in_time
+from monitor.tally import Tally
 
 logger = logging.getLogger(__name__)
 

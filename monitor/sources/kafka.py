@@ -54,9 +54,8 @@ from kafka import AsyncConsumerRebalanceListener, KafkaConsumer, TopicPartition
 from kafka.errors import KafkaConfigurationError, KafkaError, UnsupportedCodecError
 from kafka.structs import OffsetAndMetadata
 
+from monitor.blocking import BlockingCall
 from monitor.config import KafkaSettings
-from monitor.daemon.counters import Tally
-from monitor.daemon.lifecycle import BlockingCall
 from monitor.decoding.records import SourcePosition
 from monitor.errors import ConfigError
 from monitor.sources.base import MessageKind, Partition, SourceMessage
@@ -77,6 +76,7 @@ from monitor.sources.reconnect import (
     LagReading,
     close_in_time,
 )
+from monitor.tally import Tally
 
 logger = logging.getLogger(__name__)
 

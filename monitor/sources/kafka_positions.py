@@ -46,9 +46,9 @@ from typing import Any
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError, LogTruncationError, NoOffsetForPartitionError, OffsetOutOfRangeError
 
-from monitor.daemon.counters import Tally
 from monitor.sources.base import Partition
 from monitor.sources.kafka_internals import current_position, forget_highwater, topic_id
+from monitor.tally import Tally
 
 logger = logging.getLogger(__name__)
 
