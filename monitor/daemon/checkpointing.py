@@ -19,13 +19,12 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
 from monitor import catalog
 from monitor.component import Component
-from monitor.config import Settings
 from monitor.daemon import failpoints
 from monitor.daemon.counters import InternalErrors
 from monitor.daemon.ingest import IngestPipeline
@@ -37,6 +36,9 @@ from monitor.state import checks
 from monitor.state.registry import StateRegistry
 from monitor.storage import checkpoint_format as ckpt
 from monitor.tally import Tally
+
+if TYPE_CHECKING:
+    from monitor.config import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -28,12 +28,11 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from threadpoolctl import threadpool_limits
 
 from monitor.component import Component
-from monitor.config import Settings
 from monitor.daemon.counters import InternalErrors
 from monitor.daemon.offsets import OffsetTracker
 from monitor.decoding.decoder import Decoder, DecodeResult, RawMessage, StartedDecode
@@ -42,6 +41,9 @@ from monitor.logs import RateLimitedLog
 from monitor.sources.base import Source, SourceMessage
 from monitor.state.registry import StateRegistry
 from monitor.tally import Tally
+
+if TYPE_CHECKING:
+    from monitor.config import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.gc_collector import GCCollector
@@ -35,7 +35,6 @@ from prometheus_client.process_collector import ProcessCollector
 
 from monitor.blocking import BlockingCall
 from monitor.component import Component, MonitorContext, ScheduledJob
-from monitor.config import Settings
 from monitor.daemon import failpoints
 from monitor.daemon.checkpointing import Checkpointer, checkpoint_interval, checkpointing_enabled
 from monitor.daemon.counters import InternalErrors
@@ -70,6 +69,9 @@ from monitor.server.security import AuthLimits, is_loopback_host, read_token_fil
 from monitor.sources import build_source
 from monitor.sources.base import Source
 from monitor.state.registry import StateRegistry
+
+if TYPE_CHECKING:
+    from monitor.config import Settings
 
 logger = logging.getLogger(__name__)
 

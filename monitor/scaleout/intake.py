@@ -32,10 +32,9 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from monitor.component import Component
-from monitor.config import Settings
 from monitor.daemon.counters import InternalErrors
 from monitor.daemon.ingest import OVERFLOW_STREAM
 from monitor.daemon.offsets import OffsetTracker, Partition
@@ -45,6 +44,9 @@ from monitor.scaleout.partials import PartialError
 from monitor.scaleout.table import MergeTable
 from monitor.sources.reconnect import Backoff, LagReading
 from monitor.tally import Tally
+
+if TYPE_CHECKING:
+    from monitor.config import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -23,9 +23,8 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from monitor.config import Settings
 from monitor.daemon import failpoints
 from monitor.logs import RateLimitedLog
 from monitor.scaleout.partials import (
@@ -42,6 +41,9 @@ from monitor.scaleout.partials import (
     tombstones,
 )
 from monitor.tally import Tally
+
+if TYPE_CHECKING:
+    from monitor.config import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -27,12 +27,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.registry import Collector
 
 from monitor.component import Component, MonitorContext
-from monitor.config import ConfigError, Settings
 from monitor.daemon.checkpointing import Checkpointer
 from monitor.daemon.counters import InternalErrors
 from monitor.daemon.export import ComponentCollector, CoreCollector, OperationsCollector
@@ -43,12 +42,16 @@ from monitor.daemon.refresh import Published, Refresher
 from monitor.daemon.service import Daemon, daemon_metrics_registry, http_limits, http_security
 from monitor.daemon.status import DaemonStatus, StreamCounts
 from monitor.decoding.decoder import Decoder
+from monitor.errors import ConfigError
 from monitor.scaleout.canaries import ReducerCanaries, for_reducer
 from monitor.scaleout.detectors import SubwindowDetectors, subwindow_detectors
 from monitor.scaleout.export import OwnedOnly, Ownership, ReducerCollector, probe_home
 from monitor.scaleout.intake import PartialsReader
 from monitor.scaleout.table import MergeTable
 from monitor.server.exporter import HttpServer
+
+if TYPE_CHECKING:
+    from monitor.config import Settings
 
 logger = logging.getLogger(__name__)
 

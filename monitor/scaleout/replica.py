@@ -25,15 +25,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from monitor.component import Component
-from monitor.config import ConfigError, Settings
 from monitor.daemon import failpoints
 from monitor.daemon.checkpointing import Checkpointer
 from monitor.daemon.ingest import IngestPipeline
 from monitor.daemon.offsets import OffsetTracker, Partition
 from monitor.daemon.rebalance import PartitionHandoff
+from monitor.errors import ConfigError
 from monitor.scaleout.canaries import ARRIVALS, with_arrivals
 from monitor.scaleout.marker import CommitIntent, MarkerState, PublishedMarker, commit_happened
 from monitor.scaleout.partials import Offsets
@@ -42,6 +42,9 @@ from monitor.scaleout.resume import ManifestReader, published_offsets, resume_af
 from monitor.sources.base import PartitionListener, Source, SourceMessage
 from monitor.state.registry import StateRegistry
 from monitor.storage.checkpoint_format import CheckpointError
+
+if TYPE_CHECKING:
+    from monitor.config import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -28,10 +28,12 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from monitor.config import Settings
 from monitor.scaleout.partials import KIND_HEADER, MANIFEST, Manifest, PartialError, Record, decode_manifest
+
+if TYPE_CHECKING:
+    from monitor.config import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -32,11 +32,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from monitor.config import Settings
 from monitor.decoding.records import StreamKey
 from monitor.logs import RateLimitedLog
 from monitor.scaleout.canary_rows import CanaryRows
@@ -57,6 +56,9 @@ from monitor.state.reservoir import uniform_sample
 from monitor.state.stats import SufficientStats
 from monitor.state.window import WindowSnapshot
 from monitor.tally import Tally
+
+if TYPE_CHECKING:
+    from monitor.config import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -46,7 +46,6 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 
-from monitor.config import KafkaSettings
 from monitor.decoding.records import SourcePosition
 from monitor.errors import ConfigError
 from monitor.sources.base import MessageKind, Partition, SourceMessage
@@ -61,6 +60,7 @@ from monitor.sources.kafka import (
 from monitor.sources.kafka_options import LIBRDKAFKA_NAMES
 from monitor.sources.kafka_positions import _WHY, RESET_REASONS
 from monitor.sources.reconnect import ConsumerReadings, LagReading, close_in_time
+from monitor.sources.settings import KafkaSettings
 from monitor.tally import Tally
 
 logger = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ _OUT_OF_RANGE = frozenset({KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_
 def librdkafka_config(settings: KafkaSettings) -> dict[str, Any]:
     """The librdkafka consumer properties: ours, ``kafka.options`` translated, then ``kafka.librdkafka``.
 
-    >>> from monitor.config import KafkaSettings
+    >>> from monitor.sources.settings import KafkaSettings
     >>> config = librdkafka_config(KafkaSettings(client="confluent", options={
     ...     "security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "u",
     ...     "sasl_plain_password": "p", "ssl_check_hostname": False}, librdkafka={"fetch.queue.backoff.ms": 10}))

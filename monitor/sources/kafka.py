@@ -55,7 +55,6 @@ from kafka.errors import KafkaConfigurationError, KafkaError, UnsupportedCodecEr
 from kafka.structs import OffsetAndMetadata
 
 from monitor.blocking import BlockingCall
-from monitor.config import KafkaSettings
 from monitor.decoding.records import SourcePosition
 from monitor.errors import ConfigError
 from monitor.sources.base import MessageKind, Partition, SourceMessage
@@ -76,6 +75,7 @@ from monitor.sources.reconnect import (
     LagReading,
     close_in_time,
 )
+from monitor.sources.settings import KafkaSettings
 from monitor.tally import Tally
 
 logger = logging.getLogger(__name__)

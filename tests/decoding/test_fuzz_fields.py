@@ -32,7 +32,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from monitor.config import LimitSettings, load_settings
+from monitor.config import load_settings
 from monitor.daemon.service import Monitor
 from monitor.decoding import decoder as decoding
 from monitor.decoding import json_decoding
@@ -40,6 +40,7 @@ from monitor.decoding.decoder import REASONS, Decoder, DecodeResult
 from monitor.decoding.json_decoding import parse_json
 from monitor.decoding.json_workers import JsonWorkerPool
 from monitor.decoding.labels import LABEL_VALUE_RE
+from monitor.decoding.settings import LimitSettings
 from monitor.sources.base import SourceMessage
 from tests.support import daemons
 
