@@ -330,6 +330,10 @@ def _spec_rows() -> Iterable[MetricSpec]:
         ("embmon_partials_published_bytes_total", "counter",
          "Bytes of record values a replica published to the partials topic.", (), "bytes",
          "monitor.scaleout.publisher:PartialsPublisher._deliver"),
+        ("embmon_partials_manifests_refused_total", "counter",
+         "Manifests on the partials topic a replica refused to resume after (forged, unsigned, out of "
+         "range), and published offsets capped at the log's end, by reason.", ("reason",), "",
+         "monitor.scaleout.resume:ManifestReader._manifest"),
         ("embmon_partials_publish_failures_total", "counter",
          "Publications a replica could not send; its offsets are not committed until one is sent.", (), "",
          "monitor.scaleout.publisher:PartialsPublisher.flush"),

@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 
 from monitor import catalog
 from monitor.daemon.export import by_label
+from monitor.scaleout.resume import REFUSED_REASONS
 
 if TYPE_CHECKING:
     from monitor.scaleout.publisher import PartialsPublisher
@@ -35,6 +36,8 @@ class PublisherCollector(Collector):
         size = catalog.counter("embmon_partials_published_bytes_total")
         size.add_metric([], float(p.bytes_total))
         yield size
+        yield by_label(catalog.counter("embmon_partials_manifests_refused_total"), p.refused.snapshot(),
+                       REFUSED_REASONS)
         failures = catalog.counter("embmon_partials_publish_failures_total")
         failures.add_metric([], float(p.failures))
         yield failures

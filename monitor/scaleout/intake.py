@@ -315,12 +315,14 @@ class PartialsReader:
     ) -> None:
         try:
             manifest = self.table.offer_record(key, value, headers, at)
-        except PartialError as exc:
-            self._log.warning("corrupt", "skipping an unusable record of %s: %s", self.partials_topic, exc)
+        except PartialError as exc:  # counted by the table; any other exception is one too (offer_record)
+            self._log.warning(f"refused:{exc.reason}", "skipping a record of %s at %s (%s): %s", self.partials_topic,
+                              at, exc.reason, exc)
             return
         if manifest is not None:  # interaction query vectors are checked against the models' dimensions
-            for stream in manifest.streams:
-                self.decoder.dims.setdefault(stream.model, stream.dim)
+            for stream in manifest.streams:  # only an applied manifest's, at the dimension the table merges
+                if self.table.dim_of((stream.model, stream.stream)) in (None, stream.dim):
+                    self.decoder.dims.setdefault(stream.model, stream.dim)
 
     def _apply_interactions(self, result: DecodeResult) -> None:
         now = self.clock()

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from monitor.daemon import failpoints
 from monitor.logs import RateLimitedLog
+from monitor.scaleout import signing
 from monitor.scaleout.partials import (
     EpochClock,
     Manifest,
@@ -118,10 +119,12 @@ class PartialsPublisher:
         self.full_every = scale.full_publish_seconds or settings.window.seconds
         self.geometry = WindowGeometry(settings.window.seconds, settings.window.subwindows,
                                        settings.window.reservoir_size, settings.quality.alignment_alpha)
+        self.keys = scale.partials_keys()  # the first signs every record (none: unsigned)
         self.instance = uuid.uuid4().hex[:12]
         self.epochs = EpochClock(clock)
         self.clock = clock
         self.records: Tally[str] = Tally()  # by kind
+        self.refused: Tally[str] = Tally()  # manifests this replica's resume reader refused, by reason
         self.bytes_total = 0
         self.failures = 0
         self._settings = settings
@@ -228,8 +231,9 @@ class PartialsPublisher:
             return True
 
     def _deliver(self, producer: Any, records: Sequence[tuple[Record, int]]) -> None:
-        futures = [producer.send(self.topic, key=record.key, value=record.value, headers=list(record.headers),
-                                 partition=partition) for record, partition in records]
+        futures = [producer.send(self.topic, key=record.key, value=record.value, partition=partition,
+                                 headers=list(signing.sign(self.keys, record.key, record.value, record.headers)))
+                   for record, partition in records]
         deadline = time.monotonic() + self.timeout
         producer.flush(timeout=self.timeout)
         for future in futures:

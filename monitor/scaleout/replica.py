@@ -58,7 +58,8 @@ class ReplicaRole:
         self.replica = settings.scale_out.replica_id
         self.publisher = publisher or PartialsPublisher(settings)
         self.marker = PublishedMarker(settings.state_dir)
-        self.manifests = manifests or ManifestReader(settings)  # the partials topic: where partitions resume
+        # the partials topic: where partitions resume (the manifests it refuses are the publisher's to export)
+        self.manifests = manifests or ManifestReader(settings, refused=self.publisher.refused)
         self._initial: MarkerState | None = None
         self._marked = -1  # newest epoch in the marker
         self._committed = -1  # newest published epoch whose offsets were committed
@@ -354,4 +355,4 @@ class PublishingHandoff(PartitionHandoff):
                          "but not committed by a replica that died may count twice)")
             return own
         self._role.complete_seals()
-        return resume_after(own, published_offsets(manifests))
+        return resume_after(own, self._role.manifests.capped(published_offsets(manifests)))

@@ -13,6 +13,14 @@ The manifests are read from the beginning of the partials topic, then incrementa
 end at the time of each call (only manifest records are decoded): a replica that died long ago
 still counts, as long as the topic keeps its newest manifest (it is compacted by key).
 
+Only a manifest that passes every check may move a position: signed under an accepted key (with
+``scale_out.partials_key_file``), of a replica in ``scale_out.replicas`` (when set), with an epoch
+below 2^63 and not further ahead of this replica's clock than ``scale_out.max_clock_skew_seconds``,
+and within the reader's bounds. Refused ones are counted by reason
+(``embmon_partials_manifests_refused_total``), and a published offset is never taken beyond the
+partition's end as the broker lists it (``beyond_end``): a position past the log would skip every
+record written until the log reaches it.
+
 A publication's manifest (its seal) goes to every partition once its partials are acknowledged;
 a reducer switches the streams of a partition to it when it reads it there. A replica killed
 while writing the seals leaves it on some partitions only: the newest manifest on any partition
@@ -30,7 +38,19 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from monitor.scaleout.partials import KIND_HEADER, MANIFEST, Manifest, PartialError, Record, decode_manifest
+from monitor.logs import RateLimitedLog
+from monitor.scaleout import signing
+from monitor.scaleout.partials import (
+    KIND_HEADER,
+    MANIFEST,
+    Bounds,
+    Manifest,
+    PartialError,
+    Record,
+    parse_record,
+    record_replica,
+)
+from monitor.tally import Tally
 
 if TYPE_CHECKING:
     from monitor.config import Settings
@@ -39,6 +59,9 @@ logger = logging.getLogger(__name__)
 
 Partition = tuple[str, int]
 READ_TIMEOUT_SECONDS = 20.0
+# The `reason` label of embmon_partials_manifests_refused_total.
+REFUSED_REASONS = ("unsigned", "bad_signature", "unknown_replica", "epoch_range", "oversize", "limit",
+                   "dim_mismatch", "corrupt", "beyond_end")
 
 
 class ManifestReader:
@@ -51,9 +74,16 @@ class ManifestReader:
     deleted and recreated) is read again from its beginning, and what was known is dropped.
     """
 
-    def __init__(self, settings: Settings, timeout: float = READ_TIMEOUT_SECONDS):
+    def __init__(self, settings: Settings, timeout: float = READ_TIMEOUT_SECONDS, clock: Any = time.time,
+                 refused: Tally[str] | None = None):
         self.settings = settings
         self.timeout = timeout
+        self.clock = clock
+        self.bounds = Bounds.of(settings)
+        self.keys = settings.scale_out.partials_keys()
+        self.trusted = frozenset(settings.scale_out.replicas)
+        self.refused: Tally[str] = Tally() if refused is None else refused  # by reason
+        self._log = RateLimitedLog(logger)
         self._lock = threading.Lock()
         self._consumer: Any = None
         self._newest: dict[str, Manifest] = {}
@@ -105,7 +135,7 @@ class ManifestReader:
                 return None
             for tp, records in consumer.poll(timeout_ms=500).items():
                 for record in records:
-                    manifest = _manifest(record)
+                    manifest = self._manifest(record)
                     if manifest is None:
                         continue
                     sealed = self._sealed.setdefault(manifest.replica, {})
@@ -134,6 +164,66 @@ class ManifestReader:
                     out.append((Record(raw.key, raw.value, tuple(raw.headers or ())), missing))
             return out
 
+    def _manifest(self, record: object) -> Manifest | None:
+        """The manifest in ``record``, if it is one that may move a position (module docstring)."""
+        headers = getattr(record, "headers", None) or ()
+        value = getattr(record, "value", None)
+        if (MANIFEST.encode(), ) != tuple(raw for name, raw in headers if name == KIND_HEADER) or value is None:
+            return None
+        try:
+            why = signing.refusal(self.keys, getattr(record, "key", None), value, headers)
+            if why is not None:
+                raise PartialError("a manifest without a valid signature", why)
+            named = record_replica(getattr(record, "key", None))
+            if self.trusted and named not in self.trusted:
+                raise PartialError(f"replica {named!r} is not in scale_out.replicas", "unknown_replica")
+            manifest = parse_record(getattr(record, "key", None), value, headers, self.bounds)
+            if not isinstance(manifest, Manifest):
+                raise PartialError("a manifest's kind on another record")
+            if self.trusted and manifest.replica not in self.trusted:
+                raise PartialError(f"replica {manifest.replica!r} is not in scale_out.replicas", "unknown_replica")
+            why = self.bounds.epoch_refusal(manifest.epoch, self.clock())
+            if why is not None:
+                raise PartialError(f"epoch {manifest.epoch} is beyond this clock + max_clock_skew_seconds", why)
+        except PartialError as exc:  # parse_record turns any other exception into one
+            self.refused.add(exc.reason if exc.reason in REFUSED_REASONS else "corrupt")
+            self._log.warning(f"refused:{exc.reason}", "a manifest on %s cannot move a position (%s): %s",
+                              self.settings.scale_out.partials_topic, exc.reason, exc)
+            return None
+        return manifest
+
+    def capped(self, published: Mapping[Partition, int]) -> dict[Partition, int]:
+        """``published`` with every offset at most the last one the broker lists for its partition
+        (counted ``beyond_end`` where it was further); the embeddings topic's partitions only. Left
+        out where the end cannot be read: a position no log confirms moves nothing."""
+        from kafka import TopicPartition
+        from kafka.errors import KafkaError
+
+        topic = self.settings.kafka.embeddings_topic
+        mine = {key: offset for key, offset in published.items() if key[0] == topic}
+        if not mine:
+            return {}
+        with self._lock:
+            try:
+                consumer = self._consumer
+                ends = consumer.end_offsets([TopicPartition(t, p) for t, p in sorted(mine)]) if consumer else {}
+            except KafkaError as exc:
+                ends = {}
+                logger.error("cannot read the end offsets of %s (%s): resuming from the group's commits (records "
+                             "published but not committed by a replica that died may count twice)", topic, exc)
+        out = {}
+        for (t, p), offset in mine.items():
+            end = ends.get(TopicPartition(t, p))
+            if end is None:
+                continue
+            if offset > int(end) - 1:
+                self.refused.add("beyond_end")
+                self._log.warning("beyond_end", "a manifest reflects offset %d of %s/%d, whose log ends at %d: "
+                                  "capped", offset, t, p, int(end))
+                offset = int(end) - 1
+            out[(t, p)] = offset
+        return out
+
     def close(self) -> None:
         with self._lock:
             self.close_locked()
@@ -142,17 +232,6 @@ class ManifestReader:
         if self._consumer is not None:
             consumer, self._consumer = self._consumer, None
             consumer.close(autocommit=False)
-
-
-def _manifest(record: object) -> Manifest | None:
-    headers = dict(getattr(record, "headers", None) or ())
-    value = getattr(record, "value", None)
-    if headers.get(KIND_HEADER) != MANIFEST.encode() or value is None:
-        return None
-    try:
-        return decode_manifest(value)
-    except PartialError:
-        return None  # the reducer counts it; here it only cannot move a position
 
 
 def published_offsets(manifests: Mapping[str, Manifest]) -> dict[Partition, int]:

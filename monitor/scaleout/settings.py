@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import socket
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -64,6 +65,16 @@ class ScaleOutSettings(BaseModel):
     # 5th (Page-Hinkley) and check at every update (ADWIN), where one daemon's defaults wait 30
     # and 32 mini-batches. No alarm on 200,000 simulated null updates (iid unit normals); a
     # 20-sd shift of the sub-window mean caught at the 2nd update (Page-Hinkley), a 5-sd one at the 6th-9th.
+    # Securing the partials topic (docs/deployment.md, "Securing the partials topic"). A file of
+    # HMAC keys, one per line (the first signs, every one is accepted: rotation): replicas sign
+    # every record they publish, and replicas and reducers refuse records no key signed.
+    partials_key_file: Path | None = None
+    # The replica ids whose publications are trusted: merged by reducers, and able to move where a
+    # partition resumes. Empty: any replica id (then only the key keeps forged ids out).
+    replicas: list[str] = Field(default_factory=list, max_length=1000)
+    # A publication's epoch is its capture time: one further ahead of the reader's clock than this
+    # is refused (a far-future epoch would otherwise outrank every genuine publication).
+    max_clock_skew_seconds: float = Field(300.0, gt=0, le=86_400)
     detectors: dict[DetectorKind, dict[str, Any]] = Field(
         default_factory=lambda: {kind: dict(params) for kind, params in SUBWINDOW_DETECTORS.items()}, min_length=1)
 
@@ -79,3 +90,25 @@ class ScaleOutSettings(BaseModel):
         if not _LABEL_SAFE.match(value):
             raise ValueError(f"{value!r} must be 1-64 characters of [A-Za-z0-9_.:/@+-] (it is a label value)")
         return value
+
+    @field_validator("replicas")
+    @classmethod
+    def _replica_ids(cls, value: list[str]) -> list[str]:
+        for replica in value:
+            cls._label_safe(replica)
+        return value
+
+    @field_validator("partials_key_file")
+    @classmethod
+    def _key_file(cls, value: Path | None) -> Path | None:
+        from monitor.scaleout.signing import read_key_file
+
+        if value is not None:
+            read_key_file(value)  # a KeyFileError names the file, never a key
+        return value
+
+    def partials_keys(self) -> tuple[bytes, ...]:
+        """The HMAC keys of the partials topic, the signing one first (none without a key file)."""
+        from monitor.scaleout.signing import read_key_file
+
+        return () if self.partials_key_file is None else read_key_file(self.partials_key_file)

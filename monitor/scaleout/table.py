@@ -38,8 +38,10 @@ import numpy as np
 
 from monitor.decoding.records import StreamKey
 from monitor.logs import RateLimitedLog
+from monitor.scaleout import signing
 from monitor.scaleout.canary_rows import CanaryRows
 from monitor.scaleout.partials import (
+    Bounds,
     Chunk,
     ChunkAssembler,
     Manifest,
@@ -51,6 +53,7 @@ from monitor.scaleout.partials import (
     WindowGeometry,
     decode_subwindow,
     parse_record,
+    record_replica,
 )
 from monitor.state.reservoir import uniform_sample
 from monitor.state.stats import SufficientStats
@@ -65,7 +68,8 @@ logger = logging.getLogger(__name__)
 PENDING_EPOCHS = 2  # per sub-window: a publication in flight and the one after it
 # The `reason` label of embmon_reducer_partials_ignored_total.
 IGNORED_REASONS = ("superseded", "duplicate", "missing", "expired", "clock_skew", "replica_limit",
-                   "window_mismatch", "dim_mismatch", "corrupt")
+                   "window_mismatch", "dim_mismatch", "corrupt", "unsigned", "bad_signature", "unknown_replica",
+                   "epoch_range", "oversize", "limit")
 _INDEX_MASK = (1 << 62) - 1
 
 
@@ -137,10 +141,15 @@ class MergeTable:
         self.clock = clock
         self.applied: Tally[str] = Tally()
         self.ignored: Tally[str] = Tally()
-        self.assembler = ChunkAssembler()
+        self.bounds = Bounds.of(settings)
+        self.keys = settings.scale_out.partials_keys()  # none: records are not authenticated
+        self.trusted = frozenset(settings.scale_out.replicas)  # empty: any replica id
+        self.max_models, self.max_streams_per_model = settings.limits.max_models, settings.limits.max_streams_per_model
+        self.assembler = ChunkAssembler(self.bounds.max_subwindow_bytes)
         self._replicas: dict[str, _ReplicaView] = {}
         self._dims: dict[StreamKey, int] = {}  # the first dimension a replica published for a stream
-        self._partitions: dict[StreamKey, int] = {}  # where each stream's partials are, as manifests say
+        # where each stream's partials are, as the manifests held say (rebuilt from them: refused ones add nothing)
+        self._partitions: dict[StreamKey, int] = {}
         self._lock = threading.Lock()
         self._log = RateLimitedLog(logger)
 
@@ -158,91 +167,159 @@ class MergeTable:
         return None
 
     # ------------------------------------------------------------------ applying records
-    def _view(self, replica: str) -> _ReplicaView | None:
+    # Every check runs before any state is created: a refused record adds no replica view, no
+    # dimension, no partition entry and no pending piece.
+    def _has_room(self, replica: str) -> bool:
+        if replica in self._replicas or len(self._replicas) < self.max_replicas:
+            return True
+        self.ignored.add("replica_limit")
+        self._log.warning("replica_limit", "replica %r is beyond scale_out.max_replicas (%d): not merged",
+                          replica, self.max_replicas)
+        return False
+
+    def _view(self, replica: str) -> _ReplicaView:
         view = self._replicas.get(replica)
         if view is None:
-            if len(self._replicas) >= self.max_replicas:
-                self.ignored.add("replica_limit")
-                self._log.warning("replica_limit", "replica %r is beyond scale_out.max_replicas (%d): not merged",
-                                  replica, self.max_replicas)
-                return None
             view = self._replicas[replica] = _ReplicaView(replica)
         return view
+
+    def _check_source(self, replica: str, epoch: int | None) -> None:
+        """Raises :class:`PartialError` for a replica outside ``scale_out.replicas`` or an epoch out of range."""
+        if self.trusted and replica not in self.trusted:
+            raise PartialError(f"replica {replica!r} is not in scale_out.replicas", "unknown_replica")
+        if epoch is not None and (why := self.bounds.epoch_refusal(epoch, self.clock())) is not None:
+            raise PartialError(f"epoch {epoch} of replica {replica!r} is beyond the reducer's clock "
+                               f"+ scale_out.max_clock_skew_seconds", why)
+
+    def _within_limits(self, streams: set[StreamKey]) -> bool:
+        """Whether holding ``streams`` too keeps the table within ``limits.max_models`` and
+        ``limits.max_streams_per_model`` (counted, ``limit``, when not)."""
+        held = {k for v in self._replicas.values() for k in (*v.streams, *(k[:2] for k in v.pending))}
+        new = streams - held
+        if not new:
+            return True
+        every = held | new
+        models = {m for m, _ in every}
+        per_model: dict[str, int] = {}
+        for model, _ in every:
+            per_model[model] = per_model.get(model, 0) + 1
+        if len(models) <= self.max_models and all(per_model[m] <= self.max_streams_per_model for m, _ in new):
+            return True
+        self.ignored.add("limit")
+        self._log.warning("limit", "streams %s would exceed limits.max_models (%d) or max_streams_per_model (%d): "
+                          "not merged", sorted(new)[:5], self.max_models, self.max_streams_per_model)
+        return False
 
     def offer_record(
         self, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]], at: tuple[str, int, int]
     ) -> Manifest | None:
         """One record of the partials topic, read at ``at`` = (topic, partition, offset).
 
-        Returns the manifest when it was one; raises :class:`~monitor.scaleout.partials.PartialError`
-        (and counts it) when the record cannot be used.
+        Returns the manifest when it was one and was applied; raises
+        :class:`~monitor.scaleout.partials.PartialError` (counted by its ``reason``) when the record
+        cannot be used, whatever went wrong while decoding it: the caller moves past it.
         """
         try:
-            parsed = parse_record(key, value, headers)
-            if isinstance(parsed, Tombstone):
-                self.assembler.forget(parsed.replica, parsed.key)
-            elif isinstance(parsed, Chunk):
-                data = self.assembler.add(parsed, at)
-                if data is not None:
-                    self.offer_subwindow(decode_subwindow(data))
-            else:
-                self.offer_manifest(parsed, at[1])
-                return parsed
-        except PartialError:
-            self.ignored.add("corrupt")
+            return self._offer_record(key, value, headers, at)
+        except PartialError as exc:
+            self.ignored.add(exc.reason if exc.reason in IGNORED_REASONS else "corrupt")
             raise
+        except Exception as exc:  # noqa: BLE001 - one record never halts a partition
+            self.ignored.add("corrupt")
+            raise PartialError(f"{type(exc).__name__}: {exc}"[:500]) from None
+
+    def _offer_record(
+        self, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]], at: tuple[str, int, int]
+    ) -> Manifest | None:
+        why = signing.refusal(self.keys, key, value, headers)
+        if why is not None:
+            raise PartialError("a record without a valid signature (scale_out.partials_key_file)", why)
+        named = record_replica(key)
+        if self.trusted and named is not None:
+            self._check_source(named, None)  # before its value is read: the value must name the same replica
+        parsed = parse_record(key, value, headers, self.bounds)
+        if isinstance(parsed, Tombstone):
+            self._check_source(parsed.replica, None)
+            self.assembler.forget(parsed.replica, parsed.key)
+        elif isinstance(parsed, Chunk):
+            self._check_source(parsed.replica, parsed.epoch)
+            why = self._index_ok(parsed.key[2], self.clock())
+            if why is not None:  # checked before it is held: a far-future chunk never pins a position
+                self.ignored.add(why)
+                return None
+            with self._lock:
+                if not self._has_room(parsed.replica):
+                    return None
+            data = self.assembler.add(parsed, at)
+            if data is not None:
+                partial = decode_subwindow(data, self.bounds)
+                if (partial.replica, partial.key, partial.epoch) != (parsed.replica, parsed.key, parsed.epoch):
+                    raise PartialError(f"a partial of {partial.replica!r} {partial.key} epoch {partial.epoch} under "
+                                       f"the key of {parsed.replica!r} {parsed.key} epoch {parsed.epoch}")
+                self.offer_subwindow(partial)
+        else:
+            self._check_source(parsed.replica, parsed.epoch)
+            if self.offer_manifest(parsed, at[1]):
+                return parsed
         return None
 
     def offer_subwindow(self, partial: SubwindowPartial) -> None:
         """A sub-window partial arrived: hold it until the manifest that names it."""
         with self._lock:
-            view = self._view(partial.replica)
-            if view is None:
-                return
             why = self._index_ok(partial.index, self.clock())
             if why is not None:
                 self.ignored.add(why)
                 return
-            if partial.epoch <= view.epoch_of(partial.key[:2]):
+            view = self._replicas.get(partial.replica)
+            if view is not None and partial.epoch <= view.epoch_of(partial.key[:2]):
                 held = view.pieces.get(partial.key)
                 self.ignored.add("duplicate" if held is not None and held.epoch == partial.epoch else "superseded")
                 return
-            by_epoch = view.pending.setdefault(partial.key, {})
-            if partial.epoch in by_epoch:
+            if view is not None and partial.epoch in view.pending.get(partial.key, {}):
                 self.ignored.add("duplicate")
                 return
+            if not self._has_room(partial.replica) or not self._within_limits({partial.key[:2]}):
+                return
+            view = self._view(partial.replica)
+            by_epoch = view.pending.setdefault(partial.key, {})
             by_epoch[partial.epoch] = partial
             for old in sorted(by_epoch)[:-PENDING_EPOCHS]:
                 del by_epoch[old]
                 self.ignored.add("superseded")
             self.applied.add("subwindow")
 
-    def offer_manifest(self, manifest: Manifest, partition: int = 0) -> None:
-        """A manifest read on ``partition``: the replica's streams there become exactly what it names."""
+    def offer_manifest(self, manifest: Manifest, partition: int = 0) -> bool:
+        """A manifest read on ``partition``: the replica's streams there become exactly what it names.
+        True when it was applied."""
         with self._lock:
-            for s in manifest.streams:
-                self._partitions[(s.model, s.stream)] = s.on(partition)
-            view = self._view(manifest.replica)
-            if view is None:
-                return
-            before = view.sealed.get(partition)
+            existing = self._replicas.get(manifest.replica)
+            before = existing.sealed.get(partition) if existing is not None else None
             if before is not None and manifest.epoch <= before.epoch:
                 self.ignored.add("duplicate" if manifest.epoch == before.epoch else "superseded")
-                return
+                return False
             if manifest.geometry != self.geometry:
                 self.ignored.add("window_mismatch")
                 self._log.warning("window_mismatch", "replica %r uses window %s, the reducer %s: not merged",
                                   manifest.replica, manifest.geometry, self.geometry)
-                return
+                return False
+            if not self._has_room(manifest.replica):
+                return False
+            if not self._within_limits({(s.model, s.stream) for s in manifest.streams}):
+                return False
             oldest = self._oldest_live(self.clock())
             here = {(s.model, s.stream): s for s in manifest.streams if s.on(partition) == partition}
             refused = set()
             for stream_key, s in here.items():
-                if self._dims.setdefault(stream_key, s.dim) != s.dim:
+                known = self._dims.get(stream_key, self.bounds.dims.get(s.model))
+                if known is not None and known != s.dim:
                     refused.add(stream_key)
                     self.ignored.add("dim_mismatch")
                     self._log.warning("dim_mismatch", "%s/%s: replica %r publishes dimension %d, others %d",
-                                      s.model, s.stream, manifest.replica, s.dim, self._dims[stream_key])
+                                      s.model, s.stream, manifest.replica, s.dim, known)
+            view = self._view(manifest.replica)
+            for stream_key, s in here.items():
+                if stream_key not in refused:
+                    self._dims.setdefault(stream_key, s.dim)
             # the streams this partition's seal decides: those it lists here, and those held from here before
             decided = set(here) | {key for key, (p, _) in view.streams.items() if p == partition}
             pieces = {k: p for k, p in view.pieces.items() if k[:2] not in decided}
@@ -265,7 +342,22 @@ class MergeTable:
             view.streams = {k: v for k, v in view.streams.items() if k not in decided}
             view.streams.update({k: (partition, s) for k, s in here.items()})
             view.sealed[partition] = manifest
+            self._rebuild_locked()
             self.applied.add("manifest")
+            return True
+
+    def _rebuild_locked(self) -> None:
+        """Where each stream's partials are, from the manifests held (newest last); the dimensions of
+        streams no replica holds any more are forgotten."""
+        partitions: dict[StreamKey, int] = {}
+        sealed = sorted(((m.epoch, p, m) for v in self._replicas.values() for p, m in v.sealed.items()),
+                        key=lambda x: x[:2])
+        for _epoch, partition, manifest in sealed:
+            for s in manifest.streams:
+                partitions[(s.model, s.stream)] = s.on(partition)
+        self._partitions = partitions
+        held = {k for v in self._replicas.values() for k in v.streams}
+        self._dims = {k: d for k, d in self._dims.items() if k in held}
 
     def release(self, partitions: set[int]) -> None:
         """Forget the streams whose partials are on ``partitions`` (another reducer owns them now)."""
@@ -281,6 +373,12 @@ class MergeTable:
             self._replicas = {r: v for r, v in self._replicas.items() if v.sealed or v.pending}
             for key in gone:
                 self._dims.pop(key, None)
+            self._rebuild_locked()
+
+    def dim_of(self, key: StreamKey) -> int | None:
+        """The dimension the table merges (model, stream) at (None: not held here)."""
+        with self._lock:
+            return self._dims.get(key)
 
     def stream_partitions(self) -> dict[StreamKey, int]:
         """Every (model, stream) a manifest read here listed, with the partition of its partials."""
@@ -294,6 +392,8 @@ class MergeTable:
             for view in self._replicas.values():
                 view.pieces = {k: p for k, p in view.pieces.items() if k[2] >= oldest}
                 view.pending = {k: d for k, d in view.pending.items() if k[2] >= oldest}
+            # a replica that only ever sent partials that left the window holds no slot
+            self._replicas = {r: v for r, v in self._replicas.items() if v.sealed or v.pending or v.pieces}
             self.assembler.forget_before(oldest)
 
     # ------------------------------------------------------------------ reading

@@ -126,7 +126,7 @@ def test_every_metric_section_of_the_docs_names_its_computing_code() -> None:
     text = DOCS.read_text()
     sections = re.split(r"\n### ", text)[1:]
     named = [s for s in sections if re.search(r"^\*Declared:\*.* · computed by `monitor(\.\w+)+:[\w.]+`$", s, re.M)]
-    assert len(sections) == len(named) == 102, (len(sections), len(named))
+    assert len(sections) == len(named) > 100, (len(sections), len(named))
 
 
 def test_a_target_that_does_not_exist_is_caught() -> None:

@@ -23,7 +23,8 @@ GROUP = "embedding-monitor.scale-out"
 # the reasons of embmon_reducer_partials_ignored_total that mean "refused": the publications are
 # not merged and will not be (duplicate, superseded, missing, expired and clock_skew are harmless
 # or repair themselves; docs/metrics.md)
-REFUSED_REASONS = ("window_mismatch", "dim_mismatch", "replica_limit", "corrupt")
+REFUSED_REASONS = ("window_mismatch", "dim_mismatch", "replica_limit", "corrupt", "unsigned", "bad_signature",
+                   "unknown_replica", "epoch_range", "oversize", "limit")
 TEST_REPLICA = "embedding-monitor-replica-1"
 REDUCER_INSTANCE = "reducer-0:9464"
 OTHER_REDUCER_INSTANCE = "reducer-1:9464"
