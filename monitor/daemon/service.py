@@ -10,9 +10,11 @@ The parts, in data-flow order (docs/architecture.md):
 * :mod:`monitor.daemon.jobs`: the scheduler that runs refresh, checkpoint and component jobs;
 * :mod:`monitor.daemon.export`: scrape-time families, reading :class:`~monitor.daemon.status.DaemonStatus`;
 * :mod:`monitor.daemon.lifecycle`: signals, exception-safe start-up, bounded shutdown;
-* :mod:`monitor.scaleout`: with ``scale_out.role: replica`` this daemon publishes each checkpoint's
-  state and commits only published offsets (and computes no window metrics); the reducer role is
-  another daemon (:class:`monitor.scaleout.reducer.Reducer`) sharing :class:`Daemon`'s lifecycle.
+* the roles: :class:`Monitor` is the single daemon, and its injection points (the source wrapper,
+  the partition hand-off, the component factories, extra collectors, the restore hooks) are what the
+  replica role (:class:`monitor.scaleout.replica.Replica`) overrides; the reducer
+  (:class:`monitor.scaleout.reducer.Reducer`) shares :class:`Daemon`'s lifecycle. ``cli/main.py``
+  picks the role by name (``ROLES``), so nothing here names one.
 
 Exactly-once state (docs/operations.md): a checkpoint holds all state and the offsets it
 reflects; with checkpointing on, only offsets in a durable checkpoint are committed, so the
@@ -54,24 +56,19 @@ from monitor.daemon.rebalance import PartitionHandoff
 from monitor.daemon.refresh import Published, Refresher
 from monitor.daemon.status import DaemonStatus
 from monitor.decoding.decoder import Decoder
-from monitor.scaleout.canaries import replica_component_factories
-from monitor.scaleout.export import PublisherCollector
-from monitor.scaleout.replica import (
-    PublishedOffsetsSource,
-    PublishingHandoff,
-    ReplicaRole,
-    check_replica_settings,
-    replica_source_settings,
-)
+from monitor.errors import ConfigError
 from monitor.server.exporter import HttpServer
 from monitor.server.http_server import ConnectionLimits
 from monitor.server.security import AuthLimits, is_loopback_host, read_token_file, server_ssl_context
 from monitor.sources import build_source
-from monitor.sources.base import Source
+from monitor.sources.base import PartitionListener, Source
 from monitor.state.registry import StateRegistry
 
 if TYPE_CHECKING:
+    from prometheus_client.registry import Collector
+
     from monitor.config import Settings
+    from monitor.daemon.checkpointing import CheckpointObserver
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +93,7 @@ class Daemon:
     checkpointer: Checkpointer | None
     refresher: Refresher
     computes_windows = True  # schedules the refresh of window metrics
+    serves_port_while_building = False  # takes ``early_port`` and ``stop_request`` (cli/main.py)
 
     def __init__(self, stop_request: StopRequest | None = None) -> None:
         self.stop_request = stop_request or StopRequest()
@@ -192,7 +190,11 @@ class Daemon:
 
 
 class Monitor(Daemon):
-    """Wires the daemon's parts together and runs their lifecycle."""
+    """Wires the daemon's parts together and runs their lifecycle: the single daemon (``scale_out.role:
+    single``). A role built on it overrides the injection points below (``_source`` ... ``_after_restore``)."""
+
+    role = "single"
+    serves_port_while_building = True
 
     def __init__(
         self,
@@ -211,12 +213,9 @@ class Monitor(Daemon):
         self.settings = settings
         self.clock = clock
         self._port_open = early_port
-        # scale_out.role replica: publish each checkpoint's state for the reducer (monitor/scaleout/)
-        self.replica: ReplicaRole | None = None
-        if settings.scale_out.role == "replica":
-            check_replica_settings(settings)
-            self.replica = ReplicaRole(settings)
-            self.computes_windows = False  # the reducer does
+        if settings.scale_out.role != self.role:
+            raise ConfigError(f"scale_out.role {settings.scale_out.role} is not built by {type(self).__name__}: "
+                              "cli/main.py's ROLES names the class of each role (monitor.cli.main.role_class)")
         self.registry = StateRegistry(settings)
         self.decoder = Decoder(
             settings.limits,
@@ -241,9 +240,7 @@ class Monitor(Daemon):
         )
         if early_port:
             self.http.start()
-        self.source = source or build_source(replica_source_settings(settings) if self.replica else settings)
-        if self.replica is not None:
-            self.source = PublishedOffsetsSource(self.source, self.replica)
+        self.source = self._source(settings, source)
         self.context = MonitorContext(
             settings=settings,
             registry=self.registry,
@@ -253,10 +250,7 @@ class Monitor(Daemon):
             add_route=self.http.add_route,
         )
         if component_factories is None:
-            # a replica's drift and probe gauges would be partial answers: the reducer runs them
-            # (canary records are forwarded to the reducer, which holds the pins)
-            component_factories = (replica_component_factories(settings) if self.replica
-                                   else default_component_factories(settings))
+            component_factories = self._component_factories(settings)
         self.components: list[Component] = [factory(self.context) for factory in component_factories]
         self.pipeline = IngestPipeline(
             settings, self.source, self.decoder, self.registry, self.components, self.offsets, self.errors, clock
@@ -264,16 +258,12 @@ class Monitor(Daemon):
         self.checkpointer = (
             Checkpointer(
                 settings, self.source, self.registry, self.decoder, self.pipeline, self.components, self.offsets,
-                self.errors, self.metrics_registry, observer=self.replica,
+                self.errors, self.metrics_registry, observer=self._checkpoint_observer(),
             )
             if checkpointing_enabled(settings)
             else None
         )
-        self.source.set_listener(
-            PublishingHandoff(self.pipeline, self.offsets, self.checkpointer, self.replica)
-            if self.replica is not None
-            else PartitionHandoff(self.pipeline, self.offsets, self.checkpointer)
-        )
+        self.source.set_listener(self._handoff())
         self.status = DaemonStatus(
             source=self.source,
             registry=self.registry,
@@ -290,8 +280,35 @@ class Monitor(Daemon):
         self.metrics_registry.register(CoreCollector(self.status))
         self.metrics_registry.register(ComponentCollector(self.components, self.errors))
         self.metrics_registry.register(OperationsCollector(self.status))
-        if self.replica is not None:
-            self.metrics_registry.register(PublisherCollector(self.replica.publisher))
+        for collector in self._collectors():
+            self.metrics_registry.register(collector)
+
+    # ------------------------------------------------------------------ injection points (the roles')
+    def _source(self, settings: Settings, source: Source | None) -> Source:
+        """The source ingest polls: ``source`` (a test's), or the one the settings ask for."""
+        return source or build_source(settings)
+
+    def _component_factories(self, settings: Settings) -> list[ComponentFactory]:
+        """The components to build when the caller names none: the features the settings turn on."""
+        return default_component_factories(settings)
+
+    def _checkpoint_observer(self) -> CheckpointObserver | None:
+        """Told of each checkpoint written (a replica publishes it)."""
+        return None
+
+    def _handoff(self) -> PartitionListener:
+        """What runs when the source's partitions move (checkpoint, then commit, on revocation)."""
+        return PartitionHandoff(self.pipeline, self.offsets, self.checkpointer)
+
+    def _collectors(self) -> list[Collector]:
+        """Collectors beyond the daemon's own and its components'."""
+        return []
+
+    def _before_restore(self) -> None:
+        """Runs before the checkpoint restore, in the restore's thread."""
+
+    def _after_restore(self) -> None:
+        """Runs after the checkpoint restore, in the restore's thread."""
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -332,12 +349,9 @@ class Monitor(Daemon):
     def _restore(self) -> None:
         assert self.checkpointer is not None
         failpoints.reach("checkpoint-restore")  # tests: a restore as slow as a huge state makes it
-        if self.replica is None:
-            self.checkpointer.restore()
-            return
-        self.replica.before_restore()
+        self._before_restore()
         self.checkpointer.restore()
-        self.replica.publish_restored(self.registry, self.offsets, self.components)
+        self._after_restore()
 
     def _final_checkpoint(self) -> None:
         """The shutdown checkpoint, waited for at most half the shutdown bound: one already being
