@@ -121,7 +121,7 @@ def _spec_rows() -> Iterable[MetricSpec]:
          ("reason",), "", "monitor.sources.kafka:KafkaSource.poll"),
         ("embmon_consumer_lag_records", "gauge",
          "Records behind the end of the topic, summed over assigned partitions.", ("topic",), "records",
-         "monitor.sources.kafka:records_behind"),
+         "monitor.sources.kafka_policy:records_behind"),
         ("embmon_source_last_progress_timestamp_seconds", "gauge",
          "When the consumer was last caught up on the topic (lag 0) or applied records from it; it falls "
          "behind while records wait and none are applied (a stalled poll or partition).", ("topic",), "seconds",

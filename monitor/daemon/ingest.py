@@ -38,7 +38,7 @@ from monitor.daemon.offsets import OffsetTracker
 from monitor.decoding.decoder import Decoder, DecodeResult, RawMessage, StartedDecode
 from monitor.decoding.json_workers import JsonWorkerPool
 from monitor.logs import RateLimitedLog
-from monitor.sources.base import Source, SourceMessage
+from monitor.sources.base import Offsets, Source, SourceMessage
 from monitor.state.registry import StateRegistry
 from monitor.tally import Tally
 
@@ -59,7 +59,7 @@ class DecodedPoll:
 
     embeddings: DecodeResult
     interactions: DecodeResult
-    positions: dict[tuple[str, int], int]  # last offset per partition in the poll
+    positions: Offsets  # last offset per partition in the poll
 
 
 @dataclass
@@ -68,7 +68,7 @@ class _StartedPoll:
 
     embeddings: StartedDecode
     interactions: list[RawMessage]
-    positions: dict[tuple[str, int], int]
+    positions: Offsets
 
 
 @dataclass
@@ -180,7 +180,7 @@ class IngestPipeline:
     def _start_decode(self, messages: Sequence[SourceMessage], workers: JsonWorkerPool | None) -> _StartedPoll:
         embeddings = [(m.value, m.headers) for m in messages if m.kind == "embeddings"]
         interactions: list[RawMessage] = [(m.value, m.headers) for m in messages if m.kind == "interactions"]
-        positions: dict[tuple[str, int], int] = {}
+        positions: Offsets = {}
         for m in messages:
             if m.position is not None:
                 key = (m.position.topic, m.position.partition)

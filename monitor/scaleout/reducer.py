@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client.registry import Collector
 
@@ -51,6 +51,8 @@ from monitor.scaleout.table import MergeTable
 from monitor.server.exporter import HttpServer
 
 if TYPE_CHECKING:
+    from kafka import KafkaConsumer
+
     from monitor.config import Settings
 
 logger = logging.getLogger(__name__)
@@ -95,7 +97,7 @@ class Reducer(Daemon):
         settings: Settings,
         clock: Callable[[], float] = time.time,
         component_factories: list[ComponentFactory] | None = None,
-        consumer_factory: Callable[[], Any] | None = None,
+        consumer_factory: Callable[[], KafkaConsumer] | None = None,
     ):
         super().__init__()
         online = settings.drift.online  # the drift component's are off here: the reducer runs its own
@@ -130,12 +132,16 @@ class Reducer(Daemon):
         for component in self.components:  # canaries and detectors feed from the table between two polls
             if isinstance(component, (ReducerCanaries, SubwindowDetectors)):
                 component.boundary = self.intake.at_batch_boundary
+        # the intake is an Intake (daemon/intake.py) for the checkpointer and the status; as the source
+        # and the registry, it and the table stand in for what they hold (names, topic ids, streams)
         self.checkpointer = Checkpointer(
-            settings, self.intake, self.table, self.decoder, self.intake, self.components,  # type: ignore[arg-type]
+            settings, self.intake, self.table,  # type: ignore[arg-type]
+            self.decoder, self.intake, self.components,
             self.intake.offsets, self.errors, self.metrics_registry,
         )
         self.status = ReducerStatus(
-            source=self.intake, registry=self.table, refresher=self.refresher, pipeline=self.intake,  # type: ignore[arg-type]
+            source=self.intake, registry=self.table,  # type: ignore[arg-type]
+            refresher=self.refresher, pipeline=self.intake,
             jobs=self.jobs, errors=self.errors, checkpointer=self.checkpointer, http=self.http,
             started_at=time.time(), wall_clock=time.time, rejected_files=self.context.rejected_files,
         )

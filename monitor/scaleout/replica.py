@@ -34,18 +34,17 @@ from monitor.component import Component
 from monitor.daemon import failpoints
 from monitor.daemon.checkpointing import Checkpointer
 from monitor.daemon.ingest import IngestPipeline
-from monitor.daemon.offsets import OffsetTracker, Partition
+from monitor.daemon.offsets import OffsetTracker
 from monitor.daemon.rebalance import PartitionHandoff
 from monitor.daemon.service import Monitor
 from monitor.errors import ConfigError
 from monitor.scaleout.canaries import ARRIVALS, replica_component_factories, with_arrivals
 from monitor.scaleout.export import PublisherCollector
 from monitor.scaleout.marker import CommitIntent, MarkerState, PublishedMarker, commit_happened
-from monitor.scaleout.partials import Offsets
 from monitor.scaleout.publisher import PartialsPublisher
 from monitor.scaleout.resume import ManifestReader, published_offsets, resume_after
 from monitor.sources import build_source
-from monitor.sources.base import PartitionListener, Source, SourceMessage
+from monitor.sources.base import Offsets, Partition, PartitionListener, Source, SourceMessage
 from monitor.state.registry import StateRegistry
 from monitor.storage.checkpoint_format import CheckpointError
 
@@ -228,14 +227,15 @@ class ReplicaRole:
 def group_positions(settings: Settings, partitions: list[Partition]) -> dict[Partition, int | None] | None:
     """The consumer group's committed position per partition (``None``: no commit), or ``None``
     when the broker cannot be asked. A plain consumer that joins no group: OffsetFetch only."""
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
     from kafka.errors import KafkaError
 
     from monitor.sources.kafka import KafkaSource
+    from monitor.sources.kafka_clients import new_consumer
 
     config = KafkaSource(settings.kafka).consumer_config()
     try:
-        consumer = KafkaConsumer(**config)
+        consumer = new_consumer(config)
     except KafkaError as exc:
         logger.warning("cannot reach Kafka to read the group's committed offsets (%s)", exc)
         return None
@@ -280,7 +280,7 @@ class PublishedOffsetsSource(Source):
         self.role.commit_published(self.inner)
         return self.inner.poll(timeout)
 
-    def commit(self, offsets: Mapping[tuple[str, int], int]) -> bool:
+    def commit(self, offsets: Mapping[Partition, int]) -> bool:
         # ``offsets`` are durable (on disk); what may be committed is what is published.
         self.role.commit_published(self.inner)
         return True

@@ -49,16 +49,17 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, 
 from monitor.decoding.records import SourcePosition
 from monitor.errors import ConfigError
 from monitor.sources.base import MessageKind, Partition, SourceMessage
-from monitor.sources.kafka import (
+from monitor.sources.kafka_options import LIBRDKAFKA_NAMES
+from monitor.sources.kafka_policy import (
     ERROR_REASONS,
     ISOLATION_LEVELS,
     OFFSET_RESET_POLICIES,
+    RESET_EXPLANATIONS,
+    RESET_REASONS,
     records_behind,
     seek_position,
     start_reason,
 )
-from monitor.sources.kafka_options import LIBRDKAFKA_NAMES
-from monitor.sources.kafka_positions import _WHY, RESET_REASONS
 from monitor.sources.reconnect import ConsumerReadings, LagReading, close_in_time
 from monitor.sources.settings import KafkaSettings
 from monitor.tally import Tally
@@ -291,7 +292,7 @@ class ConfluentSource(ConsumerReadings):
             "partition %s: cannot resume at offset %s: %s (the log's first offset is %d, its end %d). Resuming at "
             "offset %d (auto_offset_reset=%s); the offsets kept for the partition (checkpoint, group) are replaced; "
             "embmon_source_offset_resets_total{reason=\"%s\"} counts it",
-            key, "?" if offset is None else offset, _WHY[reason], low, high, target, self.policy, reason,
+            key, "?" if offset is None else offset, RESET_EXPLANATIONS[reason], low, high, target, self.policy, reason,
         )
         return target
 
