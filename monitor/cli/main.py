@@ -131,10 +131,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         stop = StopRequest()
         with capture_signals(stop):  # a signal while the daemon is being built stops it cleanly too
-            daemon(settings, early_port=True, stop_request=stop).serve()
-    else:
-        daemon(settings).serve()
-    return 0
+            return daemon(settings, early_port=True, stop_request=stop).serve()
+    return daemon(settings).serve()
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -35,7 +35,7 @@ from threadpoolctl import threadpool_limits
 from monitor.component import Component
 from monitor.daemon.counters import InternalErrors
 from monitor.daemon.offsets import OffsetTracker
-from monitor.decoding.decoder import Decoder, DecodeResult, RawMessage, StartedDecode
+from monitor.decoding.decoder import INTERACTIONS_STREAM, Decoder, DecodeResult, RawMessage, StartedDecode
 from monitor.decoding.json_workers import JsonWorkerPool
 from monitor.logs import RateLimitedLog
 from monitor.sources.base import Offsets, Source, SourceMessage
@@ -178,15 +178,28 @@ class IngestPipeline:
         return self._finish_decode(self._start_decode(messages, None))
 
     def _start_decode(self, messages: Sequence[SourceMessage], workers: JsonWorkerPool | None) -> _StartedPoll:
-        embeddings = [(m.value, m.headers) for m in messages if m.kind == "embeddings"]
-        interactions: list[RawMessage] = [(m.value, m.headers) for m in messages if m.kind == "interactions"]
+        readable = [m for m in messages if m.unreadable is None]
+        embeddings = [(m.value, m.headers) for m in readable if m.kind == "embeddings"]
+        interactions: list[RawMessage] = [(m.value, m.headers) for m in readable if m.kind == "interactions"]
         positions: Offsets = {}
         for m in messages:
             if m.position is not None:
                 key = (m.position.topic, m.position.partition)
                 positions[key] = max(positions.get(key, -1), m.position.offset)
         started = self.decoder.start_embeddings(embeddings, None if workers is None else workers.submit)
+        if len(readable) < len(messages):
+            self._reject_unreadable(messages, started)
         return _StartedPoll(started, interactions, positions)
+
+    def _reject_unreadable(self, messages: Sequence[SourceMessage], started: StartedDecode) -> None:
+        """Count the records the source could not read (by its reason), as invalid records of the
+        stream their topic's records default to; their offsets are applied with the rest."""
+        for m in messages:
+            if m.unreadable is not None:
+                stream = self.decoder.default_stream if m.kind == "embeddings" else INTERACTIONS_STREAM
+                where = "" if m.position is None else f" at {m.position.topic}[{m.position.partition}] " \
+                    f"offset {m.position.offset}"
+                started.result.reject(stream, m.unreadable, detail=f"a record the Kafka client could not read{where}")
 
     def _finish_decode(self, poll: _StartedPoll) -> DecodedPoll:
         return DecodedPoll(

@@ -166,16 +166,16 @@ class ShutdownWatchdog:
 
     A daemon thread: it waits for the stop request, then for the shutdown to be done
     (:meth:`finished`, or the main thread ended) or for ``bound`` seconds to pass, whichever comes
-    first. Past the bound it calls ``force_exit(0)`` at once; after the shutdown it leaves the
-    process a moment (``LEFTOVER_GRACE_SECONDS``) to exit by itself and then calls
-    ``force_exit(0)``, logging what it abandoned: the interpreter would otherwise wait for a
-    scheduled job still writing to a stalled disk. A process that exits by itself takes the
+    first. Past the bound it calls ``force_exit(exit_status())`` (0 unless a part failed) at once;
+    after the shutdown it leaves the process a moment (``LEFTOVER_GRACE_SECONDS``) to exit by itself
+    and then calls ``force_exit(exit_status())``, logging what it abandoned: the interpreter would
+    otherwise wait for a scheduled job still writing to a stalled disk. A process that exits by itself takes the
     watchdog with it. Only for a daemon that owns its process (``Daemon.serve``).
     """
 
     def __init__(self, stop: StopRequest, bound: float, force_exit: Callable[[int], None] = os._exit,
-                 main: threading.Thread | None = None):
-        self._stop, self.bound, self._force_exit = stop, bound, force_exit
+                 main: threading.Thread | None = None, exit_status: Callable[[], int] = lambda: 0):
+        self._stop, self.bound, self._force_exit, self._exit_status = stop, bound, force_exit, exit_status
         self._main = main or threading.main_thread()
         self._finished = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="embmon-shutdown-watchdog", daemon=True)
@@ -205,7 +205,7 @@ class ShutdownWatchdog:
             logger.warning("exiting without waiting for %s (work abandoned at shutdown)",
                            ", ".join(left) if left else "the interpreter's exit handlers")
         logging.shutdown()
-        self._force_exit(0)
+        self._force_exit(self._exit_status())
 
     def _others(self) -> list[str]:
         """The threads besides the main one and this one that still run."""

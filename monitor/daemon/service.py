@@ -58,7 +58,7 @@ from monitor.daemon.status import DaemonStatus
 from monitor.decoding.decoder import Decoder
 from monitor.errors import ConfigError
 from monitor.server.exporter import HttpServer
-from monitor.server.http_server import ConnectionLimits
+from monitor.server.http_server import LOOP_FAILED_EXIT_STATUS, ConnectionLimits
 from monitor.server.security import AuthLimits, is_loopback_host, read_token_file, server_ssl_context
 from monitor.sources import build_source
 from monitor.sources.base import PartitionListener, Source
@@ -94,6 +94,7 @@ class Daemon:
     refresher: Refresher
     computes_windows = True  # schedules the refresh of window metrics
     serves_port_while_building = False  # takes ``early_port`` and ``stop_request`` (cli/main.py)
+    exit_status = 0  # what ``serve`` returns: non-zero once a part the process cannot do without failed
 
     def __init__(self, stop_request: StopRequest | None = None) -> None:
         self.stop_request = stop_request or StopRequest()
@@ -102,13 +103,16 @@ class Daemon:
         self._stopped = False
         self._stop_lock = threading.Lock()
 
-    def serve(self, stop_after: float | None = None, on_started: Callable[[], None] | None = None) -> None:
-        """The whole life of the daemon: signals first, start, wait for a stop request, stop.
+    def serve(self, stop_after: float | None = None, on_started: Callable[[], None] | None = None) -> int:
+        """The whole life of the daemon: signals first, start, wait for a stop request, stop; the exit status.
 
         A stop request in any phase, start-up included, ends the process within the shutdown
-        bound (``shutdown_timeout_seconds`` + 1.5 s), with status 0 (:class:`ShutdownWatchdog`)."""
+        bound (``shutdown_timeout_seconds`` + 1.5 s), with status 0 (:class:`ShutdownWatchdog`), or
+        :data:`LOOP_FAILED_EXIT_STATUS` after :meth:`fail`."""
+        self.http.server.on_failure = self.fail  # every role's port: exit non-zero if its I/O loop stops
         with capture_signals(self.stop_request):
-            watchdog = ShutdownWatchdog(self.stop_request, self.settings.shutdown_timeout_seconds + 1.5).start()
+            watchdog = ShutdownWatchdog(self.stop_request, self.settings.shutdown_timeout_seconds + 1.5,
+                                        exit_status=lambda: self.exit_status).start()
             try:
                 self.start()
             except StartInterrupted:
@@ -119,6 +123,14 @@ class Daemon:
                 self.stop_request.wait(timeout=stop_after)
             self.stop()
             watchdog.finished()
+        return self.exit_status
+
+    def fail(self, reason: str) -> None:
+        """A part the process cannot do without stopped (the HTTP port's I/O loop): shut down as
+        for a signal, then exit non-zero, so that the orchestrator restarts the process."""
+        logger.critical("%s: shutting down, to exit with status %d", reason, LOOP_FAILED_EXIT_STATUS)
+        self.exit_status = LOOP_FAILED_EXIT_STATUS
+        self.stop_request.request()
 
     def start(self) -> None:
         raise NotImplementedError
@@ -238,6 +250,7 @@ class Monitor(Daemon):
             **http_security(settings),
             **http_limits(settings),
         )
+        self.http.server.on_failure = self.fail  # from the start: the port may open before serve()
         if early_port:
             self.http.start()
         self.source = self._source(settings, source)

@@ -64,13 +64,16 @@ REASONS = (
     "dim_mismatch",  # not the dimension this model was declared with or first seen with
     "non_finite",  # NaN or +-Inf component
     "zero_vector",  # all zeros: no direction, cannot be normalised (a classic pooling bug)
-    "bad_header",  # binary batch with missing or invalid model/dim headers
+    "bad_header",  # binary batch with missing or invalid model/dim headers; headers the Kafka client cannot
+    # decode (a header key that is not UTF-8)
+    "corrupt_record",  # a record the Kafka client cannot parse at all (its structure is broken)
     "bad_binary",  # binary value whose length is not a whole number of rows
     "label_limit",  # a new model or stream beyond the label budget
     "decode_error",  # decoding the record raised: a case no check foresaw (a bug; the log names the exception)
 )
 
 MAX_RESULTS_PER_INTERACTION = 1000
+INTERACTIONS_STREAM = "interactions"  # the stream label of what the interactions topic's records count
 T = TypeVar("T")
 
 
@@ -289,7 +292,7 @@ class Decoder:
 
     # --------------------------------------------------------------- interactions
     def decode_interactions(
-        self, messages: Iterable[RawMessage], stream: str = "interactions"
+        self, messages: Iterable[RawMessage], stream: str = INTERACTIONS_STREAM
     ) -> DecodeResult:
         """Decode the messages of one poll from the interactions topic (JSON only)."""
         result = DecodeResult()

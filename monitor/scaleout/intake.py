@@ -32,6 +32,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from monitor.component import Component
@@ -65,7 +66,12 @@ def consumer_config(settings: Settings, group: str | None = None) -> dict[str, A
     from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
 
     from monitor.sources.kafka_clients import CONSUMER_DEFAULTS
+    from monitor.sources.kafka_internals import read_unreadable_records
 
+    # issue 27: a partials record kafka-python cannot parse (a header key that is not UTF-8) reaches
+    # the reader as a record with no key, value or headers, refused like any malformed one, instead of
+    # failing every poll at it for good
+    read_unreadable_records()
     config = {k: v for k, v in settings.kafka.options.items()
               if k in CONSUMER_DEFAULTS and (group is not None or k not in _GROUP_ONLY)}
     record = settings.scale_out.max_record_bytes + 64 * 1024
@@ -82,6 +88,46 @@ def consumer_config(settings: Settings, group: str | None = None) -> dict[str, A
     if group is not None:
         config.update(group_id=group, partition_assignment_strategy=(CooperativeStickyAssignor,))
     return config
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A record kafka-python could not parse (a header key that is not UTF-8, a failed CRC): it
+    stands in the poll's result for that offset, with nothing in it, so that it is counted and the
+    positions move past it."""
+
+    offset: int
+    error: str
+    key: None = None
+    value: None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+def poll_past_unreadable(consumer: KafkaConsumer, timeout_ms: int, max_records: int | None = None) -> dict[Any, list[Any]]:
+    """``consumer.poll``, moving past exactly the record kafka-python cannot parse.
+
+    Such a record makes every later poll fail (or spin: ``take_fetch_failure`` in
+    monitor/sources/kafka_internals.py) without moving the partition: the reducer and every
+    replica reading the manifests would stop there for good. It is returned as an
+    :class:`Unreadable` at its offset, and the partition seeks past it. Any other poll error is raised.
+    """
+    from kafka.errors import CorruptRecordError, KafkaError
+
+    from monitor.sources.kafka_internals import take_fetch_failure
+
+    raised: KafkaError | None = None
+    try:
+        polled = dict(consumer.poll(timeout_ms=timeout_ms, max_records=max_records))
+    except KafkaError as exc:
+        polled, raised = {}, exc
+    failure = take_fetch_failure(consumer, raised)
+    if failure is not None and isinstance(failure.error, CorruptRecordError):
+        consumer.seek(failure.partition, failure.offset + 1)
+        polled.setdefault(failure.partition, []).append(Unreadable(failure.offset, str(failure.error)))
+        return polled
+    if raised is not None:
+        raise raised
+    return polled
 
 
 class PartialsReader:
@@ -182,12 +228,13 @@ class PartialsReader:
         if self.group is None and not self._assigned:
             self._stop.wait(min(timeout, 1.0))
             return 0
-        polled = dict(consumer.poll(timeout_ms=int(timeout * 1000), max_records=self.settings.kafka.max_poll_records))
+        most = self.settings.kafka.max_poll_records
+        polled = poll_past_unreadable(consumer, int(timeout * 1000), most)
         if self.group is not None:
             fresh = self._follow_group(consumer)
             polled = {tp: records for tp, records in polled.items() if tp.partition not in fresh}
             if self._side is not None and self._assigned:
-                polled.update(self._side.poll(timeout_ms=0, max_records=self.settings.kafka.max_poll_records))
+                polled.update(poll_past_unreadable(self._side, 0, most))
         count = sum(len(records) for records in polled.values())
         if polled:
             with self._apply_lock:
@@ -299,7 +346,9 @@ class PartialsReader:
         positions: dict[Partition, int] = {}
         for tp, records in polled.items():
             for record in records:
-                if tp.topic == self.partials_topic:
+                if isinstance(record, Unreadable):
+                    self._unreadable(tp, record)
+                elif tp.topic == self.partials_topic:
                     self._apply_partial(record.key, record.value, record.headers or (),
                                         (tp.topic, tp.partition, record.offset))
                 else:
@@ -313,6 +362,14 @@ class PartialsReader:
             if partition in positions:
                 positions[partition] = min(positions[partition], first - 1)
         self.offsets.mark_applied(positions)
+
+    def _unreadable(self, tp: Any, record: Unreadable) -> None:
+        if tp.topic == self.partials_topic:
+            self.table.ignored.add("corrupt")
+        else:
+            self.invalid.add((OVERFLOW_STREAM, "bad_header"))
+        self._log.warning("unreadable", "skipping the record at offset %d of %s/%d: the Kafka client cannot read "
+                          "it (%s)", record.offset, tp.topic, tp.partition, record.error)
 
     def _apply_partial(
         self, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]], at: tuple[str, int, int]

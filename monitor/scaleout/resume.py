@@ -108,7 +108,7 @@ class ManifestReader:
     def _catch_up(self) -> dict[str, Manifest] | None:
         from kafka import TopicPartition
 
-        from monitor.scaleout.intake import consumer_config
+        from monitor.scaleout.intake import consumer_config, poll_past_unreadable
         from monitor.sources.kafka_clients import new_consumer
 
         topic = self.settings.scale_out.partials_topic
@@ -136,7 +136,7 @@ class ManifestReader:
                 logger.warning("the published manifests were not read to the end of %s within %.0fs", topic,
                                self.timeout)
                 return None
-            for tp, records in consumer.poll(timeout_ms=500).items():
+            for tp, records in poll_past_unreadable(consumer, 500).items():  # one unreadable record stops nothing
                 for record in records:
                     manifest = self._manifest(record)
                     if manifest is None:

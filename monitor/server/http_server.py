@@ -1,15 +1,16 @@
 """The HTTP/1.1 server under the daemon's port: every resource a client can make it hold is bounded.
 
-The standard library's threading WSGI server gave each connection a thread for as long as the
-client kept it open, read headers with no timeout and no bound on their total, and listened with a
-backlog of 5 (issue 18, point 7): 1,000 idle connections held 1,000 threads, 50 header floods
-pushed the process to 1.9 GiB, and releasing thousands of held connections at once starved the
-poll thread for up to 80 s. Here:
+It replaced the standard library's threading WSGI server (why, and what that one let a client
+hold: docs/operations.md, "Connection limits"). The parts:
 
 * one I/O thread (``embmon-http``) accepts, reads requests, writes responses and closes, all
   non-blocking through :mod:`selectors`: an idle or slow connection costs a descriptor and its
   buffer, never a thread, and closing thousands at once is a loop in that one thread (one thread's
   share of the GIL, whatever the number of connections);
+* HTTP/1.1 framing is h11's, as in uvicorn (docs/architecture.md, "The HTTP boundary"): a fresh
+  ``h11.Connection`` per request parses the request line, fields, ``Content-Length`` and chunked
+  bodies and frames the answer. This module finds where a head ends (to bound it, and to refuse
+  bare LF line endings, which h11 accepts) and owns the I/O, caps, deadlines and TLS;
 * ``workers`` threads (``embmon-http-N``) run the WSGI application on complete requests only;
 * at most ``max_connections`` are open. At the cap a new connection evicts the one that has waited
   longest without a request in a worker (as nginx reuses idle keep-alive connections), so a flood
@@ -20,6 +21,10 @@ poll thread for up to 80 s. Here:
 * a request head over ``max_header_bytes`` or with more than 100 fields gets 431, a body over
   16 KiB gets 413 (no route reads a body; admin routes take query parameters), so the buffered
   bytes are at most ``max_connections`` × (``max_header_bytes`` + 16 KiB);
+* malformed input is answered 400 (or 413, 431, 501, 505) and that connection closed; an exception
+  while serving one connection closes that connection (with a 400 when nothing was answered yet).
+  If the I/O loop itself stops, ``on_failure`` is called with the reason (by default: logged, and
+  the process exits with status 70, so that an orchestrator restarts it; never a portless daemon);
 * TLS handshakes run non-blocking in the I/O thread, within the read timeout;
 * the listen backlog is the kernel's ``somaxconn`` (as Go's net/http), not 5.
 """
@@ -27,32 +32,31 @@ poll thread for up to 80 s. Here:
 from __future__ import annotations
 
 import contextlib
-import email.utils
 import errno
-import io
 import logging
+import os
 import queue
-import re
 import resource
 import selectors
 import socket
 import ssl
-import sys
 import threading
 import time
-import urllib.parse
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from monitor.logs import RateLimitedLog
+from monitor.server.framing import MAX_BODY_BYTES, Reject, Request, RequestReader, error_answer, wsgi_environ
+
 logger = logging.getLogger(__name__)
+_rate_limited = RateLimitedLog(logger, interval=60.0)
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
-MAX_BODY_BYTES = 16 * 1024
-MAX_HEADER_FIELDS = 100  # as the standard library's http.client
 DESCRIPTOR_RESERVE = 256  # descriptors the rest of the daemon may need besides the connections
+LOOP_FAILED_EXIT_STATUS = 70  # sysexits' EX_SOFTWARE: the I/O loop stopped, the process must be restarted
 _RECV_BYTES = 64 * 1024
 _SEND_BYTES = 256 * 1024
 _SWEEP_SECONDS = 0.25  # how often deadlines are checked
@@ -61,14 +65,6 @@ _ACCEPT_PAUSE_SECONDS = 0.1  # after EMFILE: let descriptors free up instead of 
 _LINGER_SECONDS = 2.0  # after an error answer, read what the client still sends so it sees the answer
 _LINGER_BYTES = 1 << 20
 _WARN_EVERY_SECONDS = 60.0
-_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
-_HEAD_END = re.compile(rb"\r?\n\r?\n")
-_VERSION = re.compile(rb"HTTP/(\d)\.(\d)\Z")
-_REASONS = {
-    400: "Bad Request", 408: "Request Timeout", 411: "Length Required", 413: "Content Too Large",
-    431: "Request Header Fields Too Large", 501: "Not Implemented", 505: "HTTP Version Not Supported",
-}
-
 # connection states
 _HANDSHAKE, _READING, _IDLE, _BUSY, _WRITING, _LINGER, _CLOSED = range(7)
 
@@ -87,43 +83,23 @@ class ConnectionLimits:
 
 @dataclass
 class ConnectionCounts:
-    """Tallies since start: connections accepted, evicted at the cap, refused, timed out."""
+    """Tallies since start: connections accepted, evicted at the cap, refused, timed out, failed."""
 
     accepted: int = 0
     evicted: int = 0
     refused: int = 0
     timed_out: int = 0
+    failed: int = 0  # closed after an exception while serving them (a bug, logged)
     rejected: dict[int, int] = field(default_factory=dict)  # error answers by status (400, 413, 431, ...)
 
 
-class _Reject(Exception):
-    def __init__(self, status: int):
-        super().__init__(status)
-        self.status = status
-
-
-@dataclass
-class _Request:
-    method: str
-    target: str
-    version: str
-    headers: list[tuple[str, str]]
-    content_length: int
-    head_bytes: int  # the head's length in the buffer, terminator included
-    keep_alive: bool
-    expect_continue: bool
-    body: bytes = b""
-
-
 class _Conn:
-    __slots__ = ("buf", "deadline", "events", "keep_alive", "linger", "lingered", "out", "peer", "request", "scanned",
-                 "sent", "sock", "state")
+    __slots__ = ("deadline", "events", "keep_alive", "linger", "lingered", "out", "peer", "reader", "sent", "sock",
+                 "state")
 
-    def __init__(self, sock: socket.socket, peer: Any, state: int, deadline: float):
+    def __init__(self, sock: socket.socket, peer: Any, state: int, deadline: float, max_header_bytes: int):
         self.sock, self.peer, self.state, self.deadline = sock, peer, state, deadline
-        self.buf = bytearray()
-        self.scanned = 0  # how far the buffer was searched for the head's end
-        self.request: _Request | None = None  # a parsed head whose body is still arriving
+        self.reader = RequestReader(max_header_bytes)
         self.out = b""
         self.sent = 0
         self.keep_alive = False
@@ -159,22 +135,35 @@ def ensure_descriptors(max_connections: int) -> None:
                        raised)
 
 
+def exit_process(reason: str) -> None:
+    """What a server does by default when its I/O loop stops: the process exits, so it is restarted."""
+    logger.critical("%s: exiting with status %d", reason, LOOP_FAILED_EXIT_STATUS)
+    logging.shutdown()
+    os._exit(LOOP_FAILED_EXIT_STATUS)
+
+
 class BoundedHttpServer:
-    """Serves ``app`` (WSGI) on ``host:port`` within ``limits``; :meth:`start` binds, :meth:`stop` closes."""
+    """Serves ``app`` (WSGI) on ``host:port`` within ``limits``; :meth:`start` binds, :meth:`stop` closes.
+
+    ``on_failure`` is called, in the I/O thread, with the reason if the I/O loop stops other than by
+    :meth:`stop` (never because of a client's bytes: those end their own connection);
+    :func:`exit_process` unless given."""
 
     def __init__(self, app: WsgiApp, host: str, port: int, limits: ConnectionLimits,
-                 ssl_context: ssl.SSLContext | None = None, access_log: Callable[[str], None] | None = None):
+                 ssl_context: ssl.SSLContext | None = None, access_log: Callable[[str], None] | None = None,
+                 on_failure: Callable[[str], None] | None = None):
         self._app = app
         self._access_log = access_log  # called with each request's line, status and body size
         self._host, self._port = host, port
         self.limits = limits
         self._ssl = ssl_context
+        self.on_failure = on_failure or exit_process
         self.counts = ConnectionCounts()
         self._listener: socket.socket | None = None
         self._sel: selectors.BaseSelector | None = None
         self._waiting: OrderedDict[_Conn, None] = OrderedDict()  # open, not in a worker; oldest first
         self._open = 0
-        self._work: queue.SimpleQueue[tuple[_Conn, _Request] | None] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[tuple[_Conn, Request] | None] = queue.SimpleQueue()
         self._done: queue.SimpleQueue[_Conn] = queue.SimpleQueue()
         self._wake_r: socket.socket | None = None  # a worker's byte wakes the I/O thread
         self._wake_w: socket.socket | None = None
@@ -241,27 +230,51 @@ class BoundedHttpServer:
 
     # ------------------------------------------------------------------ the I/O thread
     def _serve(self) -> None:
+        failure: str | None = None
+        try:
+            self._loop()
+        except Exception as exc:  # a bug outside any one connection: the port would be gone, say so
+            logger.exception("the HTTP server's I/O loop failed")
+            failure = f"the HTTP server's I/O loop failed ({type(exc).__name__}: {exc}); the port no longer answers"
+        finally:
+            try:
+                self._shut()
+            except Exception:
+                logger.exception("http: closing the listener and connections failed")
+        if failure is not None:
+            self.on_failure(failure)
+
+    def _loop(self) -> None:
         assert self._sel is not None
         next_sweep = time.monotonic() + _SWEEP_SECONDS
+        while not self._stopping:
+            for key, mask in self._sel.select(max(0.0, next_sweep - time.monotonic())):
+                if key.data is None:
+                    self._accept()
+                elif key.data is self._wake_r:
+                    with contextlib.suppress(OSError):
+                        self._wake_r.recv(4096)
+                else:
+                    self._guarded(key.data, self._ready, mask)
+            self._take_back()
+            now = time.monotonic()
+            if now >= next_sweep:
+                self._sweep(now)
+                next_sweep = now + _SWEEP_SECONDS
+
+    def _guarded(self, conn: _Conn, step: Callable[..., None], *args: Any) -> None:
+        """``step(conn, *args)``; an exception ends that connection (with a 400 when nothing was answered)."""
         try:
-            while not self._stopping:
-                for key, mask in self._sel.select(max(0.0, next_sweep - time.monotonic())):
-                    if key.data is None:
-                        self._accept()
-                    elif key.data is self._wake_r:
-                        with contextlib.suppress(OSError):
-                            self._wake_r.recv(4096)
-                    else:
-                        self._ready(key.data, mask)
-                self._take_back()
-                now = time.monotonic()
-                if now >= next_sweep:
-                    self._sweep(now)
-                    next_sweep = now + _SWEEP_SECONDS
-        except Exception:  # a bug here must be seen, and must not take the daemon down
-            logger.exception("the HTTP server's I/O loop failed; the port no longer answers")
-        finally:
-            self._shut()
+            step(conn, *args)
+        except Exception as exc:
+            self.counts.failed += 1
+            _rate_limited.warning(f"failed:{type(exc).__name__}", "http: closed a connection from %s after %s: %s",
+                                  conn.peer, type(exc).__name__, exc)
+            logger.debug("http: the exception that closed a connection", exc_info=True)
+            if conn.state in (_READING, _IDLE):  # nothing answered yet (a refusal failing too ends here closed)
+                self._guarded(conn, self._refuse, 400)
+            else:
+                self._close(conn)
 
     def _shut(self) -> None:
         assert self._sel is not None and self._listener is not None
@@ -296,20 +309,19 @@ class BoundedHttpServer:
                 self.counts.refused += 1
                 sock.close()
                 continue
-            sock.setblocking(False)
             now = time.monotonic()
-            if self._ssl is not None:
-                try:
+            try:
+                sock.setblocking(False)
+                if self._ssl is not None:
                     sock = self._ssl.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-                except (ssl.SSLError, OSError):
-                    sock.close()
-                    continue
-                conn = _Conn(sock, peer, _HANDSHAKE, now + self.limits.read_timeout)
-            else:
-                conn = _Conn(sock, peer, _READING, now + self.limits.read_timeout)
+            except (ssl.SSLError, OSError):
+                sock.close()
+                continue
+            state = _READING if self._ssl is None else _HANDSHAKE
+            conn = _Conn(sock, peer, state, now + self.limits.read_timeout, self.limits.max_header_bytes)
             self._open += 1
             self._waiting[conn] = None
-            self._watch(conn, selectors.EVENT_READ)
+            self._guarded(conn, self._watch, selectors.EVENT_READ)
 
     def _pause_accepting(self) -> None:
         """Out of descriptors: free the oldest waiting connection and stop accepting for a moment
@@ -360,7 +372,7 @@ class BoundedHttpServer:
 
     def _read(self, conn: _Conn) -> None:
         # an incomplete request holds less than this (head, its terminator, a body): room is never 0
-        room = self.limits.max_header_bytes + MAX_BODY_BYTES + 16 - len(conn.buf)
+        room = self.limits.max_header_bytes + MAX_BODY_BYTES + 16 - conn.reader.buffered()
         got = False
         while room > 0:
             try:
@@ -374,7 +386,7 @@ class BoundedHttpServer:
                 self._close(conn)
                 return
             got = True
-            conn.buf += chunk
+            conn.reader.feed(chunk)
             room -= len(chunk)
             if not (isinstance(conn.sock, ssl.SSLSocket) and conn.sock.pending()):
                 break  # plain sockets: one recv per readiness event; TLS: drain what OpenSSL decrypted
@@ -388,37 +400,25 @@ class BoundedHttpServer:
     def _advance(self, conn: _Conn) -> None:
         """Dispatch the buffered request once complete; answer an error at once."""
         try:
-            request = conn.request
+            request = conn.reader.next_request()
             if request is None:
-                start = max(0, conn.scanned - 3)
-                end = _HEAD_END.search(conn.buf, start)
-                if end is None:
-                    conn.scanned = len(conn.buf)
-                    if len(conn.buf) > self.limits.max_header_bytes:
-                        raise _Reject(431)
-                    return
-                if end.start() > self.limits.max_header_bytes:
-                    raise _Reject(431)
-                request = conn.request = _parse_head(bytes(conn.buf[: end.start()]), end.end())
-                if request.expect_continue and len(conn.buf) < request.head_bytes + request.content_length:
+                if waiting := conn.reader.continue_answer():
                     with contextlib.suppress(OSError):  # a courtesy: the client sends the body anyway
-                        conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
-            total = request.head_bytes + request.content_length
-            if len(conn.buf) < total:
+                        conn.sock.send(waiting)
                 return
-        except _Reject as reject:
-            self.counts.rejected[reject.status] = self.counts.rejected.get(reject.status, 0) + 1
-            conn.request = None
-            conn.out, conn.keep_alive, conn.linger = _error_answer(reject.status), False, True
-            self._start_writing(conn)
+        except Reject as reject:
+            self._refuse(conn, reject.status)
             return
-        request.body = bytes(conn.buf[request.head_bytes : total])
-        del conn.buf[:total]
-        conn.scanned, conn.request = 0, None
         conn.state = _BUSY
         self._watch(conn, 0)
         del self._waiting[conn]
         self._work.put((conn, request))
+
+    def _refuse(self, conn: _Conn, status: int) -> None:
+        """Answer ``status`` and close (after lingering a moment, so that the client reads the answer)."""
+        self.counts.rejected[status] = self.counts.rejected.get(status, 0) + 1
+        conn.out, conn.keep_alive, conn.linger = error_answer(status), False, True
+        self._start_writing(conn)
 
     def _start_writing(self, conn: _Conn) -> None:
         conn.state = _WRITING
@@ -455,7 +455,7 @@ class BoundedHttpServer:
         else:
             conn.state, conn.deadline = _IDLE, now + self.limits.idle_timeout
             self._watch(conn, selectors.EVENT_READ)
-            if conn.buf:  # a pipelined request came with the last one
+            if conn.reader.next_cycle():  # a pipelined request came with the last one
                 conn.state, conn.deadline = _READING, now + self.limits.read_timeout
                 self._advance(conn)
 
@@ -480,7 +480,7 @@ class BoundedHttpServer:
             if self._stopping:
                 self._close(conn)
             else:
-                self._start_writing(conn)
+                self._guarded(conn, self._start_writing)
 
     def _sweep(self, now: float) -> None:
         for conn in [c for c in self._waiting if c.deadline <= now]:
@@ -538,11 +538,15 @@ class BoundedHttpServer:
             if item is None:
                 return
             conn, request = item
-            conn.out, conn.keep_alive = self._answer(conn, request)
+            try:
+                conn.out, conn.keep_alive = self._answer(conn, request)
+            except Exception:  # never a lost connection, never a dead worker
+                logger.exception("http: answering %s %s failed", request.method, request.target)
+                conn.out, conn.keep_alive = error_answer(500), False
             self._done.put(conn)
             self._wake()
 
-    def _answer(self, conn: _Conn, request: _Request) -> tuple[bytes, bool]:
+    def _answer(self, conn: _Conn, request: Request) -> tuple[bytes, bool]:
         """Run the application on ``request``: the answer's bytes and whether to keep the connection."""
         answer: dict[str, Any] = {}
         chunks: list[bytes] = []
@@ -553,104 +557,25 @@ class BoundedHttpServer:
             answer["status"], answer["headers"] = status, headers
             return chunks.append
 
+        environ = wsgi_environ(request, (self._host, self.port), conn.peer, self._ssl is not None)
         try:
-            result = self._app(self._environ(conn, request), start_response)
+            result = self._app(environ, start_response)
             try:
                 chunks.extend(result)
             finally:
                 close = getattr(result, "close", None)
                 if close is not None:
                     close()
-            status, headers, body = answer["status"], answer["headers"], b"".join(chunks)
-        except Exception:  # an application bug answers 500, the server goes on
+            status, body = answer["status"], b"".join(chunks)
+            out = conn.reader.answer(request, status, answer["headers"], body, self._stopping)
+        except Exception:  # an application bug (or an answer h11 refuses) answers 500, the server goes on
             logger.exception("http: the application failed on %s %s", request.method, request.target)
-            status, headers, body = "500 Internal Server Error", [("Content-Type", "text/plain")], b"internal error\n"
+            status, body = "500 Internal Server Error", b"internal error\n"
+            out = conn.reader.answer(request, status, [("Content-Type", "text/plain")], body, self._stopping)
         if self._access_log is not None:
             peer = conn.peer[0] if isinstance(conn.peer, tuple) else conn.peer
             self._access_log(f'{peer} "{request.method} {request.target} {request.version}" {status[:3]} {len(body)}')
-        keep_alive = request.keep_alive and not self._stopping
-        lines = [f"HTTP/1.1 {status}"]
-        lines += [f"{k}: {v}" for k, v in headers if k.lower() not in ("content-length", "connection", "date")]
-        lines += [f"Date: {email.utils.formatdate(usegmt=True)}", f"Content-Length: {len(body)}"]
-        if not keep_alive:
-            lines.append("Connection: close")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        return (head if request.method == "HEAD" else head + body), keep_alive
-
-    def _environ(self, conn: _Conn, request: _Request) -> dict[str, Any]:
-        target = request.target
-        if "://" in target:  # absolute form
-            target = urllib.parse.urlsplit(target)._replace(scheme="", netloc="").geturl() or "/"
-        path, _, query = target.partition("?")
-        environ: dict[str, Any] = {
-            "REQUEST_METHOD": request.method,
-            "SCRIPT_NAME": "",
-            "PATH_INFO": urllib.parse.unquote(path, "iso-8859-1"),
-            "QUERY_STRING": query,
-            "SERVER_NAME": self._host,
-            "SERVER_PORT": str(self.port),
-            "SERVER_PROTOCOL": request.version,
-            "REMOTE_ADDR": str(conn.peer[0]) if isinstance(conn.peer, tuple) else "",
-            "wsgi.version": (1, 0),
-            "wsgi.url_scheme": "https" if self._ssl is not None else "http",
-            "wsgi.input": io.BytesIO(request.body),
-            "wsgi.errors": sys.stderr,
-            "wsgi.multithread": True,
-            "wsgi.multiprocess": False,
-            "wsgi.run_once": False,
-        }
-        for name, value in request.headers:
-            if "_" in name:
-                continue  # as wsgiref: X_Forwarded would otherwise pass for X-Forwarded
-            key = name.upper().replace("-", "_")
-            if key not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
-                key = "HTTP_" + key
-            environ[key] = f"{environ[key]},{value}" if key in environ else value
-        return environ
-
-
-def _parse_head(head: bytes, head_bytes: int) -> _Request:
-    """The request line and header fields (RFC 9112), or a :class:`_Reject` with the status to answer."""
-    lines = head.split(b"\n")
-    parts = lines[0].rstrip(b"\r").split(b" ")
-    if len(parts) != 3 or not _TOKEN.match(parts[0]) or not parts[1]:
-        raise _Reject(400)
-    version = _VERSION.match(parts[2])
-    if version is None:
-        raise _Reject(400)
-    if version.group(1) != b"1":
-        raise _Reject(505)
-    if len(lines) - 1 > MAX_HEADER_FIELDS:
-        raise _Reject(431)
-    headers: list[tuple[str, str]] = []
-    fields: dict[str, list[str]] = {}
-    for line in lines[1:]:
-        raw_name, sep, raw_value = line.rstrip(b"\r").partition(b":")
-        if not sep or not _TOKEN.match(raw_name):  # also a folded line: it starts with whitespace
-            raise _Reject(400)
-        name, value = raw_name.decode("latin-1"), raw_value.strip(b" \t").decode("latin-1")
-        headers.append((name, value))
-        fields.setdefault(name.lower(), []).append(value)
-    if "transfer-encoding" in fields:
-        raise _Reject(501)
-    lengths = {v.strip() for value in fields.get("content-length", []) for v in value.split(",")}
-    if len(lengths) > 1 or not all(v.isdigit() for v in lengths):
-        raise _Reject(400)
-    content_length = int(lengths.pop()) if lengths else 0
-    if content_length > MAX_BODY_BYTES:
-        raise _Reject(413)
-    tokens = {t.strip().lower() for value in fields.get("connection", []) for t in value.split(",")}
-    http11 = version.group(2) != b"0"
-    keep_alive = "keep-alive" in tokens if not http11 else "close" not in tokens
-    expect = any(v.strip().lower() == "100-continue" for v in fields.get("expect", []))
-    return _Request(parts[0].decode("latin-1"), parts[1].decode("latin-1"), parts[2].decode("latin-1"), headers,
-                    content_length, head_bytes, keep_alive, expect and http11)
-
-
-def _error_answer(status: int) -> bytes:
-    body = f"{status} {_REASONS[status]}\n".encode()
-    return (f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n").encode() + body
+        return out
 
 
 def _close_quietly(sock: socket.socket) -> None:

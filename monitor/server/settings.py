@@ -85,7 +85,7 @@ class HttpSettings(Section):
 
     @model_validator(mode="after")
     def _check_buffers(self) -> HttpSettings:
-        from monitor.server.http_server import MAX_BODY_BYTES
+        from monitor.server.framing import MAX_BODY_BYTES
 
         buffered = self.max_connections * (self.max_header_bytes + MAX_BODY_BYTES)
         if buffered > _HTTP_BUFFER_BUDGET:

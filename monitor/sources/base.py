@@ -19,6 +19,9 @@ class SourceMessage:
     headers: tuple[tuple[str, bytes], ...]
     kind: MessageKind
     position: SourcePosition | None = None
+    # Why the client could not read this record (``bad_header``, ``corrupt_record``; value and headers
+    # are then empty): the daemon counts it in embmon_records_invalid_total and moves past it.
+    unreadable: str | None = None
 
 
 class PartitionListener:

@@ -31,12 +31,18 @@ How librdkafka differs, and what that changes here:
   fetch, watermark query or commit that succeeds.
 * Assignment strategy: the eager ones (librdkafka's default, range and roundrobin); a cooperative
   strategy is refused (its callbacks hand over part of the assignment, which this source does not do).
+* Unreadable records (issue 27): confluent-kafka decodes header keys as UTF-8 when ``headers()`` is
+  called, and raises for one that is not; read inside the per-message guard, such a record reaches
+  the daemon as ``unreadable="bad_header"`` (counted in ``embmon_records_invalid_total`` and skipped),
+  and the rest of the poll is handed over (an exception there dropped the whole poll, whose
+  positions librdkafka had already moved past).
 * Security and tuning: ``kafka.options`` (kafka-python names) are translated to librdkafka properties
   (``sources/kafka_options.py``); ``kafka.librdkafka`` sets any property on top.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -44,7 +50,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from monitor.decoding.records import SourcePosition
 from monitor.errors import ConfigError
@@ -76,6 +82,12 @@ POLL_BYTES = 8 << 20
 # librdkafka errors that mean no broker can be reached (``up`` goes False until something succeeds)
 _DOWN = frozenset({KafkaError._ALL_BROKERS_DOWN})
 _OUT_OF_RANGE = frozenset({KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE})
+# A message's headers, through a call whose result CPython checks. confluent-kafka 2.x converts a
+# header key that is not UTF-8 into a (NULL, value) pair and returns the list with the decoding error
+# still set; called as a method, CPython's specialised call path does not check that, and the error
+# surfaces at some later call (a SystemError that lost the poll). Through ``partial`` the call is
+# checked, so it raises here, inside the per-message guard, and the broken list is dropped.
+_headers: Callable[[Message], Any] = functools.partial(Message.headers)
 
 
 def librdkafka_config(settings: KafkaSettings) -> dict[str, Any]:
@@ -346,7 +358,13 @@ class ConfluentSource(ConsumerReadings):
             key = (topic, partition)
             span = polled.get(key)
             polled[key] = (offset if span is None else span[0], offset)
-            append(SourceMessage(message.value(), tuple(message.headers() or ()), kinds.get(topic, "embeddings"),
+            try:
+                headers = tuple(_headers(message) or ())
+            except Exception:  # noqa: BLE001 - a header key that is not UTF-8: this record alone
+                append(SourceMessage(None, (), kinds.get(topic, "embeddings"), SourcePosition(topic, partition, offset),
+                                     unreadable="bad_header"))
+                continue
+            append(SourceMessage(message.value(), headers, kinds.get(topic, "embeddings"),
                                  SourcePosition(topic, partition, offset)))
         if messages:
             self._up = True

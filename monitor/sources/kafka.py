@@ -38,6 +38,12 @@ kafka-python cannot decompress (``UnsupportedCodecError``: the codec's library i
 is paused and retried with backoff, counted in ``embmon_source_errors_total{reason="unsupported_codec"}``
 and logged at ERROR once per codec, naming the package to install; ``up`` is False until it reads.
 The other partitions are read meanwhile.
+
+Unreadable records (issue 27): a record kafka-python cannot parse (a header key that is not UTF-8,
+a record whose structure is broken) reaches the daemon as a placeholder
+(``kafka_internals.read_unreadable_records``), counted in
+``embmon_records_invalid_total{reason="bad_header"|"corrupt_record"}`` and skipped like any invalid
+record: the records around it are read and the partition moves on.
 """
 
 from __future__ import annotations
@@ -64,7 +70,9 @@ from monitor.sources.kafka_internals import (
     close_failed_connect_sockets,
     current_position,
     fetch_committed,
+    read_unreadable_records,
     take_fetch_failure,
+    unreadable_reason,
     yield_to_loop,
 )
 from monitor.sources.kafka_policy import (
@@ -277,6 +285,7 @@ class KafkaSource(ConsumerReadings):
     def start(self) -> None:
         """Begin connecting in the background; never blocks (``poll`` picks the consumer up)."""
         close_failed_connect_sockets()
+        read_unreadable_records()
         self._started_at = time.time()
         self._begin_connect()
 
@@ -373,6 +382,7 @@ class KafkaSource(ConsumerReadings):
                         headers=tuple(record.headers or ()),
                         kind=kind,
                         position=SourcePosition(tp.topic, tp.partition, record.offset),
+                        unreadable=unreadable_reason(record.headers),
                     )
                 )
         self._pending_commit.update(self._guard.take_verified_commits())

@@ -23,9 +23,12 @@ Where a partition's position is checked against its log (``monitor/sources/kafka
   trips ``KafkaConsumer.position`` may make.
 
 Committing on revocation uses the public ``KafkaConsumer.commit_async``, awaited. Also here:
-:func:`close_failed_connect_sockets`, a fix for a file-descriptor leak in kafka-python 3.0.x, and
+:func:`close_failed_connect_sockets`, a fix for a file-descriptor leak in kafka-python 3.0.x,
 :func:`take_fetch_failure`, which keeps a partition whose records cannot be read (a compression
-codec whose library is missing) from hanging the next poll.
+codec whose library is missing) from hanging the next poll, and :func:`read_unreadable_records`,
+which turns a record kafka-python cannot parse (a header key that is not UTF-8) into a placeholder
+the source counts and skips: kafka-python would raise from the whole poll at it, every time, and
+the partition would never move past it (issue 27).
 ``tests/sources/test_kafka_internals.py`` checks that each internal still exists, so an upgrade
 that moves one fails a test rather than a rebalance.
 """
@@ -148,3 +151,79 @@ def take_fetch_failure(consumer: KafkaConsumer, raised: BaseException | None) ->
     if partition is None or offset is None:
         return None
     return FetchFailure(partition, int(offset), error)
+
+
+# -- records kafka-python cannot parse ---------------------------------------------------------------
+
+
+class UnreadableRecord(list):
+    """The headers of a placeholder record: empty, with the reason its record could not be read.
+
+    A list (kafka-python sums the sizes of a record's headers), and a type no parsed record has,
+    so no producer can forge one: ``isinstance`` is the test, never a header name."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        super().__init__()
+        self.reason = reason
+
+
+def unreadable_reason(headers: Any) -> str | None:
+    """The reason a record from a consumer could not be read (None for a record that was)."""
+    return headers.reason if isinstance(headers, UnreadableRecord) else None
+
+
+def read_unreadable_records() -> None:
+    """Make kafka-python hand over a placeholder for a record it cannot parse, and read on.
+
+    kafka-python 3.0 decodes a header key with ``bytes.decode("utf-8")`` while it reads a record
+    of a fetched batch; any producer can write a key that is not UTF-8, and the error ends the
+    batch's record generator: ``poll`` raises ``CorruptRecordError`` at that record on every call,
+    and the partition (and every replica or reducer that takes it over) never moves past it.
+    Wrapped here: a record whose reading raises, but whose frame (its length, its offset within the
+    batch) is sound, becomes a record with no key, no value and :class:`UnreadableRecord` headers
+    (``bad_header`` for a key that is not UTF-8, ``corrupt_record`` otherwise), and the batch reads
+    on after it. A broken frame hides where the next record starts: the rest of the batch becomes
+    one ``corrupt_record`` placeholder at the batch's last offset. Control batches (the broker's
+    transaction markers) keep kafka-python's behaviour. Applied once, only to kafka-python 3.0.x.
+    """
+    import kafka
+    from kafka.errors import CorruptRecordError
+    from kafka.record.default_records import DefaultRecord, DefaultRecordBatch
+    from kafka.record.util import decode_varint
+
+    read = DefaultRecordBatch._read_msg
+    if not str(kafka.__version__).startswith("3.0.") or getattr(read, "_embmon", False):
+        return
+
+    def placeholder(batch: Any, start: int, error: BaseException) -> Any:
+        buffer = batch._buffer
+        reason = "bad_header" if isinstance(error, UnicodeDecodeError) else "corrupt_record"
+        try:
+            length, pos = decode_varint(buffer, start)
+            end = pos + length
+            _attributes, pos = decode_varint(buffer, pos)
+            _timestamp_delta, pos = decode_varint(buffer, pos)
+            offset_delta, pos = decode_varint(buffer, pos)
+            if length <= 0 or end > len(buffer) or pos > end or not 0 <= offset_delta <= batch.last_offset_delta:
+                raise ValueError("a broken record frame")
+        except (ValueError, IndexError):
+            reason, offset_delta, end = "corrupt_record", batch.last_offset_delta, len(buffer)
+            batch._num_records = batch._next_record_index + 1  # this placeholder ends the batch
+        batch._pos = end
+        return DefaultRecord(end - start, batch.base_offset + offset_delta, batch.first_timestamp,
+                             batch.timestamp_type, None, None, UnreadableRecord(reason))
+
+    def read_or_placeholder(self: Any, *args: Any, **kwargs: Any) -> Any:
+        start = self._pos
+        try:
+            return read(self, *args, **kwargs)
+        except (ValueError, IndexError, CorruptRecordError) as error:
+            if self.is_control_batch:
+                raise
+            return placeholder(self, start, error)
+
+    read_or_placeholder._embmon = True  # type: ignore[attr-defined]
+    read_or_placeholder.__wrapped__ = read  # type: ignore[attr-defined]
+    DefaultRecordBatch._read_msg = read_or_placeholder

@@ -22,7 +22,6 @@ from monitor.decoding.records import EmbeddingBatch
 from monitor.scaleout import signing
 from monitor.scaleout.export import Ownership
 from monitor.scaleout.partials import (
-    CHUNK_HEADER,
     EPOCH_HEADER,
     KIND_HEADER,
     MANIFEST,
@@ -32,16 +31,13 @@ from monitor.scaleout.partials import (
     PartialError,
     StreamManifest,
     WindowGeometry,
-    encode_manifest,
-    subwindow_key,
 )
 from monitor.scaleout.publisher import PartialsPublisher
 from monitor.scaleout.resume import ManifestReader
 from monitor.scaleout.table import MergeTable
 from monitor.state.registry import StateRegistry
-from monitor.storage import checkpoint_format as ckpt
 from tests.support import scaleout
-from tests.support.scaleout import MemoryProducer, feed
+from tests.support.scaleout import MemoryProducer, chunk_record, feed, forged_partial
 
 T0 = 2_000_000.0
 DIM = 8
@@ -102,37 +98,17 @@ def assert_exact(table: MergeTable, single: StateRegistry, at: float, key: tuple
     assert merged.alignment_sum == pytest.approx(alone.alignment_sum, rel=1e-12)
 
 
-def partial_tree(records: list[Record]) -> tuple[bytes, dict[str, Any], list[np.ndarray]]:
-    """The key and the decoded tree (with its arrays) of the first single-chunk sub-window in ``records``."""
-    for key, value, headers in records:
-        if value is not None and dict(headers).get(KIND_HEADER) == SUBWINDOW.encode() \
-                and dict(headers)[CHUNK_HEADER] == b"0/1":
-            tree = ckpt.decode(value)
-            arrays: list[np.ndarray] = []
-            flat = ckpt.flatten(tree, arrays)
-            return key, flat, arrays
-    raise AssertionError("no single-chunk sub-window")
-
-
-def chunk(replica: str, model: str, stream: str, index: int, epoch: int, value: bytes, piece: str = "0/1",
-          ) -> Record:
-    return (subwindow_key(replica, (model, stream, index), int(piece.split("/")[0])), value,
-            [(KIND_HEADER, SUBWINDOW.encode()), (EPOCH_HEADER, str(epoch).encode()), (CHUNK_HEADER, piece.encode())])
-
-
 def forged(records: list[Record], change: Any) -> Record:
-    """A genuine sub-window record whose tree ``change`` edited (the container rebuilt: a valid sha256)."""
-    key, flat, arrays = partial_tree(records)
-    change(flat)
-    raw = ckpt.encode(flat, arrays)
-    _, replica, model, stream, index, _ = orjson.loads(key)
-    return chunk(replica, model, stream, index, flat["epoch"], raw)
+    return forged_partial(records, change)
+
+
+def chunk(replica: str, model: str, stream: str, index: int, epoch: int, value: bytes, piece: str = "0/1") -> Record:
+    return chunk_record(replica, model, stream, index, epoch, value, piece)
 
 
 def manifest_record(replica: str, epoch: int, streams: tuple[StreamManifest, ...] = (),
                     offsets: dict[tuple[str, int], int] | None = None, geometry: WindowGeometry = GEOMETRY) -> Record:
-    record = encode_manifest(Manifest(replica, epoch, "forger", geometry, offsets or {}, streams))
-    return (record.key, record.value, list(record.headers))
+    return scaleout.manifest_record(replica, epoch, geometry, streams, offsets)
 
 
 def refused(table: MergeTable, record: Record, partition: int = 0) -> str:

@@ -429,8 +429,10 @@ def test_a_wrong_password_flood_does_not_slow_scrapes(tmp_path: Path, backoff: s
     print(f"\nflood ({backoff=}): {len(answers)} guesses, {answers.count(429)} got 429, {answers.count(401)} 401; "
           f"scrape median {median * 1000:.1f} ms vs quiet {quiet_median * 1000:.1f} ms; daemon CPU {share:.2f} cores")
     assert all(status == 200 for status, _ in flooded)
-    # 3x the quiet median, which is ~1 ms here: below 20 ms that is the shared machine's noise, not the flood's
-    assert median < max(3 * quiet_median, 0.02) and median < 0.1
+    # A scrape that waited behind a guess's hash would take one PBKDF2 of 600,000 iterations (0.3-0.5 s
+    # here). A bound relative to the quiet median measured the machine's load instead: at load average 10
+    # the median read 26-44 ms with or without the flood (issue 27, part 5), so only the hash's cost is asserted.
+    assert median < 0.1, (median, quiet_median)
     assert answers.count(429) > answers.count(401)
     assert share < 1.5  # one hash at a time is one core; the stdlib server let 16 run
 
@@ -472,8 +474,8 @@ def exchange(sock: socket.socket, data: bytes) -> bytes:
 
 def test_keep_alive_pipelining_head_and_a_closing_request() -> None:
     with server() as bounded, socket.create_connection(("127.0.0.1", bounded.port)) as sock:
-        out = exchange(sock, b"GET /a?x=1 HTTP/1.1\r\nHost: h\r\n\r\nHEAD /b HTTP/1.1\r\n\r\n"
-                             b"GET /c%20d HTTP/1.1\r\nConnection: close\r\n\r\n")
+        out = exchange(sock, b"GET /a?x=1 HTTP/1.1\r\nHost: h\r\n\r\nHEAD /b HTTP/1.1\r\nHost: h\r\n\r\n"
+                             b"GET /c%20d HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
     answers = out.split(b"HTTP/1.1 200 OK\r\n")[1:]
     assert len(answers) == 3
     assert answers[0].endswith(b"\r\n\r\nGET /a x=1\n") and b"Connection: close" not in answers[0]
@@ -486,13 +488,25 @@ def test_keep_alive_pipelining_head_and_a_closing_request() -> None:
     [
         (b"GET / HTTP/1.1\r\n" + b"X-A: " + b"a" * 5000 + b"\r\n\r\n", b"431"),  # one field over the total
         (b"GET / HTTP/1.1\r\n" + b"X-A: aaaaaaaaaa\r\n" * 300, b"431"),  # many small ones, never ending
-        (b"GET / HTTP/1.1\r\n" + b"X-A: a\r\n" * 101 + b"\r\n", b"431"),  # more than 100 fields
-        (b"POST / HTTP/1.1\r\nContent-Length: 999999\r\n\r\n", b"413"),
-        (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", b"501"),
+        (b"GET / HTTP/1.1\r\nHost: h\r\n" + b"X-A: a\r\n" * 100 + b"\r\n", b"431"),  # more than 100 fields
+        (b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 999999\r\n\r\n", b"413"),
+        (b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n4000\r\n" + b"a" * 0x4000 + b"\r\n1\r\na",
+         b"413"),  # a chunked body, over 16 KiB once its second chunk comes
+        (b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip\r\n\r\n", b"501"),
         (b"GET / HTTP/2.0\r\n\r\n", b"505"),
         (b"NOT HTTP\r\n\r\n", b"400"),
-        (b"GET / HTTP/1.1\r\nno colon here\r\n\r\n", b"400"),
-        (b"GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", b"400"),
+        (b"GET / HTTP/1.1\r\nHost: h\r\nno colon here\r\n\r\n", b"400"),
+        (b"GET / HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", b"400"),
+        # issue 27: what the hand-written parser let by, or died of
+        (b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: \xb2\r\n\r\n", b"400"),  # isdigit(), then int() raised
+        (b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: " + b"1" * 4000 + b"\r\n\r\n", b"400"),  # 5,000: over 4 KiB
+        (b"GET http://[::1/metrics HTTP/1.1\r\nHost: h\r\n\r\n", b"400"),  # urlsplit raised: 500, traceback
+        (b"GET / HTTP/1.1\r\nHost: h\r\nX-A: a\rb\r\n\r\n", b"400"),  # a bare CR in a value
+        (b"GET / HTTP/1.1\nHost: h\n\n", b"400"),  # bare LF line endings
+        (b"GET / HTTP/1.1\r\nHost: h\nX-A: a\r\n\r\n", b"400"),  # one of them
+        (b"GET / HTTP/1.9\r\nHost: h\r\n\r\n", b"400"),
+        (b"GET / HTTP/1.1\r\n\r\n", b"400"),  # no Host
+        (b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n", b"400"),
     ],
 )
 def test_bad_or_oversized_requests_get_their_status_and_a_close(request_bytes: bytes, status: bytes) -> None:
@@ -504,8 +518,8 @@ def test_bad_or_oversized_requests_get_their_status_and_a_close(request_bytes: b
 
 def test_a_small_body_is_read_and_the_connection_kept() -> None:
     with server() as bounded, socket.create_connection(("127.0.0.1", bounded.port)) as sock:
-        out = exchange(sock, b"POST /p HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello"
-                             b"GET /q HTTP/1.1\r\nConnection: close\r\n\r\n")
+        out = exchange(sock, b"POST /p HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello"
+                             b"GET /q HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
     assert out.count(b"HTTP/1.1 200 OK") == 2 and out.endswith(b"GET /q \n")
 
 
@@ -514,7 +528,7 @@ def test_slow_and_idle_connections_are_closed_at_their_deadlines() -> None:
         slow = socket.create_connection(("127.0.0.1", bounded.port))
         slow.sendall(b"GET / HTTP/1.1\r\nX-Slow: ")
         idle = socket.create_connection(("127.0.0.1", bounded.port))
-        idle.sendall(b"GET / HTTP/1.1\r\n\r\n")  # answered, then kept alive
+        idle.sendall(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")  # answered, then kept alive
         start = time.monotonic()
         with slow, idle:
             assert exchange(slow, b"a") == b""  # closed without an answer at the read timeout
@@ -530,7 +544,8 @@ def test_at_the_cap_the_longest_waiting_connection_makes_room() -> None:
         wait_until(lambda: bounded.open_connections() == 4, timeout=5, message="4 held")
         try:
             with socket.create_connection(("127.0.0.1", bounded.port)) as sock:
-                assert exchange(sock, b"GET /new HTTP/1.1\r\nConnection: close\r\n\r\n").endswith(b"GET /new \n")
+                out = exchange(sock, b"GET /new HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
+                assert out.endswith(b"GET /new \n")
             held[0].setblocking(True)
             held[0].settimeout(5)
             assert held[0].recv(1) == b""  # the oldest was closed
@@ -555,7 +570,7 @@ def test_connections_evicted_while_they_send_are_counted_once() -> None:
         wait_until(lambda: bounded.open_connections() == 0, timeout=5, message="all closed")
         assert bounded.counts.evicted == 300 - 8
         with socket.create_connection(("127.0.0.1", bounded.port)) as sock:  # still counts right
-            assert exchange(sock, b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200")
+            assert exchange(sock, b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200")
 
 
 def test_basic_auth_backs_off_per_address_but_remembers_good_credentials() -> None:
@@ -593,7 +608,8 @@ def test_tls_keeps_alive_and_a_silent_handshake_times_out(tmp_path: Path) -> Non
         client = ssl.create_default_context(cafile=str(cert))
         with socket.create_connection(("127.0.0.1", bounded.port)) as raw, \
                 client.wrap_socket(raw, server_hostname="localhost") as tls:
-            out = exchange(tls, b"GET /one HTTP/1.1\r\n\r\nGET /two HTTP/1.1\r\nConnection: close\r\n\r\n")
+            out = exchange(tls, b"GET /one HTTP/1.1\r\nHost: h\r\n\r\n"
+                                b"GET /two HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
         assert out.count(b"200 OK") == 2 and out.endswith(b"GET /two \n")
         with socket.create_connection(("127.0.0.1", bounded.port)) as silent:
             silent.settimeout(5)
@@ -606,8 +622,8 @@ def test_tls_keeps_alive_and_a_silent_handshake_times_out(tmp_path: Path) -> Non
 def test_a_large_answer_is_written_in_pieces_and_an_unread_one_times_out() -> None:
     with server(write_timeout=0.5) as bounded:
         with socket.create_connection(("127.0.0.1", bounded.port)) as sock:
-            out = exchange(sock, b"GET /big HTTP/1.1\r\nConnection: close\r\n\r\n")
+            out = exchange(sock, b"GET /big HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")
         assert out.endswith(b"\r\n\r\n" + b"b" * BIG)
         with socket.create_connection(("127.0.0.1", bounded.port)) as unread:
-            unread.sendall(b"GET /big HTTP/1.1\r\n\r\n")
+            unread.sendall(b"GET /big HTTP/1.1\r\nHost: h\r\n\r\n")
             wait_until(lambda: bounded.counts.timed_out == 1, timeout=5, message="the unread answer times out")

@@ -40,3 +40,60 @@ def test_the_fetcher_internals_that_take_a_failed_partition_out_exist() -> None:
     for attribute in ("self.topic_partition", "self.next_fetch_offset"):
         assert attribute in records, attribute
     assert callable(fetcher.Fetcher.PartitionRecords.drain)
+
+
+# -- records kafka-python cannot parse (issue 27) -------------------------------------------------------
+
+
+def _batch(headers_of: list[list[tuple[str, bytes]]]) -> bytearray:
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=0, producer_id=-1,
+                                        producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)  # fmt: skip
+    for offset, headers in enumerate(headers_of):
+        builder.append(offset, timestamp=1_763_700_000_000, key=None, value=b"v%d" % offset, headers=headers)
+    return builder.build()
+
+
+def _read(buffer: bytearray) -> list[tuple[int, bytes | None, str | None]]:
+    from kafka.record.default_records import DefaultRecordBatch
+
+    from monitor.sources.kafka_internals import read_unreadable_records, unreadable_reason
+
+    read_unreadable_records()
+    return [(r.offset, r.value, unreadable_reason(r.headers)) for r in DefaultRecordBatch(buffer)]
+
+
+def test_a_record_whose_header_key_is_not_utf8_becomes_one_placeholder_and_the_batch_reads_on() -> None:
+    from tests.support.producers import RawHeaderKey
+
+    buffer = _batch([[("model", b"m")], [(RawHeaderKey(b"\xff"), b"x")], [], [("k", b"")]])
+    assert _read(buffer) == [(0, b"v0", None), (1, None, "bad_header"), (2, b"v2", None), (3, b"v3", None)]
+
+
+def test_a_broken_record_frame_ends_its_batch_in_one_corrupt_placeholder() -> None:
+    from kafka.record.default_records import DefaultRecordBatch
+
+    buffer = _batch([[], [], []])
+    first = DefaultRecordBatch(buffer)
+    next(first)
+    buffer[first._pos] = 1  # the second record's length: -1 (zigzag); where it ends, and what follows, is unknown
+    assert _read(buffer) == [(0, b"v0", None), (2, None, "corrupt_record")]  # one placeholder, at the batch's end
+
+
+def test_a_record_whose_inside_is_broken_but_frame_sound_is_one_corrupt_placeholder() -> None:
+    buffer = _batch([[], [("k", b"abc")], []])
+    at = bytes(buffer).index(b"k\x06abc")  # the header key "k" (then the value's length, 3), after its length
+    assert buffer[at - 1] == 2  # zigzag varint of 1
+    buffer[at - 1] = 1  # a negative key length: kafka-python raises CorruptRecordError inside the record
+    assert _read(buffer) == [(0, b"v0", None), (1, None, "corrupt_record"), (2, b"v2", None)]
+
+
+def test_the_record_reading_internals_exist() -> None:
+    from kafka.record.default_records import DefaultRecordBatch
+
+    source = inspect.getsource(DefaultRecordBatch.__next__)
+    assert "self._read_msg()" in source and "self._next_record_index += 1" in source
+    for attribute in ("_buffer", "_pos", "_num_records", "_next_record_index"):
+        assert attribute in DefaultRecordBatch.__slots__, attribute
+    assert 'decode("utf-8")' in inspect.getsource(inspect.unwrap(DefaultRecordBatch._read_msg))

@@ -21,6 +21,23 @@ from tests.support.broker import Broker
 Message = tuple[bytes, list[tuple[str, bytes]]]  # (value, headers)
 
 
+class RawHeaderKey(str):
+    """A header key written as these exact bytes, UTF-8 or not.
+
+    Kafka header keys are bytes and any producer can write one that is not UTF-8; kafka-python's
+    producer takes ``str`` keys and writes ``key.encode("utf-8")``, which this returns as given."""
+
+    raw: bytes
+
+    def __new__(cls, raw: bytes) -> RawHeaderKey:
+        key = super().__new__(cls, raw.decode("latin-1"))
+        key.raw = raw
+        return key
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return self.raw
+
+
 class _ProducerThread(threading.Thread):
     stopped: threading.Event
 

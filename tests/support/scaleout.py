@@ -12,12 +12,26 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 
 from monitor.config import Settings, deep_merge, load_settings
-from monitor.scaleout.partials import partition_of
+from monitor.scaleout import signing
+from monitor.scaleout.partials import (
+    CHUNK_HEADER,
+    EPOCH_HEADER,
+    KIND_HEADER,
+    SUBWINDOW,
+    Manifest,
+    StreamManifest,
+    WindowGeometry,
+    encode_manifest,
+    partition_of,
+    subwindow_key,
+)
 from monitor.scaleout.reducer import Reducer
 from monitor.scaleout.table import MergeTable
+from monitor.storage import checkpoint_format as ckpt
 from tests.support import daemons
 from tests.support.broker import Broker, kafka_daemon_overrides
 from tests.support.daemons import QUICK_SESSION, DaemonProcess
@@ -256,3 +270,52 @@ def reducer(tmp_path: Path, now: list[float], extra: dict[str, Any] | None = Non
                   "ks": {"components": 4}, "classifier": {"squared_components": 2}, **drift},
     }, extra or {}))
     return Reducer(settings, clock=lambda: now[0])
+
+
+# ---------------------------------------------------------------- forged and poisoned records (issue 27)
+PartialsRecord = tuple[bytes, "bytes | None", list[tuple[str, bytes]]]
+
+
+class RawHeaderKey(str):
+    """A header key kafka-python's producer writes as bytes that are not UTF-8 (its own check takes
+    any ``str``; readers then cannot decode the record)."""
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return b"\xff\xfe"
+
+
+def partial_tree(records: list[PartialsRecord]) -> tuple[bytes, dict[str, Any], list[np.ndarray]]:
+    """The key and the decoded tree (with its arrays) of the first single-chunk sub-window in ``records``."""
+    for key, payload, headers in records:
+        found = dict(headers)
+        if payload is not None and found.get(KIND_HEADER) == SUBWINDOW.encode() and found[CHUNK_HEADER] == b"0/1":
+            arrays: list[np.ndarray] = []
+            return key, ckpt.flatten(ckpt.decode(payload), arrays), arrays
+    raise AssertionError("no single-chunk sub-window")
+
+
+def chunk_record(replica: str, model: str, stream: str, index: int, epoch: int, payload: bytes,
+                 piece: str = "0/1") -> PartialsRecord:
+    """A sub-window record as a replica writes it (unsigned)."""
+    return (subwindow_key(replica, (model, stream, index), int(piece.split("/")[0])), payload,
+            [(KIND_HEADER, SUBWINDOW.encode()), (EPOCH_HEADER, str(epoch).encode()), (CHUNK_HEADER, piece.encode())])
+
+
+def forged_partial(records: list[PartialsRecord], change: Any) -> PartialsRecord:
+    """A genuine sub-window record whose tree ``change`` edited (the container rebuilt: a valid sha256)."""
+    key, flat, arrays = partial_tree(records)
+    change(flat)
+    _, replica, model, stream, index, _ = orjson.loads(key)
+    return chunk_record(replica, model, stream, index, flat["epoch"], ckpt.encode(flat, arrays))
+
+
+def manifest_record(replica: str, epoch: int, geometry: WindowGeometry, streams: tuple[StreamManifest, ...] = (),
+                    offsets: dict[tuple[str, int], int] | None = None) -> PartialsRecord:
+    """A manifest record (unsigned) of ``replica`` at ``epoch``."""
+    record = encode_manifest(Manifest(replica, epoch, "forger", geometry, offsets or {}, streams))
+    return (record.key, record.value, list(record.headers))
+
+
+def signed(keys: tuple[bytes, ...], record: PartialsRecord) -> PartialsRecord:
+    key, payload, headers = record
+    return key, payload, list(signing.sign(keys, key, payload, headers))
