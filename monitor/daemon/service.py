@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.gc_collector import GCCollector
@@ -58,8 +58,8 @@ from monitor.daemon.status import DaemonStatus
 from monitor.decoding.decoder import Decoder
 from monitor.errors import ConfigError
 from monitor.server.exporter import HttpServer
-from monitor.server.http_server import LOOP_FAILED_EXIT_STATUS, ConnectionLimits
-from monitor.server.security import AuthLimits, is_loopback_host, read_token_file, server_ssl_context
+from monitor.server.http_server import LOOP_FAILED_EXIT_STATUS
+from monitor.server.settings import http_limits, http_security
 from monitor.sources import build_source
 from monitor.sources.base import PartitionListener, Source
 from monitor.state.registry import StateRegistry
@@ -247,8 +247,8 @@ class Monitor(Daemon):
             settings.http.port,
             health=self.health,
             readiness=self.readiness,
-            **http_security(settings),
-            **http_limits(settings),
+            **http_security(settings.http),
+            **http_limits(settings.http),
         )
         self.http.server.on_failure = self.fail  # from the start: the port may open before serve()
         if early_port:
@@ -379,48 +379,6 @@ class Monitor(Daemon):
 
     def _intake(self) -> tuple[bool, bool, str]:
         return self.pipeline.alive, self.source.up, f"source {self.source.name} is not connected"
-
-
-def http_security(settings: Settings) -> dict[str, Any]:
-    """The HTTP server's TLS context, basic-auth users and admin token, from the settings."""
-    http = settings.http
-    token: str | None = None
-    if http.admin_token is not None:
-        token = http.admin_token.get_secret_value()
-    elif http.admin_token_file is not None:
-        token = read_token_file(http.admin_token_file)
-    context = None
-    if http.tls_certfile is not None and http.tls_keyfile is not None:
-        context = server_ssl_context(http.tls_certfile, http.tls_keyfile, http.tls_client_cafile)
-    credentials = [name for name, present in (("the admin token", token is not None),
-                                              ("basic-auth passwords", bool(http.basic_auth_users))) if present]
-    if credentials and context is None and not is_loopback_host(http.host):
-        logger.warning(
-            "http: %s will cross the network in clear text: http.host is %r and no TLS is configured "
-            "(set http.tls_certfile and http.tls_keyfile, or bind 127.0.0.1 behind a TLS proxy)",
-            " and ".join(credentials), http.host,
-        )
-    return {
-        "ssl_context": context,
-        "basic_auth_users": {u: h.get_secret_value() for u, h in http.basic_auth_users.items()} or None,
-        "admin_token": token,
-    }
-
-
-def http_limits(settings: Settings) -> dict[str, Any]:
-    """What one HTTP client may hold and how failed basic-auth guesses are refused, from the settings."""
-    http = settings.http
-    return {
-        "limits": ConnectionLimits(
-            max_connections=http.max_connections, max_header_bytes=http.max_header_bytes,
-            read_timeout=http.read_timeout_seconds, idle_timeout=http.idle_timeout_seconds,
-            write_timeout=http.write_timeout_seconds, workers=http.workers,
-        ),
-        "auth_limits": AuthLimits(
-            failures_before_backoff=http.auth_failures_before_backoff, backoff_seconds=http.auth_backoff_seconds,
-            concurrent_verifications=http.auth_concurrent_verifications,
-        ),
-    }
 
 
 def default_stream(settings: Settings) -> str:

@@ -103,7 +103,9 @@ class Unreadable:
     headers: tuple[tuple[str, bytes], ...] = ()
 
 
-def poll_past_unreadable(consumer: KafkaConsumer, timeout_ms: int, max_records: int | None = None) -> dict[Any, list[Any]]:
+def poll_past_unreadable(
+    consumer: KafkaConsumer, timeout_ms: int, max_records: int | None = None
+) -> dict[Any, list[Any]]:
     """``consumer.poll``, moving past exactly the record kafka-python cannot parse.
 
     Such a record makes every later poll fail (or spin: ``take_fetch_failure`` in

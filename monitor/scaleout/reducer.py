@@ -39,7 +39,7 @@ from monitor.daemon.features import ComponentFactory, default_component_factorie
 from monitor.daemon.jobs import JobRunner
 from monitor.daemon.lifecycle import StartUp
 from monitor.daemon.refresh import Published, Refresher
-from monitor.daemon.service import Daemon, daemon_metrics_registry, http_limits, http_security
+from monitor.daemon.service import Daemon, daemon_metrics_registry
 from monitor.daemon.status import DaemonStatus, StreamCounts
 from monitor.decoding.decoder import Decoder
 from monitor.errors import ConfigError
@@ -49,6 +49,7 @@ from monitor.scaleout.export import OwnedOnly, Ownership, ReducerCollector, prob
 from monitor.scaleout.intake import PartialsReader
 from monitor.scaleout.table import MergeTable
 from monitor.server.exporter import HttpServer
+from monitor.server.settings import http_limits, http_security
 
 if TYPE_CHECKING:
     from kafka import KafkaConsumer
@@ -110,7 +111,7 @@ class Reducer(Daemon):
         self.refresher = Refresher(settings, self.table, self.errors, self.metrics_registry, clock)  # type: ignore[arg-type]
         self.jobs = JobRunner(self.metrics_registry)
         self.http = HttpServer(self.metrics_registry, settings.http.host, settings.http.port, health=self.health,
-                               readiness=self.readiness, **http_security(settings), **http_limits(settings))
+                               readiness=self.readiness, **http_security(settings.http), **http_limits(settings.http))
         self.context = MonitorContext(
             settings=settings, registry=self.table, clock=clock, state_dir=settings.state_dir,  # type: ignore[arg-type]
             latest_windows=lambda: self.refresher.published.windows, add_route=self.http.add_route,

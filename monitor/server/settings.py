@@ -1,13 +1,17 @@
-"""The HTTP port's settings: ``http:`` (light: pydantic only; the server loads when a check needs it)."""
+"""The HTTP port's settings, ``http:``, and what the server is built with from them (:func:`http_security`,
+:func:`http_limits`). Light: pydantic only; the server's modules load when a check or a helper needs them."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from monitor.settings_base import Section
+
+logger = logging.getLogger(__name__)
 
 _HTTP_BUFFER_BUDGET = 256 * 2**20  # what request buffers may take at most (the sidecar's limit is 1.5 GiB)
 
@@ -95,3 +99,48 @@ class HttpSettings(Section):
                 "lower max_connections or max_header_bytes"
             )
         return self
+
+
+def http_security(http: HttpSettings) -> dict[str, Any]:
+    """The HTTP server's TLS context, basic-auth users and admin token, from the ``http:`` settings."""
+    from monitor.server.security import is_loopback_host, read_token_file, server_ssl_context
+
+    token: str | None = None
+    if http.admin_token is not None:
+        token = http.admin_token.get_secret_value()
+    elif http.admin_token_file is not None:
+        token = read_token_file(http.admin_token_file)
+    context = None
+    if http.tls_certfile is not None and http.tls_keyfile is not None:
+        context = server_ssl_context(http.tls_certfile, http.tls_keyfile, http.tls_client_cafile)
+    credentials = [name for name, present in (("the admin token", token is not None),
+                                              ("basic-auth passwords", bool(http.basic_auth_users))) if present]
+    if credentials and context is None and not is_loopback_host(http.host):
+        logger.warning(
+            "http: %s will cross the network in clear text: http.host is %r and no TLS is configured "
+            "(set http.tls_certfile and http.tls_keyfile, or bind 127.0.0.1 behind a TLS proxy)",
+            " and ".join(credentials), http.host,
+        )
+    return {
+        "ssl_context": context,
+        "basic_auth_users": {u: h.get_secret_value() for u, h in http.basic_auth_users.items()} or None,
+        "admin_token": token,
+    }
+
+
+def http_limits(http: HttpSettings) -> dict[str, Any]:
+    """What one HTTP client may hold and how failed basic-auth guesses are refused, from the ``http:`` settings."""
+    from monitor.server.http_server import ConnectionLimits
+    from monitor.server.security import AuthLimits
+
+    return {
+        "limits": ConnectionLimits(
+            max_connections=http.max_connections, max_header_bytes=http.max_header_bytes,
+            read_timeout=http.read_timeout_seconds, idle_timeout=http.idle_timeout_seconds,
+            write_timeout=http.write_timeout_seconds, workers=http.workers,
+        ),
+        "auth_limits": AuthLimits(
+            failures_before_backoff=http.auth_failures_before_backoff, backoff_seconds=http.auth_backoff_seconds,
+            concurrent_verifications=http.auth_concurrent_verifications,
+        ),
+    }

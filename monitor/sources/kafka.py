@@ -9,41 +9,9 @@ broker answers) and its close run in threads of their own (:class:`BlockingCall`
 start-up nor a stop request waits for a broker: a bootstrap still running at shutdown is
 abandoned, a close that takes over ``CLOSE_TIMEOUT_SECONDS`` too (both logged).
 
-Transactions: the consumer reads with ``isolation_level="read_committed"`` unless
-``kafka.options.isolation_level`` says ``read_uncommitted``: what an aborted transaction wrote is
-not what the model's consumers see. Lag is measured from the consumer's position, which
-kafka-python moves past transaction markers, so a caught-up consumer reads 0.
-
-Positions are checked against the log (``monitor/sources/kafka_positions.py``): a resume position
-outside it, or a topic that was recreated, is logged, counted and reset by
-``kafka.auto_offset_reset``, and nothing is committed from a position not yet verified.
-
-Progress (``embmon_source_last_progress_timestamp_seconds``): per topic, the last time the
-consumer was caught up (lag 0) or applied records; a consumer with records behind that applies
-none (a poll stuck, a partition it cannot read) leaves it behind, which an alert watches.
-
-Rebalances (docs/operations.md, "Rebalances"): kafka-python 3 runs the rebalance listener on its
-IO thread, where blocking consumer calls are forbidden, so the listener is asynchronous:
-
-* revoked: the daemon's hand-off (apply what was polled, checkpoint) runs in a worker thread
-  while the listener awaits it without blocking heartbeats; then the offsets it returns are
-  committed before the partitions go to their new owner;
-* assigned: for every partition the checkpoint knows, the consumer seeks to
-  ``max(checkpoint offset + 1, group committed offset)`` and that position is committed for
-  visibility once a fetch there has shown it lies within the log; a partition that no offset
-  knows starts by ``kafka.auto_offset_reset``.
-
-Undecodable records (docs/operations.md, "Compression codecs"): a partition whose fetched records
-kafka-python cannot decompress (``UnsupportedCodecError``: the codec's library is not installed)
-is paused and retried with backoff, counted in ``embmon_source_errors_total{reason="unsupported_codec"}``
-and logged at ERROR once per codec, naming the package to install; ``up`` is False until it reads.
-The other partitions are read meanwhile.
-
-Unreadable records (issue 27): a record kafka-python cannot parse (a header key that is not UTF-8,
-a record whose structure is broken) reaches the daemon as a placeholder
-(``kafka_internals.read_unreadable_records``), counted in
-``embmon_records_invalid_total{reason="bad_header"|"corrupt_record"}`` and skipped like any invalid
-record: the records around it are read and the partition moves on.
+Transactions, positions checked against the log, progress, rebalances (kafka-python runs the
+listener on its IO thread, so it is asynchronous) and undecodable records: docs/operations.md,
+"Transactions", "Offsets out of range", "Stalls", "Rebalances", "Compression codecs".
 """
 
 from __future__ import annotations
