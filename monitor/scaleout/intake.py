@@ -122,7 +122,7 @@ def poll_past_unreadable(
         polled = dict(consumer.poll(timeout_ms=timeout_ms, max_records=max_records))
     except KafkaError as exc:
         polled, raised = {}, exc
-    failure = take_fetch_failure(consumer, raised)
+    failure = take_fetch_failure(consumer, raised) if hasattr(consumer, "_fetcher") else None  # kafka-python's
     if failure is not None and isinstance(failure.error, CorruptRecordError):
         consumer.seek(failure.partition, failure.offset + 1)
         polled.setdefault(failure.partition, []).append(Unreadable(failure.offset, str(failure.error)))

@@ -171,7 +171,7 @@ class ManifestReader:
         """The manifest in ``record``, if it is one that may move a position (module docstring)."""
         headers = getattr(record, "headers", None) or ()
         value = getattr(record, "value", None)
-        if (MANIFEST.encode(), ) != tuple(raw for name, raw in headers if name == KIND_HEADER) or value is None:
+        if (MANIFEST.encode(),) != tuple(raw for name, raw in headers if name == KIND_HEADER) or value is None:
             return None
         try:
             why = signing.refusal(self.keys, getattr(record, "key", None), value, headers)
@@ -181,10 +181,8 @@ class ManifestReader:
             if self.trusted and named not in self.trusted:
                 raise PartialError(f"replica {named!r} is not in scale_out.replicas", "unknown_replica")
             manifest = parse_record(getattr(record, "key", None), value, headers, self.bounds)
-            if not isinstance(manifest, Manifest):
+            if not isinstance(manifest, Manifest):  # its replica is the key's (parse_record checks)
                 raise PartialError("a manifest's kind on another record")
-            if self.trusted and manifest.replica not in self.trusted:
-                raise PartialError(f"replica {manifest.replica!r} is not in scale_out.replicas", "unknown_replica")
             why = self.bounds.epoch_refusal(manifest.epoch, self.clock())
             if why is not None:
                 raise PartialError(f"epoch {manifest.epoch} is beyond this clock + max_clock_skew_seconds", why)
@@ -196,9 +194,10 @@ class ManifestReader:
         return manifest
 
     def capped(self, published: Mapping[Partition, int]) -> dict[Partition, int]:
-        """``published`` with every offset at most the last one the broker lists for its partition
-        (counted ``beyond_end`` where it was further); the embeddings topic's partitions only. Left
-        out where the end cannot be read: a position no log confirms moves nothing."""
+        """``published`` with every offset at most the last one its partition's log holds: past the end
+        the broker lists (and not found by reading there), capped at that end and counted
+        ``beyond_end``; the embeddings topic's partitions only. Left out where the end cannot be
+        read: a position no log confirms moves nothing."""
         from kafka import TopicPartition
         from kafka.errors import KafkaError
 
@@ -214,18 +213,51 @@ class ManifestReader:
                 ends = {}
                 logger.error("cannot read the end offsets of %s (%s): resuming from the group's commits (records "
                              "published but not committed by a replica that died may count twice)", topic, exc)
+        beyond = {(t, p): offset for (t, p), offset in mine.items()
+                  if (end := ends.get(TopicPartition(t, p))) is not None and offset > int(end) - 1}
+        held = self._in_log(beyond) if beyond else set()
         out = {}
         for (t, p), offset in mine.items():
             end = ends.get(TopicPartition(t, p))
             if end is None:
                 continue
-            if offset > int(end) - 1:
+            if (t, p) in beyond and (t, p) not in held:
                 self.refused.add("beyond_end")
                 self._log.warning("beyond_end", "a manifest reflects offset %d of %s/%d, whose log ends at %d: "
                                   "capped", offset, t, p, int(end))
                 offset = int(end) - 1
             out[(t, p)] = offset
         return out
+
+    def _in_log(self, offsets: Mapping[Partition, int]) -> set[Partition]:
+        """The partitions whose log holds a record at ``offsets`` (read there): a broker may list an end
+        below what it holds (tansu lists the base offset of the last batch, plus one)."""
+        from kafka import TopicPartition
+
+        from monitor.scaleout.intake import consumer_config, poll_past_unreadable
+        from monitor.sources.kafka_clients import new_consumer
+
+        config = consumer_config(self.settings)
+        config["client_id"] = f"{self.settings.kafka.client_id}-resume-check-{self.settings.scale_out.replica_id}"
+        found: set[Partition] = set()
+        consumer = None
+        try:
+            consumer = new_consumer(config)
+            consumer.assign([TopicPartition(t, p) for t, p in sorted(offsets)])
+            for (t, p), offset in offsets.items():
+                consumer.seek(TopicPartition(t, p), offset)
+            deadline = time.monotonic() + min(self.timeout, 5.0)
+            while set(offsets) - found and time.monotonic() < deadline:
+                for tp, records in poll_past_unreadable(consumer, 200).items():
+                    if any(r.offset == offsets.get((tp.topic, tp.partition)) for r in records):
+                        found.add((tp.topic, tp.partition))
+                        consumer.pause(tp)
+        except Exception as exc:  # noqa: BLE001 - unconfirmed: capped
+            logger.warning("cannot read %s at the published offsets (%s)", sorted(offsets), exc)
+        finally:
+            if consumer is not None:
+                consumer.close(autocommit=False)
+        return found
 
     def close(self) -> None:
         with self._lock:

@@ -11,7 +11,7 @@ import socket
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from monitor.drift.online.detector_kinds import DetectorKind, check_detectors
 from monitor.settings_base import MAX_DURATION_SECONDS
@@ -106,6 +106,13 @@ class ScaleOutSettings(BaseModel):
         if value is not None:
             read_key_file(value)  # a KeyFileError names the file, never a key
         return value
+
+    @model_validator(mode="after")
+    def _replica_listed(self) -> ScaleOutSettings:
+        if self.role == "replica" and self.replicas and self.replica_id not in self.replicas:
+            raise ValueError(f"replica_id {self.replica_id!r} is not in replicas: every reader would refuse its "
+                             "publications")
+        return self
 
     def partials_keys(self) -> tuple[bytes, ...]:
         """The HMAC keys of the partials topic, the signing one first (none without a key file)."""

@@ -125,6 +125,7 @@ class ConfluentSource(ConsumerReadings):
         self._pending_commit: dict[Partition, int] = {}
         self._unverified: dict[Partition, int] = {}  # start positions not yet verified against the log
         self._held_commits: dict[Partition, int] = {}  # assignment commits waiting for verification
+        self._stale_high: dict[Partition, int] = {}  # the cached high watermarks at assignment (not evidence)
         self._committed_lock = threading.Lock()
         self._committed: dict[Partition, int] = {}
         self._errors: Tally[str] = Tally()
@@ -238,34 +239,49 @@ class ConfluentSource(ConsumerReadings):
             consumer.pause(starts)
         else:
             consumer.assign(starts)
+        self._stale_high = {key: self._cached_high(consumer, key) for key in self._unverified}
         self.listener.on_assigned(positions)
 
     def _verify(self, consumer: Consumer, fetched: set[Partition]) -> None:
         """After a poll: unverified start positions that returned records, or lie within the log by
-        the high watermark of a fetch made there, are verified; one past that end is reset."""
+        a fresh listing of its offsets or the high watermark of a fetch made since the assignment,
+        are verified; one past that end (as a fetch since the assignment shows it) is reset.
+
+        librdkafka keeps a partition's last high watermark across assignments: after a broker came
+        back with an emptied log, the cached one still described the old log, and a position past the
+        new log's end passed as within it (issue 27: 400 of 700 new records counted). A cached
+        watermark that has not changed since the assignment is not taken as evidence."""
         for key, position in list(self._unverified.items()):
             if key in fetched:
                 del self._unverified[key]
                 continue
             tp = TopicPartition(*key)
             try:
-                high = consumer.get_watermark_offsets(tp, cached=True)[1]
-                if high < 0:
-                    continue  # no fetch answered yet
-                if position <= high:
+                cached = consumer.get_watermark_offsets(tp, cached=True)[1]
+                high = cached if cached != self._stale_high.get(key, -1) else -1  # from a fetch since assignment
+                if 0 <= position <= high:
                     del self._unverified[key]
                     continue
                 low, listed = consumer.get_watermark_offsets(tp, timeout=QUERY_TIMEOUT_SECONDS, cached=False)
             except KafkaException as exc:
                 logger.warning("cannot list the offsets of %s (%s); checking again on the next poll", key, exc)
                 continue
-            end = max(high, listed)  # some brokers (tansu) list less than a fetch shows
-            if position <= end:
+            if position <= listed:
                 del self._unverified[key]
                 continue
-            self._move(consumer, key, self._reset(key, "past_end", position, low, end))
+            if high < 0:
+                continue  # no fetch answered since the assignment, and some brokers (tansu) list less than one shows
+            self._move(consumer, key, self._reset(key, "past_end", position, low, max(high, listed)))
         for key in [k for k in self._held_commits if k not in self._unverified]:
             self._pending_commit[key] = self._held_commits.pop(key)
+
+    @staticmethod
+    def _cached_high(consumer: Consumer, key: Partition) -> int:
+        """The last high watermark librdkafka holds for ``key`` (-1 when none, or not known)."""
+        try:
+            return int(consumer.get_watermark_offsets(TopicPartition(*key), cached=True)[1])
+        except KafkaException:
+            return -1
 
     def _reset(self, key: Partition, reason: str, offset: int | None, low: int, high: int) -> int:
         target = low if self.policy == "earliest" else high

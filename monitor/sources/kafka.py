@@ -10,8 +10,10 @@ start-up nor a stop request waits for a broker: a bootstrap still running at shu
 abandoned, a close that takes over ``CLOSE_TIMEOUT_SECONDS`` too (both logged).
 
 Transactions, positions checked against the log, progress, rebalances (kafka-python runs the
-listener on its IO thread, so it is asynchronous) and undecodable records: docs/operations.md,
-"Transactions", "Offsets out of range", "Stalls", "Rebalances", "Compression codecs".
+listener on its IO thread, so it is asynchronous), undecodable and unreadable records (a record
+kafka-python cannot parse becomes a placeholder counted ``bad_header`` or ``corrupt_record`` and
+skipped): docs/operations.md, "Transactions", "Offsets out of range", "Stalls", "Rebalances",
+"Compression codecs", "Which Kafka client".
 """
 
 from __future__ import annotations

@@ -174,56 +174,112 @@ def unreadable_reason(headers: Any) -> str | None:
     return headers.reason if isinstance(headers, UnreadableRecord) else None
 
 
+class _CorruptBatch(tuple):
+    """A batch's header fields, marking a batch none of whose records can be trusted or read."""
+
+
 def read_unreadable_records() -> None:
     """Make kafka-python hand over a placeholder for a record it cannot parse, and read on.
 
     kafka-python 3.0 decodes a header key with ``bytes.decode("utf-8")`` while it reads a record
     of a fetched batch; any producer can write a key that is not UTF-8, and the error ends the
     batch's record generator: ``poll`` raises ``CorruptRecordError`` at that record on every call,
-    and the partition (and every replica or reducer that takes it over) never moves past it.
-    Wrapped here: a record whose reading raises, but whose frame (its length, its offset within the
-    batch) is sound, becomes a record with no key, no value and :class:`UnreadableRecord` headers
-    (``bad_header`` for a key that is not UTF-8, ``corrupt_record`` otherwise), and the batch reads
-    on after it. A broken frame hides where the next record starts: the rest of the batch becomes
-    one ``corrupt_record`` placeholder at the batch's last offset. Control batches (the broker's
-    transaction markers) keep kafka-python's behaviour. Applied once, only to kafka-python 3.0.x.
+    and the partition (and every replica or reducer that takes it over) never moves past it. A
+    batch whose checksum fails (a broker such as tansu stores what a producer sends), or whose
+    compressed payload cannot be decompressed, stalls its partition the same way. Wrapped here:
+
+    * a record whose reading raises, but whose frame (its length, its offset within the batch) is
+      sound, becomes a record with no key, no value and :class:`UnreadableRecord` headers
+      (``bad_header`` for a key that is not UTF-8, ``corrupt_record`` otherwise), and the batch reads
+      on after it;
+    * a broken frame hides where the next record starts, and a batch that fails its checksum or its
+      decompression cannot be trusted at all: the rest of the batch becomes one ``corrupt_record``
+      placeholder at the batch's last offset, and the partition reads on after it.
+
+    Control batches (the broker's transaction markers) and a codec whose library is missing
+    (``UnsupportedCodecError``: paused and retried, see ``sources/kafka.py``) keep kafka-python's
+    behaviour. Applied once, only to kafka-python 3.0.x.
     """
     import kafka
-    from kafka.errors import CorruptRecordError
+    from kafka.errors import UnsupportedCodecError
     from kafka.record.default_records import DefaultRecord, DefaultRecordBatch
     from kafka.record.util import decode_varint
 
-    read = DefaultRecordBatch._read_msg
+    validate, iterate, read = DefaultRecordBatch.validate_crc, DefaultRecordBatch.__iter__, DefaultRecordBatch.__next__
     if not str(kafka.__version__).startswith("3.0.") or getattr(read, "_embmon", False):
         return
 
-    def placeholder(batch: Any, start: int, error: BaseException) -> Any:
-        buffer = batch._buffer
-        reason = "bad_header" if isinstance(error, UnicodeDecodeError) else "corrupt_record"
-        try:
-            length, pos = decode_varint(buffer, start)
-            end = pos + length
-            _attributes, pos = decode_varint(buffer, pos)
-            _timestamp_delta, pos = decode_varint(buffer, pos)
-            offset_delta, pos = decode_varint(buffer, pos)
-            if length <= 0 or end > len(buffer) or pos > end or not 0 <= offset_delta <= batch.last_offset_delta:
-                raise ValueError("a broken record frame")
-        except (ValueError, IndexError):
-            reason, offset_delta, end = "corrupt_record", batch.last_offset_delta, len(buffer)
-            batch._num_records = batch._next_record_index + 1  # this placeholder ends the batch
-        batch._pos = end
-        return DefaultRecord(end - start, batch.base_offset + offset_delta, batch.first_timestamp,
-                             batch.timestamp_type, None, None, UnreadableRecord(reason))
+    def placeholder(batch: Any, reason: str, offset: int, size: int) -> Any:
+        return DefaultRecord(size, offset, batch.first_timestamp, batch.timestamp_type, None, None,
+                             UnreadableRecord(reason))
 
-    def read_or_placeholder(self: Any, *args: Any, **kwargs: Any) -> Any:
-        start = self._pos
+    def end_batch(batch: Any, start: int) -> Any:
+        """One placeholder for the rest of ``batch``, which then ends."""
+        batch._header_data = tuple(batch._header_data)
+        batch._pos, batch._num_records = len(batch._buffer), batch._next_record_index
+        return placeholder(batch, "corrupt_record", batch.last_offset, max(1, len(batch._buffer) - start))
+
+    def skip_record(batch: Any, start: int, error: BaseException) -> Any:
+        """A placeholder for the record at ``start`` whose reading raised ``error``, the batch read on
+        after it; the end of the batch when the record's frame is broken."""
         try:
-            return read(self, *args, **kwargs)
-        except (ValueError, IndexError, CorruptRecordError) as error:
+            length, pos = decode_varint(batch._buffer, start)
+            end = pos + length
+            _attributes, pos = decode_varint(batch._buffer, pos)
+            _timestamp_delta, pos = decode_varint(batch._buffer, pos)
+            offset_delta, pos = decode_varint(batch._buffer, pos)
+        except (ValueError, IndexError):
+            return end_batch(batch, start)
+        if length <= 0 or end > len(batch._buffer) or pos > end or not 0 <= offset_delta <= batch.last_offset_delta:
+            return end_batch(batch, start)
+        batch._pos = end
+        batch._next_record_index += 1
+        cause = error.__context__ if error.__context__ is not None else error  # kafka-python wraps it
+        reason = "bad_header" if isinstance(cause, UnicodeDecodeError) else "corrupt_record"
+        return placeholder(batch, reason, batch.base_offset + offset_delta, end - start)
+
+    def validate_or_mark(self: Any) -> bool:
+        valid = bool(validate(self))
+        if valid or self.is_control_batch:
+            return valid
+        self._header_data = _CorruptBatch(self._header_data)  # its records: one placeholder
+        return True
+
+    def iterate_or_mark(self: Any) -> Any:
+        if isinstance(self._header_data, _CorruptBatch):
+            self._decompressed = True  # never decompress what failed its checksum
+            return self
+        try:
+            return iterate(self)
+        except UnsupportedCodecError:
+            raise
+        except Exception:  # a payload its codec cannot decompress
             if self.is_control_batch:
                 raise
-            return placeholder(self, start, error)
+            self._header_data = _CorruptBatch(self._header_data)
+            self._decompressed = True
+            return self
+
+    def read_or_placeholder(self: Any) -> Any:
+        start = self._pos
+        if isinstance(self._header_data, _CorruptBatch):
+            return end_batch(self, start)
+        try:
+            return read(self)
+        except StopIteration:
+            raise
+        except Exception as error:  # any record kafka-python cannot read
+            if self.is_control_batch:
+                raise
+            if self._next_record_index >= self._num_records:
+                if self._next_record_index > 0:
+                    raise  # bytes after the last record, all read: the partition reads on after them
+                return end_batch(self, start)  # a batch of bytes and no records
+            return skip_record(self, start, error)
 
     read_or_placeholder._embmon = True  # type: ignore[attr-defined]
-    read_or_placeholder.__wrapped__ = read  # type: ignore[attr-defined]
-    DefaultRecordBatch._read_msg = read_or_placeholder
+    for wrapper, wrapped in ((validate_or_mark, validate), (iterate_or_mark, iterate), (read_or_placeholder, read)):
+        wrapper.__wrapped__ = wrapped  # type: ignore[union-attr]
+    DefaultRecordBatch.validate_crc = validate_or_mark
+    DefaultRecordBatch.__iter__ = iterate_or_mark
+    DefaultRecordBatch.__next__ = DefaultRecordBatch.next = read_or_placeholder

@@ -37,7 +37,15 @@ from monitor.scaleout.resume import ManifestReader
 from monitor.scaleout.table import MergeTable
 from monitor.state.registry import StateRegistry
 from tests.support import scaleout
-from tests.support.scaleout import MemoryProducer, chunk_record, feed, forged_partial
+from tests.support.scaleout import (
+    MemoryProducer,
+    chunk_record,
+    feed,
+    forged_partial,
+    huge_capacity,
+    infinite_index,
+    nan_alignment,
+)
 
 T0 = 2_000_000.0
 DIM = 8
@@ -117,18 +125,6 @@ def refused(table: MergeTable, record: Record, partition: int = 0) -> str:
     return caught.value.reason
 
 
-def _set_index_inf(tree: dict[str, Any]) -> None:
-    tree["subwindow"]["index"] = math.inf
-
-
-def _set_capacity(tree: dict[str, Any]) -> None:
-    tree["subwindow"]["reservoir"]["capacity"] = 2**40
-
-
-def _set_alignment_nan(tree: dict[str, Any]) -> None:
-    tree["subwindow"]["alignment_sum"] = math.nan
-
-
 def _set_dim(tree: dict[str, Any]) -> None:
     tree["subwindow"]["stats"]["dim"] = 10**6
 
@@ -142,9 +138,9 @@ def _set_other_replica(tree: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(("change", "reason"), [
-    (_set_index_inf, "corrupt"),  # an Infinity index: int() raised OverflowError, which halted the partition
-    (_set_capacity, "oversize"),  # a reservoir of 2^40 rows allocated before anything was compared
-    (_set_alignment_nan, "corrupt"),  # a NaN alignment_sum was merged
+    (infinite_index, "corrupt"),  # an Infinity index: int() raised OverflowError, which halted the partition
+    (huge_capacity, "oversize"),  # a reservoir of 2^40 rows allocated before anything was compared
+    (nan_alignment, "corrupt"),  # a NaN alignment_sum was merged
     (_set_dim, "oversize"),  # a dimension beyond limits.max_dimension
     (_set_epoch, "epoch_range"),  # 2^64 - 1: every later publication failed (orjson overflow)
     (_set_other_replica, "corrupt"),  # the tree says another replica than the key
@@ -306,6 +302,15 @@ def test_an_unusable_key_file_exits_2_naming_the_setting_never_the_key(tmp_path:
     assert "short-key" not in str(caught.value)
 
 
+def test_a_replica_outside_the_configured_replica_set_exits_2_naming_the_field() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(overrides={"scale_out": {"role": "replica", "replica_id": "r9", "replicas": ["r0", "r1"]}})
+    assert "scale_out" in str(caught.value) and "'r9' is not in replicas" in str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        load_settings(overrides={"scale_out": {"replicas": ["r0", "no spaces"]}})
+    assert "label value" in str(caught.value)
+
+
 def test_first_writer_state_cannot_be_seized_by_refused_records(tmp_path: Path) -> None:
     """A stream's dimension, the replica slots and a model's interaction-query dimension: none is
     taken by a record that fails a check (unsigned, an unknown replica, a declared dimension)."""
@@ -416,3 +421,18 @@ def test_a_replica_resumes_only_after_trusted_manifests(tmp_path: Path) -> None:
     signed_headers = list(signing.sign((KEY_A.encode(),), record[0], record[1], record[2]))
     assert read(signed, (record[0], record[1], signed_headers)) is not None
     assert signed.refused.snapshot() == {"unsigned": 1}
+
+
+def test_the_assembler_bounds_what_one_replica_holds_incomplete() -> None:
+    from monitor.scaleout.partials import Chunk, ChunkAssembler
+
+    assembler = ChunkAssembler(max_bytes=100, max_incomplete=3)
+    with pytest.raises(PartialError) as caught:  # a sub-window larger than the geometry allows
+        for piece in range(3):
+            assembler.add(Chunk("r", ("m", "s", 1), 7, piece, 4, b"x" * 40), ("t", 0, piece))
+    assert caught.value.reason == "oversize" and assembler.holds() == {}
+    for index in range(10):  # incomplete sub-windows of one replica: the oldest go first
+        assembler.add(Chunk("r", ("m", "s", index), 7, 0, 2, b"x"), ("t", 0, 100 + index))
+    assembler.add(Chunk("other", ("m", "s", 0), 7, 0, 2, b"x"), ("t", 1, 5))
+    assert assembler.holds() == {("t", 0): 107, ("t", 1): 5}
+    assert assembler.add(Chunk("r", ("m", "s", 9), 7, 1, 2, b"y"), ("t", 0, 200)) == b"xy"

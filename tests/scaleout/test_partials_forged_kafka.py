@@ -26,10 +26,10 @@ from monitor.config import load_settings
 from monitor.decoding.records import EmbeddingBatch
 from monitor.scaleout.partials import MAX_EPOCH, StreamManifest, WindowGeometry
 from monitor.scaleout.publisher import PartialsPublisher
-from monitor.scaleout.resume import ManifestReader
+from monitor.scaleout.resume import ManifestReader, published_offsets
 from monitor.state.registry import StateRegistry
 from tests.support import daemons
-from tests.support.broker import Broker
+from tests.support.broker import Broker, kafka_daemon_overrides
 from tests.support.logs import tracebacks
 from tests.support.producers import KnownSequence
 from tests.support.scaleout import (
@@ -39,7 +39,10 @@ from tests.support.scaleout import (
     RawHeaderKey,
     chunk_record,
     forged_partial,
+    huge_capacity,
+    infinite_index,
     manifest_record,
+    nan_alignment,
     produced,
     replica,
     scaled_settings,
@@ -58,7 +61,7 @@ ROUNDS = 3
 
 
 def geometry() -> WindowGeometry:
-    quality = load_settings().quality
+    quality = load_settings(overrides={"scale_out": {"role": "single"}}).quality  # the environment says replica
     return WindowGeometry(float(WINDOW["seconds"]), int(WINDOW["subwindows"]), int(WINDOW["reservoir_size"]),
                           quality.alignment_alpha)
 
@@ -89,15 +92,6 @@ def forgeries(topic: str, key_file: Path) -> list[tuple[PartialsRecord, str]]:
     def tree(change: Any) -> PartialsRecord:
         return signed(keys, forged_partial(genuine_partials(key_file), change))
 
-    def set_index(t: dict[str, Any]) -> None:
-        t["subwindow"]["index"] = math.inf
-
-    def set_capacity(t: dict[str, Any]) -> None:
-        t["subwindow"]["reservoir"]["capacity"] = 2**40
-
-    def set_alignment(t: dict[str, Any]) -> None:
-        t["subwindow"]["alignment_sum"] = math.nan
-
     head = math.floor(now / (WINDOW["seconds"] / WINDOW["subwindows"]))
     return [
         (manifest_record("ghost", epoch, g, offsets=skip), "unsigned"),  # a made-up replica's manifest
@@ -106,9 +100,9 @@ def forgeries(topic: str, key_file: Path) -> list[tuple[PartialsRecord, str]]:
         (signed(keys, manifest_record("replica-a", 2**64 - 1, g, nothing, skip)), "epoch_range"),
         (signed(keys, manifest_record("replica-b", MAX_EPOCH - 1, g, nothing, skip)), "epoch_range"),
         (signed(keys, manifest_record("replica-b", int((now + 3600) * 1e9), g, nothing, skip)), "epoch_range"),
-        (tree(set_index), "corrupt"),  # an Infinity index
-        (tree(set_capacity), "oversize"),  # a reservoir of 2^40 rows
-        (tree(set_alignment), "corrupt"),  # a NaN alignment_sum
+        (tree(infinite_index), "corrupt"),  # an Infinity index
+        (tree(huge_capacity), "oversize"),  # a reservoir of 2^40 rows
+        (tree(nan_alignment), "corrupt"),  # a NaN alignment_sum
         (signed(keys, chunk_record("replica-a", "bin", "default", head + 10**6, epoch, b"x" * 64, "0/2")),
          "clock_skew"),  # a far-future incomplete chunk
         ((b'["subwindow","replica-a","bin","default",1,0]', b"x", [(RawHeaderKey("k"), b"v")]), "corrupt"),
@@ -189,3 +183,40 @@ def test_forged_records_while_replicas_publish_are_refused_and_the_merge_stays_e
     assert reader.refused.snapshot()["unsigned"] == 2 * 2 * ROUNDS
     assert value(samples, "embmon_reducer_replicas", state="live") == 2
     assert not [tb for log in logs for tb in tracebacks(log.read_text())]
+
+
+def test_the_resume_reader_moves_past_an_unreadable_record_and_caps_offsets_at_the_log_end(
+        broker: Broker, tmp_path: Path) -> None:
+    """A record the client cannot parse stopped every replica's read of the manifests (so every resume
+    position fell back to the group's commits); a published offset past the partition's end skipped
+    the records written until the log reached it."""
+    topic, partials = "emb-capped", "emb-capped-partials"
+    broker.create_topics(topic, partitions=2)
+    broker.create_topics(partials)
+    producer = broker.producer()
+    for i in range(5):  # one batch each: tansu lists the end as the last batch's first offset + 1
+        producer.send(topic, b"x%d" % i, partition=0)
+        producer.flush()
+    for i in range(5, 10):  # one batch: offsets 5-9, listed end 6
+        producer.send(topic, b"x%d" % i, partition=0)
+    producer.flush()
+    records = [((b'["manifest","r9"]', b"{}", [(RawHeaderKey("k"), b"v")]))]
+    epoch = int(time.time() * 1e9)
+    records += [manifest_record("r1", epoch, geometry(), offsets={(topic, 0): 699, (topic, 1): 3}),
+                manifest_record("r2", epoch, geometry(), offsets={(topic, 0): 8})]
+    for key, payload, headers in records:
+        producer.send(partials, key=key, value=payload, headers=headers, partition=0)
+        producer.flush()
+    producer.close()
+    settings = load_settings(overrides=kafka_daemon_overrides(
+        broker, topic, "capped", tmp_path, window=WINDOW, scale_out={"partials_topic": partials, "replica_id": "r0"}))
+    reader = ManifestReader(settings)
+    try:
+        newest = reader.newest()
+        assert newest is not None and set(newest) == {"r1", "r2"}  # read past the unreadable record
+        assert published_offsets(newest) == {(topic, 0): 699, (topic, 1): 3}
+        assert reader.capped(published_offsets(newest)) == {(topic, 0): 5, (topic, 1): -1}
+        assert reader.capped({(topic, 0): 8}) == {(topic, 0): 8}  # past the listed end, but in the log
+    finally:
+        reader.close()
+    assert reader.refused.snapshot() == {"beyond_end": 2}

@@ -59,7 +59,7 @@ def test_a_replica_killed_between_publication_and_commit_leaves_the_reducer_exac
             env={"EMBMON_SCALE_OUT__ROLE": "single"}))
         producer = running.enter_context(KnownSequence(broker, topic))
         victim = running.enter_context(replica(broker, topic, "replica-a", tmp_path / "a", tmp_path / "a.log", GROUP,
-                                               env={"EMBMON_FAILPOINT": "replica-published@5"}))
+                                               env={"EMBMON_FAILPOINT": "replica-published-ahead@5"}))
         assert victim.wait(timeout=90) == failpoints.EXIT_STATUS  # published, then died before committing
         assert producer.is_alive()  # records keep coming: the survivor has more to read after the gap
         reader = ManifestReader(settings)

@@ -105,6 +105,45 @@ def test_a_record_with_a_header_key_that_is_not_utf8_is_counted_once_and_its_nei
         np.testing.assert_allclose(stats.vector_sum, kept.sum(axis=0), rtol=1e-9)  # the right rows, not just as many
 
 
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_batch_that_fails_its_checksum_never_stalls_its_partition(
+    client: str, broker: Broker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tansu stores a batch whose checksum is wrong as a producer sends it. kafka-python refused it
+    on every poll, for good; now its records count as one ``corrupt_record`` (none of them can be
+    trusted) and the partition reads on. librdkafka does not check checksums (``check.crcs`` is
+    off by default): it reads the records as they are."""
+    import kafka.record.default_records as records_module
+
+    topic, group = f"bad-crc-{client}", f"bad-crc-{client}-group"
+    broker.create_topics(topic)
+    rng = np.random.default_rng(5)
+    producer = broker.producer()
+    for i in range(10):
+        producer.send(topic, event(i, rng))
+    producer.flush()
+    with monkeypatch.context() as patch:  # the next batch's checksum written wrong
+        patch.setattr(records_module, "calc_crc32c", lambda data: 12345)
+        for i in range(10, 15):
+            producer.send(topic, event(i, rng))
+        producer.flush()
+    for i in range(15, 25):
+        producer.send(topic, event(i, rng))
+    producer.flush()
+    producer.close()
+    settings = load_settings(overrides=kafka_daemon_overrides(broker, topic, group, tmp_path / "state", client=client))
+    with daemons.monitor(settings) as monitor:
+        port = monitor.http.port
+        wait_until(lambda: broker.committed(group, topic) == 25, timeout=60, message="committed past every record")
+        samples = scrape(port)
+        if client == "kafka-python":
+            assert records_total(samples) == 20 and by_reason(samples) == {"corrupt_record": 1}
+        else:
+            assert records_total(samples) == 25 and by_reason(samples) == {}
+        assert value(samples, "embmon_source_errors_total", reason="poll") == 0
+        assert http_status(port, "/healthz") == 200 and monitor.pipeline.alive
+
+
 # -- the fuzz -------------------------------------------------------------------------------------
 
 Record = tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]  # key, value, headers
@@ -221,3 +260,45 @@ def test_fuzzed_headers_and_keys_through_the_broker_count_each_record_as_alone(
 def test_fuzzed_headers_and_keys_through_the_broker_many(client: str, broker: Broker, tmp_path: Path) -> None:
     seen = run_fuzz(client, broker, tmp_path, examples=150)
     assert seen["bad_header"] > 10 and seen["applied"] > 20
+
+
+# -- the scale-out readers of the partials topic share kafka-python's record reading ------------------
+
+
+def test_a_partials_reader_moves_past_a_record_it_cannot_read(broker: Broker, tmp_path: Path) -> None:
+    """A reducer's or replica's consumer (``scaleout.intake.consumer_config``) gets the unreadable
+    record as one with no key, value or headers, which the partials parser refuses (counted
+    ``corrupt`` by the merge table), and reads the records after it: before, every poll failed at it
+    and the reducer's partition halted for good (issue 27, part 3)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from monitor.scaleout.intake import consumer_config
+    from monitor.scaleout.partials import PartialError, parse_record
+    from monitor.sources.kafka_internals import unreadable_reason
+
+    topic = "partials-unreadable"
+    broker.create_topics(topic)
+    producer = broker.producer()
+    for i in range(10):
+        headers = [(RawHeaderKey(b"\xfe"), b"x")] if i == 4 else [("kind", b"manifest")]
+        producer.send(topic, b"v%d" % i, key=b"k%d" % i, headers=headers)
+    producer.flush()
+    producer.close()
+    settings = load_settings(overrides=kafka_daemon_overrides(broker, "embeddings", "g", tmp_path / "state"))
+    consumer = KafkaConsumer(**consumer_config(settings))
+    try:
+        consumer.assign([TopicPartition(topic, 0)])
+        consumer.seek_to_beginning()
+        got = []
+        deadline = time.monotonic() + 30
+        while len(got) < 10 and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                got += records
+    finally:
+        consumer.close()
+    assert [r.offset for r in got] == list(range(10))
+    assert [unreadable_reason(r.headers) for r in got] == [None] * 4 + ["bad_header"] + [None] * 5
+    assert [r.value for r in got] == [b"v%d" % i for i in range(4)] + [None] + [b"v%d" % i for i in range(5, 10)]
+    poison = got[4]
+    with pytest.raises(PartialError):
+        parse_record(poison.key, poison.value, poison.headers or ())

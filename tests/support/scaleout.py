@@ -4,6 +4,7 @@ reducer processes of a group (the group tests)."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, ExitStack
@@ -319,3 +320,18 @@ def manifest_record(replica: str, epoch: int, geometry: WindowGeometry, streams:
 def signed(keys: tuple[bytes, ...], record: PartialsRecord) -> PartialsRecord:
     key, payload, headers = record
     return key, payload, list(signing.sign(keys, key, payload, headers))
+
+
+def infinite_index(tree: dict[str, Any]) -> None:
+    """A poison of the findings: an ``Infinity`` sub-window index (halted the reducer's partition)."""
+    tree["subwindow"]["index"] = math.inf
+
+
+def huge_capacity(tree: dict[str, Any]) -> None:
+    """A reservoir capacity of 2^40 rows (allocated before it was compared with anything)."""
+    tree["subwindow"]["reservoir"]["capacity"] = 2**40
+
+
+def nan_alignment(tree: dict[str, Any]) -> None:
+    """A NaN ``alignment_sum`` (was merged)."""
+    tree["subwindow"]["alignment_sum"] = math.nan
