@@ -1,4 +1,5 @@
-"""Every metric the daemon exports, declared once: name, type, HELP text, unit and label names.
+"""Every metric the daemon exports, declared once: name, type, HELP text, unit, label names, and the
+code that computes the number (``module:qualname``, one hop from a metric to its formula).
 
 The collectors build their families from here (:func:`gauge`, :func:`counter`, :func:`histogram`),
 the alert and dashboard generators may only name metrics listed here, and the declaration line
@@ -13,6 +14,7 @@ the family name), histograms are the base name of their ``_bucket``/``_sum``/``_
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Histogram
     from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
+_CODE = re.compile(r"monitor(\.\w+)+:\w+(\.\w+)*")
 Kind = Literal["counter", "gauge", "histogram", "info"]
 Area = Literal["ingest", "intrinsic", "operations", "drift", "retrieval", "canary", "scale_out"]
 
@@ -33,6 +36,18 @@ class MetricSpec:
     labels: tuple[str, ...] = ()
     unit: str = ""  # the base unit the name ends in (seconds, bytes, ratio, ...); "" when a count or score
     area: Area = "ingest"
+    # the code that computes the number, as ``module:qualname`` (docs/metrics.md shows it under the
+    # metric's heading; tests/artifacts/test_catalog.py imports every one)
+    code: str = ""  # required: __post_init__ refuses one that is not module:qualname
+
+    def __post_init__(self) -> None:
+        if self.unit and self.unit not in self.name:
+            raise ValueError(f"metric {self.name} must name its unit {self.unit!r}")
+        if not _CODE.fullmatch(self.code):
+            raise ValueError(f"metric {self.name} must name the code that computes it as module:qualname, "
+                             f"not {self.code!r}")
+        if (self.kind == "counter") != self.name.endswith("_total"):
+            raise ValueError(f"metric {self.name}: counters, and only counters, end in _total")
 
     @property
     def family(self) -> str:
@@ -62,240 +77,317 @@ RETRIEVAL_ESTIMATES = {
     "hit_rate": "Share of queries with a relevant result within k (trec_eval success_k).",
     "ann_recall": "Share of the exact top k (over the documents the monitor holds) that the ANN index served.",
 }
+# what computes each estimate's per-query values (the mean and its interval: retrieval/stats.py)
+RETRIEVAL_ESTIMATE_CODE = {
+    "recall": "monitor.retrieval.metrics:_recall",
+    "precision": "monitor.retrieval.metrics:_precision",
+    "map": "monitor.retrieval.metrics:_average_precision",
+    "mrr": "monitor.retrieval.metrics:_reciprocal_rank",
+    "ndcg": "monitor.retrieval.metrics:_ndcg",
+    "err": "monitor.retrieval.metrics:_err",
+    "hit_rate": "monitor.retrieval.metrics:_hit_rate",
+    "ann_recall": "monitor.retrieval.probes.ann_recall:recall_against_pool",
+}
 
 
 def _spec_rows() -> Iterable[MetricSpec]:
-    ingest: list[tuple[str, Kind, str, tuple[str, ...], str]] = [
-        ("embmon_build_info", "info", "embedding-monitor build information.", ("version",), ""),
-        ("embmon_records_total", "counter", "Valid embedding records ingested.", MS, ""),
+    ingest: list[tuple[str, Kind, str, tuple[str, ...], str, str]] = [
+        ("embmon_build_info", "info", "embedding-monitor build information.", ("version",), "",
+         "monitor.daemon.export:CoreCollector.collect"),
+        ("embmon_records_total", "counter", "Valid embedding records ingested.", MS, "",
+         "monitor.state.registry:StateRegistry.apply"),
         ("embmon_last_record_timestamp_seconds", "gauge", "When the last valid record of the stream was ingested.",
-         MS, "seconds"),
+         MS, "seconds", "monitor.state.registry:StateRegistry.apply"),
         ("embmon_records_invalid_total", "counter", "Records rejected by decoding or the label budget, by reason.",
-         ("stream", "reason"), ""),
-        ("embmon_interactions_total", "counter", "Valid interaction events ingested.", ("model",), ""),
+         ("stream", "reason"), "", "monitor.daemon.ingest:IngestPipeline.apply"),
+        ("embmon_interactions_total", "counter", "Valid interaction events ingested.", ("model",), "",
+         "monitor.daemon.ingest:IngestPipeline.apply"),
         ("embmon_internal_errors_total", "counter",
-         "Unexpected exceptions caught inside the daemon, by stage (a bug: report it).", ("stage",), ""),
+         "Unexpected exceptions caught inside the daemon, by stage (a bug: report it).", ("stage",), "",
+         "monitor.daemon.counters:InternalErrors.count"),
         ("embmon_job_runs_total", "counter", "Runs of scheduled jobs (refresh, drift, probes) by outcome.",
-         ("job", "outcome"), ""),
-        ("embmon_job_duration_seconds", "histogram", "Wall time of one run of a scheduled job.", ("job",), "seconds"),
+         ("job", "outcome"), "", "monitor.daemon.jobs:JobRunner.run"),
+        ("embmon_job_duration_seconds", "histogram", "Wall time of one run of a scheduled job.", ("job",), "seconds",
+         "monitor.daemon.jobs:JobRunner.run"),
         ("embmon_refresh_duration_seconds", "histogram", "Wall time of one window-metric refresh over all streams.",
-         (), "seconds"),
+         (), "seconds", "monitor.daemon.refresh:Refresher.refresh"),
         ("embmon_metrics_last_update_timestamp_seconds", "gauge",
-         "When the window metrics of the stream were last recomputed.", MS, "seconds"),
-        ("embmon_source_up", "gauge", "1 when the record source is connected and readable.", (), ""),
+         "When the window metrics of the stream were last recomputed.", MS, "seconds",
+         "monitor.daemon.refresh:Refresher.refresh"),
+        ("embmon_source_up", "gauge", "1 when the record source is connected and readable.", (), "",
+         "monitor.sources.kafka:KafkaSource.up"),
         ("embmon_source_errors_total", "counter",
          "Failed reads from the record source, by reason (unsupported_codec: a compression library is missing).",
-         ("reason",), ""),
+         ("reason",), "", "monitor.sources.kafka:KafkaSource.poll"),
         ("embmon_consumer_lag_records", "gauge",
-         "Records behind the end of the topic, summed over assigned partitions.", ("topic",), "records"),
+         "Records behind the end of the topic, summed over assigned partitions.", ("topic",), "records",
+         "monitor.sources.kafka_policy:records_behind"),
         ("embmon_source_last_progress_timestamp_seconds", "gauge",
          "When the consumer was last caught up on the topic (lag 0) or applied records from it; it falls "
-         "behind while records wait and none are applied (a stalled poll or partition).", ("topic",), "seconds"),
+         "behind while records wait and none are applied (a stalled poll or partition).", ("topic",), "seconds",
+         "monitor.sources.reconnect:ConsumerReadings._note_progress"),
         ("embmon_source_offset_resets_total", "counter",
          "Partition positions found outside their log and reset by kafka.auto_offset_reset, by reason "
-         "(past_end, before_start, topic_recreated, truncated). 0 when healthy.", ("reason",), ""),
+         "(past_end, before_start, topic_recreated, truncated). 0 when healthy.", ("reason",), "",
+         "monitor.sources.kafka_positions:PositionGuard.carry_out"),
     ]
-    for name, kind, help_text, labels, unit in ingest:
-        yield MetricSpec(name, kind, help_text, labels, unit, "ingest")
+    for name, kind, help_text, labels, unit, code in ingest:
+        yield MetricSpec(name, kind, help_text, labels, unit, "ingest", code)
 
-    intrinsic = [
-        ("partition_isotropy", "d * smallest / sum of covariance eigenvalues over the window (1 = isotropic).", ""),
-        ("effective_dimension", "Participation ratio (sum lambda)^2 / sum lambda^2 of covariance eigenvalues.", ""),
-        ("effective_dimension_ratio", "Effective dimension divided by the vector dimension.", "ratio"),
-        ("top10_variance_ratio", "Share of total variance in the 10 largest covariance eigenvalues.", "ratio"),
-        ("mean_cosine_similarity", "Exact mean cosine similarity over all distinct pairs in the window.", ""),
-        ("vector_norm_mean", "Mean L2 norm of the vectors in the window.", ""),
-        ("vector_norm_stddev", "Standard deviation of the L2 norms in the window.", ""),
+    intrinsic: list[tuple[str, str, str, str]] = [
+        ("partition_isotropy", "d * smallest / sum of covariance eigenvalues over the window (1 = isotropic).", "",
+         "monitor.quality.intrinsic:_spectrum_metrics"),
+        ("effective_dimension", "Participation ratio (sum lambda)^2 / sum lambda^2 of covariance eigenvalues.", "",
+         "monitor.quality.intrinsic:_spectrum_metrics"),
+        ("effective_dimension_ratio", "Effective dimension divided by the vector dimension.", "ratio",
+         "monitor.quality.intrinsic:report_from_stats"),
+        ("top10_variance_ratio", "Share of total variance in the 10 largest covariance eigenvalues.", "ratio",
+         "monitor.quality.intrinsic:_spectrum_metrics"),
+        ("mean_cosine_similarity", "Exact mean cosine similarity over all distinct pairs in the window.", "",
+         "monitor.quality.intrinsic:report_from_stats"),
+        ("vector_norm_mean", "Mean L2 norm of the vectors in the window.", "",
+         "monitor.quality.intrinsic:report_from_stats"),
+        ("vector_norm_stddev", "Standard deviation of the L2 norms in the window.", "",
+         "monitor.quality.intrinsic:report_from_stats"),
         ("dead_dimensions",
-         "Dimensions whose variance is below dead_dimension_ratio x the mean per-dimension variance.", ""),
+         "Dimensions whose variance is below dead_dimension_ratio x the mean per-dimension variance.", "",
+         "monitor.quality.intrinsic:_dead_dimensions"),
         ("effective_rank",
-         "exp(entropy of normalised singular values of the centred window) (Roy & Vetterli, 2007).", ""),
-        ("stable_rank", "sum sigma^2 / sigma_max^2 of the centred window.", ""),
-        ("collapse_detected", "1 when the collapse rule fires for the window (see docs/metrics.md), else 0.", ""),
+         "exp(entropy of normalised singular values of the centred window) (Roy & Vetterli, 2007).", "",
+         "monitor.quality.intrinsic:_spectrum_metrics"),
+        ("stable_rank", "sum sigma^2 / sigma_max^2 of the centred window.", "",
+         "monitor.quality.intrinsic:_spectrum_metrics"),
+        ("collapse_detected", "1 when the collapse rule fires for the window (see docs/metrics.md), else 0.", "",
+         "monitor.quality.intrinsic:collapse_reasons"),
         ("uniformity",
-         "Wang & Isola uniformity (t=2) over pairs of the window sample; lower is more spread.", ""),
+         "Wang & Isola uniformity (t=2) over pairs of the window sample; lower is more spread.", "",
+         "monitor.quality.intrinsic:uniformity"),
         ("alignment",
-         "Wang & Isola alignment (alpha=2): mean distance^alpha between declared positive pairs.", ""),
-        ("dimension", "Dimension of the model's vectors.", ""),
-        ("window_records", "Records in the current sliding window.", "records"),
-        ("sample_records", "Rows in the window's uniform sample (used by pair-based metrics and probes).", "records"),
+         "Wang & Isola alignment (alpha=2): mean distance^alpha between declared positive pairs.", "",
+         "monitor.state.pairs:PositivePairMatcher.match"),
+        ("dimension", "Dimension of the model's vectors.", "", "monitor.quality.intrinsic:report_from_stats"),
+        ("window_records", "Records in the current sliding window.", "records",
+         "monitor.quality.intrinsic:report_from_stats"),
+        ("sample_records", "Rows in the window's uniform sample (used by pair-based metrics and probes).", "records",
+         "monitor.quality.intrinsic:report_from_stats"),
     ]
-    for short, help_text, unit in intrinsic:
-        yield MetricSpec(f"embmon_{short}", "gauge", help_text, MS, unit, "intrinsic")
+    for short, help_text, unit, code in intrinsic:
+        yield MetricSpec(f"embmon_{short}", "gauge", help_text, MS, unit, "intrinsic", code)
 
-    operations: list[tuple[str, Kind, str, tuple[str, ...], str]] = [
+    operations: list[tuple[str, Kind, str, tuple[str, ...], str, str]] = [
         ("embmon_checkpoint_last_success_timestamp_seconds", "gauge", "When the last checkpoint was written.",
-         (), "seconds"),
+         (), "seconds", "monitor.daemon.checkpointing:Checkpointer.checkpoint"),
         ("embmon_checkpoint_age_seconds", "gauge",
-         "Seconds since the last checkpoint was written (since start-up if none).", (), "seconds"),
-        ("embmon_checkpoint_size_bytes", "gauge", "Size of the last checkpoint file.", (), "bytes"),
+         "Seconds since the last checkpoint was written (since start-up if none).", (), "seconds",
+         "monitor.daemon.export:_checkpoint_families"),
+        ("embmon_checkpoint_size_bytes", "gauge", "Size of the last checkpoint file.", (), "bytes",
+         "monitor.daemon.checkpointing:Checkpointer.checkpoint"),
         ("embmon_checkpoint_duration_seconds", "histogram",
-         "Wall time of one checkpoint: capture between batches, encode, write, fsync, rename.", (), "seconds"),
+         "Wall time of one checkpoint: capture between batches, encode, write, fsync, rename.", (), "seconds",
+         "monitor.daemon.checkpointing:Checkpointer.checkpoint"),
         ("embmon_checkpoint_write_failures_total", "counter",
-         "Checkpoints that could not be taken or written, by stage.", ("stage",), ""),
+         "Checkpoints that could not be taken or written, by stage.", ("stage",), "",
+         "monitor.daemon.checkpointing:Checkpointer._failed"),
         ("embmon_checkpoint_restore_failures_total", "counter",
          "Checkpoint files rejected at start-up (the previous one, or empty state, was used), by reason.",
-         ("reason",), ""),
-        ("embmon_ingest_queue_polls", "gauge", "Decoded polls waiting to be applied (queue plus backlog).", (), ""),
+         ("reason",), "", "monitor.daemon.checkpointing:Checkpointer._unusable"),
+        ("embmon_ingest_queue_polls", "gauge", "Decoded polls waiting to be applied (queue plus backlog).", (), "",
+         "monitor.daemon.ingest:IngestPipeline.queue_depth"),
         ("embmon_ingest_paused", "gauge",
-         "1 while fetching is paused because the apply queue is full (backpressure).", (), ""),
+         "1 while fetching is paused because the apply queue is full (backpressure).", (), "",
+         "monitor.daemon.ingest:IngestPipeline.paused"),
         ("embmon_ingest_backpressure_seconds_total", "counter",
-         "Time fetching was paused because applying could not keep up.", (), "seconds"),
+         "Time fetching was paused because applying could not keep up.", (), "seconds",
+         "monitor.daemon.ingest:IngestPipeline.backpressure_seconds"),
         ("embmon_consumer_lag_timestamp_seconds", "gauge", "When embmon_consumer_lag_records was last measured.",
-         (), "seconds"),
+         (), "seconds", "monitor.sources.reconnect:LagReading.record"),
         ("embmon_http_auth_failures_total", "counter",
-         "HTTP requests rejected for missing or wrong credentials, by endpoint kind.", ("endpoint",), ""),
+         "HTTP requests rejected for missing or wrong credentials, by endpoint kind.", ("endpoint",), "",
+         "monitor.server.exporter:HttpServer._deny"),
         ("embmon_state_files_rejected_total", "counter",
          "Files of the state directory found unusable at start-up (a stored drift reference, the canary pins) "
-         "and moved aside, by file. 0 when healthy.", ("file",), ""),
+         "and moved aside, by file. 0 when healthy.", ("file",), "",
+         "monitor.storage.durable_files:RejectedFiles.set_aside"),
     ]
-    for name, kind, help_text, labels, unit in operations:
-        yield MetricSpec(name, kind, help_text, labels, unit, "operations")
+    for name, kind, help_text, labels, unit, code in operations:
+        yield MetricSpec(name, kind, help_text, labels, unit, "operations", code)
 
-    drift: list[tuple[str, Kind, str, tuple[str, ...], str]] = [
+    drift: list[tuple[str, Kind, str, tuple[str, ...], str, str]] = [
         ("embmon_reference_records", "gauge",
-         "Records the drift reference summarises (its centroid is exact over them).", MS, "records"),
+         "Records the drift reference summarises (its centroid is exact over them).", MS, "records",
+         "monitor.drift.references.profile:ReferenceProfile.from_sample"),
         ("embmon_reference_timestamp_seconds", "gauge", "When the drift reference was captured (unix seconds).",
-         MS, "seconds"),
-        ("embmon_drift_mmd2", "gauge", "Unbiased MMD² (RBF kernel) between the window and reference samples.", MS, ""),
+         MS, "seconds", "monitor.drift.component:DriftComponent.on_embeddings"),
+        ("embmon_drift_mmd2", "gauge", "Unbiased MMD² (RBF kernel) between the window and reference samples.", MS, "",
+         "monitor.drift.twosample.mmd:mmd_test"),
         ("embmon_drift_p_value", "gauge",
-         "p-value of each drift test at the last cycle (suite: Bonferroni-adjusted minimum).", (*MS, "test"), ""),
+         "p-value of each drift test at the last cycle (suite: Bonferroni-adjusted minimum).", (*MS, "test"), "",
+         "monitor.drift.twosample.suite:run_drift_suite"),
         ("embmon_drift_threshold", "gauge",
-         "p-value threshold each test was held to (multiplicity-corrected; suite: cycle alpha).", (*MS, "test"), ""),
+         "p-value threshold each test was held to (multiplicity-corrected; suite: cycle alpha).", (*MS, "test"), "",
+         "monitor.drift.twosample.suite:apply_multiplicity"),
         ("embmon_drift_detected", "gauge",
          "1 when the test flagged drift at the last cycle (suite: combined verdict; sustained: drift.sustained "
-         "rule over the last cycles).", (*MS, "test"), ""),
+         "rule over the last cycles).", (*MS, "test"), "", "monitor.drift.component:DriftComponent._cycle_one"),
         ("embmon_drift_drifted_components_ratio", "gauge",
-         "Share of principal components whose KS test rejects after Benjamini-Hochberg.", MS, "ratio"),
+         "Share of principal components whose KS test rejects after Benjamini-Hochberg.", MS, "ratio",
+         "monitor.drift.twosample.ks:ks_test"),
         ("embmon_drift_centroid_cosine_distance", "gauge",
-         "Cosine distance between the window and reference mean vectors.", MS, ""),
+         "Cosine distance between the window and reference mean vectors.", MS, "",
+         "monitor.drift.twosample.centroid:centroid_test"),
         ("embmon_drift_classifier_auc", "gauge",
-         "Held-out ROC AUC of a classifier separating window from reference.", MS, ""),
+         "Held-out ROC AUC of a classifier separating window from reference.", MS, "",
+         "monitor.drift.twosample.classifier:classifier_test"),
         ("embmon_drift_p_value_floor", "gauge",
          "Smallest p-value each drift test could give at the last cycle: 1/(1 + permutations) for a permutation "
          "test, 0 for the others; above embmon_drift_threshold the test could not have detected.",
-         (*MS, "test"), ""),
+         (*MS, "test"), "", "monitor.drift.twosample.permutation:PermutationOutcome.floor"),
         ("embmon_drift_tests_cut_total", "counter",
          "Drift tests the cycle's time budget cut short: skipped (not started) or truncated (a permutation test "
-         "stopped drawing). 0 when healthy.", (*MS, "test"), ""),
+         "stopped drawing). 0 when healthy.", (*MS, "test"), "",
+         "monitor.drift.stream_state:DriftTotals.count_planned"),
         ("embmon_drift_region_reference_ratio", "gauge",
          "Share of the held-out reference sample in each region of the reference (k-means, k <= 16).",
-         (*MS, "region"), "ratio"),
+         (*MS, "region"), "ratio", "monitor.drift.attribution.region_shares:compare_regions"),
         ("embmon_drift_region_window_ratio", "gauge",
-         "Share of the window sample in each region of the reference at the last cycle.", (*MS, "region"), "ratio"),
+         "Share of the window sample in each region of the reference at the last cycle.", (*MS, "region"), "ratio",
+         "monitor.drift.attribution.region_shares:compare_regions"),
         ("embmon_drift_region_p_value", "gauge",
          "Benjamini-Hochberg adjusted p-value of each region's share change (Fisher's exact test) at the last cycle.",
-         (*MS, "region"), ""),
+         (*MS, "region"), "", "monitor.drift.attribution.region_shares:compare_regions"),
         ("embmon_drift_regions_shifted", "gauge",
-         "Regions whose share changed at the last cycle (adjusted p-value at most the cycle alpha).", MS, ""),
+         "Regions whose share changed at the last cycle (adjusted p-value at most the cycle alpha).", MS, "",
+         "monitor.drift.attribution.region_shares:RegionReport.shifted"),
         ("embmon_drift_novel_ratio", "gauge",
          "Share of the window sample farther from every reference row than 99% of held-out reference rows are "
-         "(about 0.01 when nothing new arrived).", MS, "ratio"),
+         "(about 0.01 when nothing new arrived).", MS, "ratio",
+         "monitor.drift.attribution.region_shares:calibrated_novelty"),
         ("embmon_drift_change_points_total", "counter",
-         "Change points the online detectors flagged, by signal and detector.", (*MS, "signal", "detector"), ""),
+         "Change points the online detectors flagged, by signal and detector.", (*MS, "signal", "detector"), "",
+         "monitor.drift.online.detectors:OnlineDriftMonitor.update"),
         ("embmon_drift_last_change_timestamp_seconds", "gauge",
-         "When the online detector last flagged a change (unix seconds).", (*MS, "signal", "detector"), "seconds"),
+         "When the online detector last flagged a change (unix seconds).", (*MS, "signal", "detector"), "seconds",
+         "monitor.drift.online.detectors:OnlineDriftMonitor.update"),
         ("embmon_drift_errors_total", "counter",
          "Failures the drift component caught, by stage: store (a reference could not be written to the state "
          "directory), cycle (a stream's test cycle failed), test (a drift test failed and was left out of the "
-         "verdict). 0 when healthy.", ("stage",), ""),
+         "verdict). 0 when healthy.", ("stage",), "", "monitor.drift.component:DriftComponent._count_error"),
     ]
-    for name, kind, help_text, labels, unit in drift:
-        yield MetricSpec(name, kind, help_text, labels, unit, "drift")
+    for name, kind, help_text, labels, unit, code in drift:
+        yield MetricSpec(name, kind, help_text, labels, unit, "drift", code)
 
     for short, help_text in RETRIEVAL_ESTIMATES.items():
         base = f"embmon_retrieval_{short}"
-        yield MetricSpec(base, "gauge", help_text, PROBE_ESTIMATE_LABELS, "", "retrieval")
+        yield MetricSpec(base, "gauge", help_text, PROBE_ESTIMATE_LABELS, "", "retrieval",
+                         RETRIEVAL_ESTIMATE_CODE[short])
         for side, word in (("lower", "Lower"), ("upper", "Upper")):
             yield MetricSpec(f"{base}_ci_{side}", "gauge", f"{word} bound of the bootstrap interval of {base}.",
-                             PROBE_ESTIMATE_LABELS, "", "retrieval")
-    retrieval: list[tuple[str, Kind, str, tuple[str, ...], str]] = [
+                             PROBE_ESTIMATE_LABELS, "", "retrieval", "monitor.retrieval.stats:bootstrap_ci")
+    retrieval: list[tuple[str, Kind, str, tuple[str, ...], str, str]] = [
         ("embmon_probe_runs_total", "counter", "Runs of each retrieval probe by outcome (success, failure, timeout).",
-         ("probe", "outcome"), ""),
-        ("embmon_probe_duration_seconds", "gauge", "Wall time of the last run of the probe.", ("probe",), "seconds"),
+         ("probe", "outcome"), "", "monitor.retrieval.probes.component:ProbeComponent._publish"),
+        ("embmon_probe_duration_seconds", "gauge", "Wall time of the last run of the probe.", ("probe",), "seconds",
+         "monitor.retrieval.probes.component:ProbeComponent._publish"),
         ("embmon_probe_last_success_timestamp_seconds", "gauge",
-         "When the probe last succeeded (the daemon's start until it first does).", ("probe",), "seconds"),
+         "When the probe last succeeded (the daemon's start until it first does).", ("probe",), "seconds",
+         "monitor.retrieval.probes.component:ProbeComponent._publish"),
         ("embmon_probe_events_dropped_total", "counter",
-         "Interaction events evicted from a probe's buffer while still inside its window.", ("probe",), ""),
+         "Interaction events evicted from a probe's buffer while still inside its window.", ("probe",), "",
+         "monitor.retrieval.probes.base:EventBuffer.add"),
         ("embmon_retrieval_queries", "gauge", "Queries behind the probe's last estimates.",
-         ("probe", "model", "slice"), ""),
+         ("probe", "model", "slice"), "", "monitor.retrieval.probes.base:summarise"),
         ("embmon_retrieval_click_through_rate", "gauge", "Share of queries with at least one clicked result within k.",
-         PROBE_ESTIMATE_LABELS, ""),
+         PROBE_ESTIMATE_LABELS, "", "monitor.retrieval.probes.clicks:ClickFeedbackProbe._evaluate_model"),
         ("embmon_retrieval_zero_result_ratio", "gauge", "Share of queries that returned no result.",
-         ("probe", "model", "slice"), "ratio"),
+         ("probe", "model", "slice"), "ratio", "monitor.retrieval.probes.clicks:ClickFeedbackProbe._evaluate_model"),
         ("embmon_retrieval_catalog_coverage_ratio", "gauge",
          "Distinct recommended catalog items over the catalog size, over the probe window.", ("probe", "model"),
-         "ratio"),
+         "ratio", "monitor.retrieval.probes.clicks:catalog_coverage"),
         ("embmon_retrieval_gini", "gauge",
-         "Gini coefficient of recommendation counts over the catalog (0 = even exposure).", ("probe", "model"), ""),
+         "Gini coefficient of recommendation counts over the catalog (0 = even exposure).", ("probe", "model"), "",
+         "monitor.retrieval.probes.clicks:gini"),
         ("embmon_retrieval_popularity_bias", "gauge",
-         "Mean click popularity of recommended items over the catalog mean (1 = unbiased).", ("probe", "model"), ""),
+         "Mean click popularity of recommended items over the catalog mean (1 = unbiased).", ("probe", "model"), "",
+         "monitor.retrieval.probes.clicks:popularity_bias"),
         ("embmon_retrieval_similarity_spearman", "gauge",
-         "Spearman correlation of candidate and reference pairwise similarities.", ("probe", "model"), ""),
+         "Spearman correlation of candidate and reference pairwise similarities.", ("probe", "model"), "",
+         "monitor.retrieval.probes.agreement:similarity_spearman"),
         ("embmon_retrieval_ann_known_results_ratio", "gauge",
          "Share of served results whose vectors the monitor held (what ANN recall could check).", ("probe", "model"),
-         "ratio"),
+         "ratio", "monitor.retrieval.probes.ann_recall:AnnRecallProbe.run"),
         ("embmon_retrieval_slice_warnings", "gauge",
          "Slices flagged in the last run: small_slice (too few queries) or folded_slices (cap reached).",
-         ("probe", "model", "kind"), ""),
+         ("probe", "model", "kind"), "", "monitor.retrieval.probes.base:summarise"),
     ]
-    for name, kind, help_text, labels, unit in retrieval:
-        yield MetricSpec(name, kind, help_text, labels, unit, "retrieval")
+    for name, kind, help_text, labels, unit, code in retrieval:
+        yield MetricSpec(name, kind, help_text, labels, unit, "retrieval", code)
 
-    scale_out: list[tuple[str, Kind, str, tuple[str, ...], str]] = [
+    scale_out: list[tuple[str, Kind, str, tuple[str, ...], str, str]] = [
         # a replica (scale_out.role replica)
         ("embmon_partials_published_total", "counter",
          "Records a replica published to the partials topic, by kind (subwindow chunk, tombstone, manifest).",
-         ("kind",), ""),
+         ("kind",), "", "monitor.scaleout.publisher:PartialsPublisher._deliver"),
         ("embmon_partials_published_bytes_total", "counter",
-         "Bytes of record values a replica published to the partials topic.", (), "bytes"),
+         "Bytes of record values a replica published to the partials topic.", (), "bytes",
+         "monitor.scaleout.publisher:PartialsPublisher._deliver"),
         ("embmon_partials_manifests_refused_total", "counter",
          "Manifests on the partials topic a replica refused to resume after (forged, unsigned, out of "
-         "range), and published offsets capped at the log's end, by reason.", ("reason",), ""),
+         "range), and published offsets capped at the log's end, by reason.", ("reason",), "",
+         "monitor.scaleout.resume:ManifestReader._manifest"),
         ("embmon_partials_publish_failures_total", "counter",
-         "Publications a replica could not send; its offsets are not committed until one is sent.", (), ""),
+         "Publications a replica could not send; its offsets are not committed until one is sent.", (), "",
+         "monitor.scaleout.publisher:PartialsPublisher.flush"),
         ("embmon_partials_last_publish_timestamp_seconds", "gauge",
-         "When the replica's newest publication reached the broker.", (), "seconds"),
+         "When the replica's newest publication reached the broker.", (), "seconds",
+         "monitor.scaleout.publisher:PartialsPublisher.flush"),
         # the reducer (scale_out.role reducer)
         ("embmon_reducer_replicas", "gauge", "Replicas whose publications the reducer merges, by state (live, stale).",
-         ("state",), ""),
+         ("state",), "", "monitor.scaleout.table:MergeTable.status"),
         ("embmon_reducer_replica_stale", "gauge",
          "1 when the replica's newest publication is older than scale_out.stale_after_seconds, else 0.",
-         ("replica",), ""),
+         ("replica",), "", "monitor.scaleout.table:MergeTable.status"),
         ("embmon_reducer_partial_age_seconds", "gauge",
          "Seconds since the replica captured the state of its newest publication the reducer applied.",
-         ("replica",), "seconds"),
+         ("replica",), "seconds", "monitor.scaleout.table:MergeTable.status"),
         ("embmon_reducer_replica_window_records", "gauge",
          "Records each replica contributes to the reducer's merged windows, over all streams.", ("replica",),
-         "records"),
+         "records", "monitor.scaleout.table:MergeTable.status"),
         ("embmon_reducer_partials_applied_total", "counter",
-         "Partial records the reducer applied, by kind (subwindow, manifest).", ("kind",), ""),
+         "Partial records the reducer applied, by kind (subwindow, manifest).", ("kind",), "",
+         "monitor.scaleout.table:MergeTable.offer_manifest"),
         ("embmon_reducer_partials_ignored_total", "counter",
-         "Partial records the reducer did not merge, by reason (see docs/metrics.md).", ("reason",), ""),
+         "Partial records the reducer did not merge, by reason (see docs/metrics.md).", ("reason",), "",
+         "monitor.scaleout.table:MergeTable.offer_record"),
         ("embmon_reducer_stream_owned", "gauge",
          "1 for each (model, stream) this reducer merges and exports (exactly one reducer per stream).",
-         ("model", "stream"), ""),
+         ("model", "stream"), "", "monitor.scaleout.export:Ownership.streams"),
         ("embmon_reducer_partitions_owned", "gauge",
-         "Partitions of the partials topic this reducer merges (all of them for a single reducer).", (), ""),
+         "Partitions of the partials topic this reducer merges (all of them for a single reducer).", (), "",
+         "monitor.scaleout.intake:PartialsReader.read_partitions"),
         ("embmon_reducer_rebalances_total", "counter",
-         "Changes of the partials partitions this reducer owns in its group (scale_out.reducer_group).", (), ""),
+         "Changes of the partials partitions this reducer owns in its group (scale_out.reducer_group).", (), "",
+         "monitor.scaleout.intake:PartialsReader._follow_group"),
     ]
-    for name, kind, help_text, labels, unit in scale_out:
-        yield MetricSpec(name, kind, help_text, labels, unit, "scale_out")
+    for name, kind, help_text, labels, unit, code in scale_out:
+        yield MetricSpec(name, kind, help_text, labels, unit, "scale_out", code)
 
 
-    canary: list[tuple[str, Kind, str, str]] = [
+    canary: list[tuple[str, Kind, str, str, str]] = [
         ("embmon_canary_cosine_min", "gauge",
-         "Lowest cosine between a canary's embedding and its pinned vector over the window (1 = unchanged).", ""),
+         "Lowest cosine between a canary's embedding and its pinned vector over the window (1 = unchanged).", "",
+         "monitor.canary.component:CanaryComponent.publish"),
         ("embmon_canary_mismatches_total", "counter",
-         "Canary records whose cosine to their pin fell below 1 - canaries.tolerance (the model changed).", ""),
-        ("embmon_canary_records_total", "counter", "Canary records compared with their pinned vector.", ""),
-        ("embmon_canary_pins", "gauge", "Canary ids of the model with a pinned vector.", ""),
+         "Canary records whose cosine to their pin fell below 1 - canaries.tolerance (the model changed).", "",
+         "monitor.canary.component:CanaryComponent.on_embeddings"),
+        ("embmon_canary_records_total", "counter", "Canary records compared with their pinned vector.", "",
+         "monitor.canary.component:CanaryComponent.on_embeddings"),
+        ("embmon_canary_pins", "gauge", "Canary ids of the model with a pinned vector.", "",
+         "monitor.canary.component:CanaryComponent.publish"),
         ("embmon_canary_last_seen_timestamp_seconds", "gauge", "When a canary record of the model last arrived.",
-         "seconds"),
+         "seconds", "monitor.canary.component:CanaryComponent.on_embeddings"),
     ]
-    for name, kind, help_text, unit in canary:
-        yield MetricSpec(name, kind, help_text, ("model",), unit, "canary")
+    for name, kind, help_text, unit, code in canary:
+        yield MetricSpec(name, kind, help_text, ("model",), unit, "canary", code)
 
 
 def _build() -> dict[str, MetricSpec]:
@@ -303,10 +395,6 @@ def _build() -> dict[str, MetricSpec]:
     for spec in _spec_rows():
         if spec.name in specs:
             raise ValueError(f"metric {spec.name} is declared twice")
-        if spec.unit and spec.unit not in spec.name:
-            raise ValueError(f"metric {spec.name} must name its unit {spec.unit!r}")
-        if (spec.kind == "counter") != spec.name.endswith("_total"):
-            raise ValueError(f"metric {spec.name}: counters, and only counters, end in _total")
         specs[spec.name] = spec
     return specs
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.metrics_core import Metric
 
-from monitor.decoding.records import EmbeddingBatch, InteractionEvent
+from monitor.decoding.records import EmbeddingBatch, InteractionEvent, StreamKey
 from monitor.storage.durable_files import RejectedFiles
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ class MonitorContext:
     clock: Callable[[], float]
     state_dir: Path
     # (model, stream) -> the window snapshot the last refresh computed metrics from.
-    latest_windows: Callable[[], Mapping[tuple[str, str], WindowSnapshot]]
+    latest_windows: Callable[[], Mapping[StreamKey, WindowSnapshot]]
     # Register an HTTP route on the daemon's port: (path, handler, methods, bearer_token).
     # handler(environ) -> (status, content type, body); see monitor/server/exporter.py.
     add_route: Callable[..., None] | None = None

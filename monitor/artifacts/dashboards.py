@@ -2,8 +2,8 @@
 
 Overview (start here), intrinsic health against each model's own baseline (and the canaries: did
 the model change?), drift (and what moved: regions of the reference), retrieval quality with
-confidence bands, and the monitor's own health (and, scaled out, the replicas and the reducer). The
-JSON they are built into, with the variables and annotations every board shares, is
+confidence bands, and the monitor's own health (and, scaled out, the replicas and the reducer). They are
+built with Grafana's own SDK, with the variables and annotations every board shares, in
 :mod:`monitor.artifacts.panels`.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from monitor.artifacts.catalog import RETRIEVAL_TITLES, m
-from monitor.artifacts.panels import MS, Panel, Row, Target, dashboard
+from monitor.artifacts.panels import MS, Override, Panel, Row, Target, dashboard
 from monitor.artifacts.rules.model import RuleSet
 from monitor.artifacts.rules.recording import INVALID_RECORDS_RATIO, recorded
 from monitor.retrieval.families import PROBE_METRIC_FAMILIES
@@ -25,15 +25,12 @@ PER_STREAM = "{{model}} / {{stream}}"  # the legend of a per-(model, stream) ser
 # off by default, and in the shipped ServiceMonitor and PodMonitor).
 SCHEDULED_JOB = "exported_job"
 
-_OK_BAD = [
-    {"type": "value", "options": {"0": {"text": "OK", "color": "green"}, "1": {"text": "FIRING", "color": "red"}}}
-]
+_OK_BAD = {"0": ("OK", "green"), "1": ("FIRING", "red")}
 _RED_ABOVE_0 = [(None, "green"), (0.5, "red")]
 
 
 # field override: query B (a baseline, a threshold) drawn dashed
-_DASHED_B = [{"matcher": {"id": "byFrameRefID", "options": "B"},
-              "properties": [{"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}}]}]
+_DASHED_B = [Override("query", "B", (("custom.lineStyle", {"fill": "dash", "dash": [10, 10]}),))]
 
 
 def _ms(metric: str, extra: str = "") -> str:
@@ -271,8 +268,7 @@ def drift(rules: RuleSet) -> dict[str, Any]:
 
 def _band(metric: str, title: str, desc: str) -> Panel:
     base = m(metric)
-    hide = [{"id": "custom.lineWidth", "value": 0},
-            {"id": "custom.hideFrom", "value": {"legend": True, "tooltip": False, "viz": False}}]
+    hide = (("custom.lineWidth", 0), ("custom.hideFrom", {"legend": True, "tooltip": False, "viz": False}))
     return Panel(title, "percentunit", [
         Target(f"{base}{{{RET}}}", "{{probe}} {{model}} {{slice}} @{{k}}"),
         Target(f"{m(base + '_ci_lower')}{{{RET}}}", "lower"),
@@ -281,10 +277,8 @@ def _band(metric: str, title: str, desc: str) -> Panel:
        " slice and k are selected).",
         min=0, max=1,
         overrides=[
-            {"matcher": {"id": "byName", "options": "lower"}, "properties": hide},
-            {"matcher": {"id": "byName", "options": "upper"},
-             "properties": [*hide, {"id": "custom.fillOpacity", "value": 20},
-                            {"id": "custom.fillBelowTo", "value": "lower"}]},
+            Override("name", "lower", hide),
+            Override("name", "upper", (*hide, ("custom.fillOpacity", 20), ("custom.fillBelowTo", "lower"))),
         ])
 
 
@@ -341,9 +335,8 @@ def monitor_health(rules: RuleSet) -> dict[str, Any]:
               [Target(f"sum by (instance, topic) ({m('embmon_consumer_lag_records')})", "{{instance}} {{topic}}")],
               "Records behind the end of each topic."),
         Panel("Source up", "none", [Target(f"{m('embmon_source_up')}", "{{instance}}")],
-              "1 while the source (Kafka, file, synthetic) is readable.", mappings=[
-                  {"type": "value",
-                   "options": {"0": {"text": "DOWN", "color": "red"}, "1": {"text": "UP", "color": "green"}}}],
+              "1 while the source (Kafka, file, synthetic) is readable.",
+              mappings={"0": ("DOWN", "red"), "1": ("UP", "green")},
               min=0, max=1),
         Panel("Scrape targets up", "none", [Target(f'up{{job="{job}"}}', "{{instance}}")],
               "Prometheus' view of the monitor targets.", min=0, max=1),
@@ -425,8 +418,7 @@ def _scale_out_panels() -> list[Panel | Row]:
               [Target(f"max by (replica) ({m('embmon_reducer_replica_stale')})", "{{replica}}")],
               "1 while the reducer has applied no publication of the replica for scale_out.stale_after_seconds; "
               "its older state stays merged until it leaves the window.",
-              min=0, max=1, mappings=[{"type": "value", "options": {
-                  "0": {"text": "LIVE", "color": "green"}, "1": {"text": "STALE", "color": "red"}}}]),
+              min=0, max=1, mappings={"0": ("LIVE", "green"), "1": ("STALE", "red")}),
         Panel("Streams per reducer", "short",
               [Target(f"count by (instance) ({_ms('embmon_reducer_stream_owned')})", "{{instance}}"),
                Target(f"max by (instance) ({m('embmon_reducer_partitions_owned')})", "{{instance}} partitions")],

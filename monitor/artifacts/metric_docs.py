@@ -2,9 +2,10 @@
 
 docs/metrics.md is written by hand: formulas, where a number comes from, healthy and unhealthy
 values. The line right under each ``### embmon_…`` heading is not: it states the metric's type,
-unit, labels and HELP text as :mod:`monitor.catalog` declares them, so the page cannot disagree
-with what a scrape shows. ``python -m monitor.artifacts.metric_docs`` rewrites those lines;
-``--check`` (and ``tests/artifacts/test_catalog.py``) fails when one differs.
+unit, labels, HELP text and the code that computes it (``module:qualname``) as :mod:`monitor.catalog`
+declares them, so the page cannot disagree with what a scrape shows.
+``python -m monitor.artifacts.metric_docs`` rewrites those lines; ``--check`` (and
+``tests/artifacts/test_catalog.py``) fails when one differs.
 
 A heading may cover a family of names with ``<metric>`` standing for the varying part
 (``embmon_retrieval_<metric>_ci_lower``): every name it covers must then declare the same line.
@@ -26,13 +27,15 @@ _PLACEHOLDER = "<metric>"
 
 
 def declaration(spec: MetricSpec, *, pattern: tuple[str, str] | None = None) -> str:
-    """``*Declared:* gauge · labels `model`, `stream` · HELP "…"``; ``pattern``: (this name's text, the heading's)."""
+    """``*Declared:* gauge · labels `model`, `stream` · HELP "…" · computed by `module:qualname```;
+    ``pattern``: (this name's text, the heading's)."""
     help_text = spec.help if pattern is None else spec.help.replace(*pattern)
     parts = [f"{MARK} {spec.kind}"]
     if spec.unit:
         parts.append(f"unit {spec.unit}")
     parts.append("labels " + (", ".join(f"`{label}`" for label in spec.labels) if spec.labels else "none"))
     parts.append(f'HELP "{help_text}"')
+    parts.append(f"computed by `{spec.code}`")
     return " · ".join(parts)
 
 

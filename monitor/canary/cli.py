@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from monitor.cli.admin_client import AdminCallFailed, add_admin_flags, fail, post_admin
+from monitor.server.admin_client import AdminCallFailed, add_admin_flags, fail, post_admin
 
 
 def add_canary_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -24,8 +24,8 @@ from monitor import catalog
 from monitor.canary.pins import Pins, PinStore, unit
 from monitor.canary.settings import CanarySettings
 from monitor.component import Component, MonitorContext, ScheduledJob
-from monitor.config import ConfigError
 from monitor.decoding.records import EmbeddingBatch
+from monitor.errors import ConfigError
 from monitor.logs import RateLimitedLog
 from monitor.server.admin_routes import json_response, model_and_stream
 from monitor.state import checks

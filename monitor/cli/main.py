@@ -21,6 +21,22 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("monitor")
 
+# The daemon each ``scale_out.role`` runs, by name (as uvicorn names its protocols): the core never
+# names a role, and the classes load only when one runs.
+ROLES = {
+    "single": "monitor.daemon.service:Monitor",
+    "replica": "monitor.scaleout.replica:Replica",
+    "reducer": "monitor.scaleout.reducer:Reducer",
+}
+
+
+def role_class(role: str) -> Any:
+    """The daemon class of ``role`` (a key of :data:`ROLES`), imported now."""
+    import importlib
+
+    module, _, name = ROLES[role].partition(":")
+    return getattr(importlib.import_module(module), name)
+
 
 def add_settings_flags(parser: argparse.ArgumentParser) -> None:
     """The common daemon flags; each maps onto one settings field (see README "Configuration")."""
@@ -109,17 +125,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         require_extras(settings)  # torch / sentence-transformers, where the settings need them
     configure_logging(settings.log_level)
     logger.info("settings: %s", settings.redacted())
-    if settings.scale_out.role == "reducer":
-        from monitor.scaleout.reducer import Reducer
-
-        return Reducer(settings).serve()
-    else:
+    daemon = role_class(settings.scale_out.role)
+    if daemon.serves_port_while_building:
         from monitor.daemon.lifecycle import StopRequest, capture_signals
-        from monitor.daemon.service import Monitor
 
         stop = StopRequest()
         with capture_signals(stop):  # a signal while the daemon is being built stops it cleanly too
-            return Monitor(settings, early_port=True, stop_request=stop).serve()
+            return daemon(settings, early_port=True, stop_request=stop).serve()
+    return daemon(settings).serve()
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

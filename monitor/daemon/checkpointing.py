@@ -19,23 +19,26 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
 from monitor import catalog
 from monitor.component import Component
-from monitor.config import Settings
 from monitor.daemon import failpoints
-from monitor.daemon.counters import InternalErrors, Tally
-from monitor.daemon.ingest import IngestPipeline
+from monitor.daemon.counters import InternalErrors
 from monitor.daemon.offsets import OffsetTracker
 from monitor.decoding.decoder import Decoder
 from monitor.logs import RateLimitedLog
-from monitor.sources.base import Source
+from monitor.sources.base import Offsets, Source
 from monitor.state import checks
 from monitor.state.registry import StateRegistry
 from monitor.storage import checkpoint_format as ckpt
+from monitor.tally import Tally
+
+if TYPE_CHECKING:
+    from monitor.config import Settings
+    from monitor.daemon.intake import Intake
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +69,7 @@ class CheckpointObserver(Protocol):
     def check(self, state: Any) -> None:
         """Raise :class:`~monitor.storage.checkpoint_format.CheckpointError` to refuse restoring ``state``."""
 
-    def written(self, state: dict[str, Any], offsets: dict[tuple[str, int], int]) -> None:
+    def written(self, state: dict[str, Any], offsets: Offsets) -> None:
         """The checkpoint of ``state`` is on disk (called in checkpoint order)."""
 
     def after_write(self) -> None:
@@ -92,7 +95,7 @@ class Checkpointer:
         source: Source,
         registry: StateRegistry,
         decoder: Decoder,
-        pipeline: IngestPipeline,
+        pipeline: Intake,
         components: Sequence[Component],
         offsets: OffsetTracker,
         errors: InternalErrors,
@@ -166,7 +169,7 @@ class Checkpointer:
         )
         logger.debug("checkpoint failure", exc_info=True)
 
-    def _capture(self) -> tuple[dict[str, Any] | None, Any, list[Any], dict[tuple[str, int], int]]:
+    def _capture(self) -> tuple[dict[str, Any] | None, Any, list[Any], Offsets]:
         """Everything a restart needs, flattened (arrays copied) so the live state can move on; and,
         for an observer only, the state itself (its arrays are copies too: nothing live leaks out)."""
         registry = self.registry.state_dict()
@@ -287,9 +290,9 @@ _LAST_OFFSET = 2**63 - 2
 _MAX_PARTITION = 2**31 - 1
 
 
-def _offsets(entries: Any) -> dict[tuple[str, int], int]:
+def _offsets(entries: Any) -> Offsets:
     """The checkpoint's offsets, each (topic, partition) once, each a possible Kafka offset."""
-    offsets: dict[tuple[str, int], int] = {}
+    offsets: Offsets = {}
     for topic, partition, offset in entries:
         if not isinstance(topic, str) or not 0 < len(topic) <= 249:
             raise checks.InvalidState(f"offsets: {topic!r} is not a topic name")

@@ -1,48 +1,15 @@
-"""Thread-safe tallies the daemon keeps and collectors read, and the guard that counts internal errors.
-
-Counts are written by the ingest and job threads and read at scrape time; each tally has its own
-lock, held only for a dict update or copy.
-"""
+"""The guard that counts internal errors (the tallies it keeps: :mod:`monitor.tally`)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import threading
-from collections import Counter
-from collections.abc import Hashable, Iterator, Mapping
-from typing import Generic, TypeVar
+from collections.abc import Iterator
 
 from monitor.logs import RateLimitedLog
+from monitor.tally import Tally
 
 logger = logging.getLogger(__name__)
-
-K = TypeVar("K", bound=Hashable)
-
-
-class Tally(Generic[K]):
-    """Counts by key (a label value or a tuple of them), safe to update and read from any thread."""
-
-    def __init__(self) -> None:
-        self._counts: Counter[K] = Counter()
-        self._lock = threading.Lock()
-
-    def add(self, key: K, amount: int = 1) -> None:
-        with self._lock:
-            self._counts[key] += amount
-
-    def update(self, counts: Mapping[K, int]) -> None:
-        with self._lock:
-            self._counts.update(counts)
-
-    def replace(self, counts: Mapping[K, int]) -> None:
-        """Start over from ``counts`` (checkpoint restore)."""
-        with self._lock:
-            self._counts = Counter(counts)
-
-    def snapshot(self) -> dict[K, int]:
-        with self._lock:
-            return dict(self._counts)
 
 
 class InternalErrors:

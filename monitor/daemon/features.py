@@ -7,9 +7,12 @@ imports them, so a feature that is switched off costs nothing.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from monitor.component import Component, MonitorContext
-from monitor.config import Settings
+
+if TYPE_CHECKING:
+    from monitor.config import Settings
 
 ComponentFactory = Callable[[MonitorContext], Component]
 

@@ -28,19 +28,22 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from threadpoolctl import threadpool_limits
 
 from monitor.component import Component
-from monitor.config import Settings
-from monitor.daemon.counters import InternalErrors, Tally
+from monitor.daemon.counters import InternalErrors
 from monitor.daemon.offsets import OffsetTracker
 from monitor.decoding.decoder import INTERACTIONS_STREAM, Decoder, DecodeResult, RawMessage, StartedDecode
 from monitor.decoding.json_workers import JsonWorkerPool
 from monitor.logs import RateLimitedLog
-from monitor.sources.base import Source, SourceMessage
+from monitor.sources.base import Offsets, Source, SourceMessage
 from monitor.state.registry import StateRegistry
+from monitor.tally import Tally
+
+if TYPE_CHECKING:
+    from monitor.config import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +59,7 @@ class DecodedPoll:
 
     embeddings: DecodeResult
     interactions: DecodeResult
-    positions: dict[tuple[str, int], int]  # last offset per partition in the poll
+    positions: Offsets  # last offset per partition in the poll
 
 
 @dataclass
@@ -65,7 +68,7 @@ class _StartedPoll:
 
     embeddings: StartedDecode
     interactions: list[RawMessage]
-    positions: dict[tuple[str, int], int]
+    positions: Offsets
 
 
 @dataclass
@@ -178,7 +181,7 @@ class IngestPipeline:
         readable = [m for m in messages if m.unreadable is None]
         embeddings = [(m.value, m.headers) for m in readable if m.kind == "embeddings"]
         interactions: list[RawMessage] = [(m.value, m.headers) for m in readable if m.kind == "interactions"]
-        positions: dict[tuple[str, int], int] = {}
+        positions: Offsets = {}
         for m in messages:
             if m.position is not None:
                 key = (m.position.topic, m.position.partition)

@@ -22,8 +22,8 @@ from prometheus_client import CollectorRegistry
 
 from monitor import catalog
 from monitor.component import ScheduledJob
-from monitor.daemon.counters import Tally
 from monitor.daemon.refresh import REFRESH_BUCKETS
+from monitor.tally import Tally
 
 logger = logging.getLogger(__name__)
 

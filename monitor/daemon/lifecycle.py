@@ -24,11 +24,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import Generic, TypeVar
+
+from monitor.blocking import BlockingCall
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 LEFTOVER_GRACE_SECONDS = 2.0  # after the shutdown, for the process to exit by itself
 
@@ -211,37 +211,3 @@ class ShutdownWatchdog:
         """The threads besides the main one and this one that still run."""
         me = threading.current_thread()
         return sorted(t.name for t in threading.enumerate() if t.is_alive() and t is not self._main and t is not me)
-
-
-class BlockingCall(Generic[T]):
-    """``work()`` in a daemon thread named ``name``, which callers wait for with a bound.
-
-    For work that must not hold the thread that stops the daemon. kafka-python's bootstrap (the
-    ``KafkaConsumer`` constructor) waits up to ``bootstrap_timeout_ms`` (30 s) for a broker, and a
-    connection to an address that accepts but never answers holds it all that time; ``close`` may
-    wait for the group coordinator; a restore or a checkpoint write may be slow. A caller that
-    stops waiting abandons the call, which ends with the process (a daemon thread) or by itself later.
-    """
-
-    def __init__(self, name: str, work: Callable[[], T]):
-        self._done = threading.Event()
-        self.result: T | None = None
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(work,), name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self, work: Callable[[], T]) -> None:
-        try:
-            self.result = work()
-        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
-            self.error = exc
-        finally:
-            self._done.set()
-
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def wait(self, timeout: float) -> bool:
-        """True once the call has ended (returned or raised) within ``timeout`` seconds."""
-        return self._done.wait(timeout)

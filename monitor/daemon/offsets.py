@@ -16,8 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 
-Partition = tuple[str, int]  # (topic, partition)
-Offsets = dict[Partition, int]
+from monitor.sources.base import Offsets, Partition
 
 
 class OffsetTracker:

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 
 from monitor.daemon.checkpointing import Checkpointer
 from monitor.daemon.ingest import IngestPipeline
-from monitor.daemon.offsets import OffsetTracker, Partition
-from monitor.sources.base import PartitionListener
+from monitor.daemon.offsets import OffsetTracker
+from monitor.sources.base import Partition, PartitionListener
 
 logger = logging.getLogger(__name__)
 

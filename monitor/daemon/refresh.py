@@ -10,16 +10,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
 from monitor import catalog
-from monitor.config import Settings
 from monitor.daemon.counters import InternalErrors
 from monitor.daemon.memory import release_free_memory
 from monitor.quality.intrinsic import IntrinsicReport, report_from_snapshot
 from monitor.state.registry import StateRegistry, StreamKey
 from monitor.state.window import WindowSnapshot
+
+if TYPE_CHECKING:
+    from monitor.config import Settings
 
 REFRESH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 

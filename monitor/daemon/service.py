@@ -8,11 +8,13 @@ The parts, in data-flow order (docs/architecture.md):
 * :mod:`monitor.daemon.checkpointing`: capture at a batch boundary, durable write, restore;
 * :mod:`monitor.daemon.refresh`: the intrinsic metrics of every window, published as one snapshot;
 * :mod:`monitor.daemon.jobs`: the scheduler that runs refresh, checkpoint and component jobs;
-* :mod:`monitor.server.collector`: scrape-time families, reading :class:`~monitor.daemon.status.DaemonStatus`;
+* :mod:`monitor.daemon.export`: scrape-time families, reading :class:`~monitor.daemon.status.DaemonStatus`;
 * :mod:`monitor.daemon.lifecycle`: signals, exception-safe start-up, bounded shutdown;
-* :mod:`monitor.scaleout`: with ``scale_out.role: replica`` this daemon publishes each checkpoint's
-  state and commits only published offsets (and computes no window metrics); the reducer role is
-  another daemon (:class:`monitor.scaleout.reducer.Reducer`) sharing :class:`Daemon`'s lifecycle.
+* the roles: :class:`Monitor` is the single daemon, and its injection points (the source wrapper,
+  the partition hand-off, the component factories, extra collectors, the restore hooks) are what the
+  replica role (:class:`monitor.scaleout.replica.Replica`) overrides; the reducer
+  (:class:`monitor.scaleout.reducer.Reducer`) shares :class:`Daemon`'s lifecycle. ``cli/main.py``
+  picks the role by name (``ROLES``), so nothing here names one.
 
 Exactly-once state (docs/operations.md): a checkpoint holds all state and the offsets it
 reflects; with checkpointing on, only offsets in a durable checkpoint are committed, so the
@@ -26,23 +28,23 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
+from monitor.blocking import BlockingCall
 from monitor.component import Component, MonitorContext, ScheduledJob
-from monitor.config import Settings
 from monitor.daemon import failpoints
 from monitor.daemon.checkpointing import Checkpointer, checkpoint_interval, checkpointing_enabled
 from monitor.daemon.counters import InternalErrors
+from monitor.daemon.export import ComponentCollector, CoreCollector, OperationsCollector
 from monitor.daemon.features import ComponentFactory, default_component_factories
 from monitor.daemon.ingest import IngestPipeline
 from monitor.daemon.jobs import JobRunner
 from monitor.daemon.lifecycle import (
-    BlockingCall,
     ShutdownWatchdog,
     StartInterrupted,
     StartUp,
@@ -54,22 +56,19 @@ from monitor.daemon.rebalance import PartitionHandoff
 from monitor.daemon.refresh import Published, Refresher
 from monitor.daemon.status import DaemonStatus
 from monitor.decoding.decoder import Decoder
-from monitor.scaleout.canaries import replica_component_factories
-from monitor.scaleout.export import PublisherCollector
-from monitor.scaleout.replica import (
-    PublishedOffsetsSource,
-    PublishingHandoff,
-    ReplicaRole,
-    check_replica_settings,
-    replica_source_settings,
-)
-from monitor.server.collector import ComponentCollector, CoreCollector, OperationsCollector
+from monitor.errors import ConfigError
 from monitor.server.exporter import HttpServer
-from monitor.server.http_server import LOOP_FAILED_EXIT_STATUS, ConnectionLimits
-from monitor.server.security import AuthLimits, is_loopback_host, read_token_file, server_ssl_context
+from monitor.server.http_server import LOOP_FAILED_EXIT_STATUS
+from monitor.server.settings import http_limits, http_security
 from monitor.sources import build_source
-from monitor.sources.base import Source
+from monitor.sources.base import PartitionListener, Source
 from monitor.state.registry import StateRegistry
+
+if TYPE_CHECKING:
+    from prometheus_client.registry import Collector
+
+    from monitor.config import Settings
+    from monitor.daemon.checkpointing import CheckpointObserver
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +93,7 @@ class Daemon:
     checkpointer: Checkpointer | None
     refresher: Refresher
     computes_windows = True  # schedules the refresh of window metrics
+    serves_port_while_building = False  # takes ``early_port`` and ``stop_request`` (cli/main.py)
     exit_status = 0  # what ``serve`` returns: non-zero once a part the process cannot do without failed
 
     def __init__(self, stop_request: StopRequest | None = None) -> None:
@@ -202,7 +202,11 @@ class Daemon:
 
 
 class Monitor(Daemon):
-    """Wires the daemon's parts together and runs their lifecycle."""
+    """Wires the daemon's parts together and runs their lifecycle: the single daemon (``scale_out.role:
+    single``). A role built on it overrides the injection points below (``_source`` ... ``_after_restore``)."""
+
+    role = "single"
+    serves_port_while_building = True
 
     def __init__(
         self,
@@ -221,12 +225,9 @@ class Monitor(Daemon):
         self.settings = settings
         self.clock = clock
         self._port_open = early_port
-        # scale_out.role replica: publish each checkpoint's state for the reducer (monitor/scaleout/)
-        self.replica: ReplicaRole | None = None
-        if settings.scale_out.role == "replica":
-            check_replica_settings(settings)
-            self.replica = ReplicaRole(settings)
-            self.computes_windows = False  # the reducer does
+        if settings.scale_out.role != self.role:
+            raise ConfigError(f"scale_out.role {settings.scale_out.role} is not built by {type(self).__name__}: "
+                              "cli/main.py's ROLES names the class of each role (monitor.cli.main.role_class)")
         self.registry = StateRegistry(settings)
         self.decoder = Decoder(
             settings.limits,
@@ -246,15 +247,13 @@ class Monitor(Daemon):
             settings.http.port,
             health=self.health,
             readiness=self.readiness,
-            **http_security(settings),
-            **http_limits(settings),
+            **http_security(settings.http),
+            **http_limits(settings.http),
         )
         self.http.server.on_failure = self.fail  # from the start: the port may open before serve()
         if early_port:
             self.http.start()
-        self.source = source or build_source(replica_source_settings(settings) if self.replica else settings)
-        if self.replica is not None:
-            self.source = PublishedOffsetsSource(self.source, self.replica)
+        self.source = self._source(settings, source)
         self.context = MonitorContext(
             settings=settings,
             registry=self.registry,
@@ -264,10 +263,7 @@ class Monitor(Daemon):
             add_route=self.http.add_route,
         )
         if component_factories is None:
-            # a replica's drift and probe gauges would be partial answers: the reducer runs them
-            # (canary records are forwarded to the reducer, which holds the pins)
-            component_factories = (replica_component_factories(settings) if self.replica
-                                   else default_component_factories(settings))
+            component_factories = self._component_factories(settings)
         self.components: list[Component] = [factory(self.context) for factory in component_factories]
         self.pipeline = IngestPipeline(
             settings, self.source, self.decoder, self.registry, self.components, self.offsets, self.errors, clock
@@ -275,16 +271,12 @@ class Monitor(Daemon):
         self.checkpointer = (
             Checkpointer(
                 settings, self.source, self.registry, self.decoder, self.pipeline, self.components, self.offsets,
-                self.errors, self.metrics_registry, observer=self.replica,
+                self.errors, self.metrics_registry, observer=self._checkpoint_observer(),
             )
             if checkpointing_enabled(settings)
             else None
         )
-        self.source.set_listener(
-            PublishingHandoff(self.pipeline, self.offsets, self.checkpointer, self.replica)
-            if self.replica is not None
-            else PartitionHandoff(self.pipeline, self.offsets, self.checkpointer)
-        )
+        self.source.set_listener(self._handoff())
         self.status = DaemonStatus(
             source=self.source,
             registry=self.registry,
@@ -301,8 +293,35 @@ class Monitor(Daemon):
         self.metrics_registry.register(CoreCollector(self.status))
         self.metrics_registry.register(ComponentCollector(self.components, self.errors))
         self.metrics_registry.register(OperationsCollector(self.status))
-        if self.replica is not None:
-            self.metrics_registry.register(PublisherCollector(self.replica.publisher))
+        for collector in self._collectors():
+            self.metrics_registry.register(collector)
+
+    # ------------------------------------------------------------------ injection points (the roles')
+    def _source(self, settings: Settings, source: Source | None) -> Source:
+        """The source ingest polls: ``source`` (a test's), or the one the settings ask for."""
+        return source or build_source(settings)
+
+    def _component_factories(self, settings: Settings) -> list[ComponentFactory]:
+        """The components to build when the caller names none: the features the settings turn on."""
+        return default_component_factories(settings)
+
+    def _checkpoint_observer(self) -> CheckpointObserver | None:
+        """Told of each checkpoint written (a replica publishes it)."""
+        return None
+
+    def _handoff(self) -> PartitionListener:
+        """What runs when the source's partitions move (checkpoint, then commit, on revocation)."""
+        return PartitionHandoff(self.pipeline, self.offsets, self.checkpointer)
+
+    def _collectors(self) -> list[Collector]:
+        """Collectors beyond the daemon's own and its components'."""
+        return []
+
+    def _before_restore(self) -> None:
+        """Runs before the checkpoint restore, in the restore's thread."""
+
+    def _after_restore(self) -> None:
+        """Runs after the checkpoint restore, in the restore's thread."""
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -343,12 +362,9 @@ class Monitor(Daemon):
     def _restore(self) -> None:
         assert self.checkpointer is not None
         failpoints.reach("checkpoint-restore")  # tests: a restore as slow as a huge state makes it
-        if self.replica is None:
-            self.checkpointer.restore()
-            return
-        self.replica.before_restore()
+        self._before_restore()
         self.checkpointer.restore()
-        self.replica.publish_restored(self.registry, self.offsets, self.components)
+        self._after_restore()
 
     def _final_checkpoint(self) -> None:
         """The shutdown checkpoint, waited for at most half the shutdown bound: one already being
@@ -363,48 +379,6 @@ class Monitor(Daemon):
 
     def _intake(self) -> tuple[bool, bool, str]:
         return self.pipeline.alive, self.source.up, f"source {self.source.name} is not connected"
-
-
-def http_security(settings: Settings) -> dict[str, Any]:
-    """The HTTP server's TLS context, basic-auth users and admin token, from the settings."""
-    http = settings.http
-    token: str | None = None
-    if http.admin_token is not None:
-        token = http.admin_token.get_secret_value()
-    elif http.admin_token_file is not None:
-        token = read_token_file(http.admin_token_file)
-    context = None
-    if http.tls_certfile is not None and http.tls_keyfile is not None:
-        context = server_ssl_context(http.tls_certfile, http.tls_keyfile, http.tls_client_cafile)
-    credentials = [name for name, present in (("the admin token", token is not None),
-                                              ("basic-auth passwords", bool(http.basic_auth_users))) if present]
-    if credentials and context is None and not is_loopback_host(http.host):
-        logger.warning(
-            "http: %s will cross the network in clear text: http.host is %r and no TLS is configured "
-            "(set http.tls_certfile and http.tls_keyfile, or bind 127.0.0.1 behind a TLS proxy)",
-            " and ".join(credentials), http.host,
-        )
-    return {
-        "ssl_context": context,
-        "basic_auth_users": {u: h.get_secret_value() for u, h in http.basic_auth_users.items()} or None,
-        "admin_token": token,
-    }
-
-
-def http_limits(settings: Settings) -> dict[str, Any]:
-    """What one HTTP client may hold and how failed basic-auth guesses are refused, from the settings."""
-    http = settings.http
-    return {
-        "limits": ConnectionLimits(
-            max_connections=http.max_connections, max_header_bytes=http.max_header_bytes,
-            read_timeout=http.read_timeout_seconds, idle_timeout=http.idle_timeout_seconds,
-            write_timeout=http.write_timeout_seconds, workers=http.workers,
-        ),
-        "auth_limits": AuthLimits(
-            failures_before_backoff=http.auth_failures_before_backoff, backoff_seconds=http.auth_backoff_seconds,
-            concurrent_verifications=http.auth_concurrent_verifications,
-        ),
-    }
 
 
 def default_stream(settings: Settings) -> str:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from monitor.daemon.checkpointing import Checkpointer, CheckpointStatus
     from monitor.daemon.counters import InternalErrors
-    from monitor.daemon.ingest import IngestPipeline
+    from monitor.daemon.intake import Intake
     from monitor.daemon.jobs import JobRunner
     from monitor.daemon.refresh import Published, Refresher
     from monitor.server.exporter import HttpServer
@@ -39,7 +39,7 @@ class DaemonStatus:
         source: Source,
         registry: StateRegistry,
         refresher: Refresher,
-        pipeline: IngestPipeline,
+        pipeline: Intake,
         jobs: JobRunner,
         errors: InternalErrors,
         checkpointer: Checkpointer | None,

@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from monitor.config import LimitSettings
 from monitor.decoding.json_decoding import (
     DECODE_ERROR,
     INVALID,
@@ -46,6 +45,7 @@ from monitor.decoding.json_decoding import (
 )
 from monitor.decoding.labels import LABEL_VALUE_RE, is_label_value
 from monitor.decoding.records import EmbeddingBatch, InteractionEvent
+from monitor.decoding.settings import LimitSettings
 
 logger = logging.getLogger(__name__)
 

@@ -93,8 +93,8 @@ class _Usage(Exception):
 
 
 def _capture_remote(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
-    from monitor.cli.admin_client import AdminCallFailed, fail, post_admin
     from monitor.drift.admin import BASELINE_PATH
+    from monitor.server.admin_client import AdminCallFailed, fail, post_admin
 
     if not args.model:
         raise _Usage("--model is required with --url")

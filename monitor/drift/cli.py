@@ -19,8 +19,8 @@ import sys
 import time
 from typing import Any, TextIO
 
-from monitor.cli.admin_client import AdminCallFailed, add_admin_flags, fail, get_admin
 from monitor.drift.admin import EXPLAIN_PATH
+from monitor.server.admin_client import AdminCallFailed, add_admin_flags, fail, get_admin
 
 
 def add_drift_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -50,7 +50,6 @@ import numpy as np
 from prometheus_client.metrics_core import Metric
 
 from monitor.component import Component, MonitorContext, ScheduledJob
-from monitor.config import ConfigError
 from monitor.deadline import Deadline
 from monitor.decoding.records import EmbeddingBatch
 from monitor.drift.admin import add_drift_routes
@@ -65,6 +64,7 @@ from monitor.drift.references.store import ReferenceStore, StoredReference
 from monitor.drift.settings import DriftSettings
 from monitor.drift.stream_state import STATE_VERSION, DriftTotals, StreamSlot, check_entry, parse_totals
 from monitor.drift.twosample.suite import run_drift_suite
+from monitor.errors import ConfigError
 from monitor.state.window import WindowSnapshot
 
 logger = logging.getLogger(__name__)

@@ -35,17 +35,19 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from monitor.canary.component import CanaryComponent, CanarySnapshot
 from monitor.component import Component, MonitorContext
-from monitor.config import Settings
 from monitor.decoding.records import EmbeddingBatch
 from monitor.logs import RateLimitedLog
 from monitor.scaleout.canary_rows import MAX_ARRIVALS, CanaryRows, next_seq
 from monitor.state import checks
+
+if TYPE_CHECKING:
+    from monitor.config import Settings
 
 logger = logging.getLogger(__name__)
 

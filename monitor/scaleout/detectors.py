@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from monitor.component import Component, MonitorContext, ScheduledJob
+from monitor.decoding.records import StreamKey
 from monitor.drift.online.detector_kinds import DetectorKind
 from monitor.drift.online.detectors import ChangePoint, build_detector
 from monitor.drift.online.online_state import decode_detector, encode_detector
@@ -55,7 +56,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 NAME = "subwindow_detectors"
-StreamKey = tuple[str, str]
 
 
 @dataclass

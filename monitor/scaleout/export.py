@@ -13,8 +13,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from monitor import catalog
+from monitor.daemon.export import by_label
 from monitor.scaleout.resume import REFUSED_REASONS
-from monitor.server.collector import by_label
 
 if TYPE_CHECKING:
     from monitor.scaleout.publisher import PartialsPublisher

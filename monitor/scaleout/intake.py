@@ -33,18 +33,24 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from monitor.component import Component
-from monitor.config import Settings
-from monitor.daemon.counters import InternalErrors, Tally
+from monitor.daemon.counters import InternalErrors
 from monitor.daemon.ingest import OVERFLOW_STREAM
-from monitor.daemon.offsets import OffsetTracker, Partition
+from monitor.daemon.offsets import OffsetTracker
 from monitor.decoding.decoder import Decoder, DecodeResult, RawMessage
 from monitor.logs import RateLimitedLog
 from monitor.scaleout.partials import PartialError
 from monitor.scaleout.table import MergeTable
+from monitor.sources.base import Partition
 from monitor.sources.reconnect import Backoff, LagReading
+from monitor.tally import Tally
+
+if TYPE_CHECKING:
+    from kafka import KafkaConsumer
+
+    from monitor.config import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -57,9 +63,9 @@ _GROUP_ONLY = {"max_poll_interval_ms", "session_timeout_ms", "heartbeat_interval
 def consumer_config(settings: Settings, group: str | None = None) -> dict[str, Any]:
     """kafka-python settings: the brokers and pass-through options, large enough fetches, no group
     (or ``group``, with cooperative assignment: a reducer keeps the partitions it still owns)."""
-    from kafka import KafkaConsumer
     from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
 
+    from monitor.sources.kafka_clients import CONSUMER_DEFAULTS
     from monitor.sources.kafka_internals import read_unreadable_records
 
     # issue 27: a partials record kafka-python cannot parse (a header key that is not UTF-8) reaches
@@ -67,7 +73,7 @@ def consumer_config(settings: Settings, group: str | None = None) -> dict[str, A
     # failing every poll at it for good
     read_unreadable_records()
     config = {k: v for k, v in settings.kafka.options.items()
-              if k in KafkaConsumer.DEFAULT_CONFIG and (group is not None or k not in _GROUP_ONLY)}
+              if k in CONSUMER_DEFAULTS and (group is not None or k not in _GROUP_ONLY)}
     record = settings.scale_out.max_record_bytes + 64 * 1024
     config.update(
         bootstrap_servers=settings.kafka.bootstrap_servers,
@@ -97,7 +103,9 @@ class Unreadable:
     headers: tuple[tuple[str, bytes], ...] = ()
 
 
-def poll_past_unreadable(consumer: Any, timeout_ms: int, max_records: int | None = None) -> dict[Any, list[Any]]:
+def poll_past_unreadable(
+    consumer: KafkaConsumer, timeout_ms: int, max_records: int | None = None
+) -> dict[Any, list[Any]]:
     """``consumer.poll``, moving past exactly the record kafka-python cannot parse.
 
     Such a record makes every later poll fail (or spin: ``take_fetch_failure`` in
@@ -137,7 +145,7 @@ class PartialsReader:
         components: Sequence[Component],
         errors: InternalErrors,
         clock: Callable[[], float] = time.time,
-        consumer_factory: Callable[[], Any] | None = None,
+        consumer_factory: Callable[[], KafkaConsumer] | None = None,
     ):
         self.settings = settings
         self.table = table
@@ -155,8 +163,8 @@ class PartialsReader:
         self.invalid: Tally[tuple[str, str]] = Tally()  # (stream, reason)
         self.interactions: Tally[str] = Tally()  # model
         self._consumer_factory = consumer_factory
-        self._consumer: Any = None  # the partials topic (and, without a group, the interactions topic)
-        self._side: Any = None  # in a group: the interactions topic, by assignment
+        self._consumer: KafkaConsumer | None = None  # the partials topic (and, without a group, the interactions topic)
+        self._side: KafkaConsumer | None = None  # in a group: the interactions topic, by assignment
         self._assigned: set[Partition] = set()  # by assignment
         self._owned: set[int] | None = None  # in a group: the partials partitions whose streams the table holds
         self._rebuilding: dict[int, int] = {}  # gained partitions read back, not exported until read up to this end
@@ -240,7 +248,7 @@ class PartialsReader:
         self._maybe_refresh_lag(consumer, side)
         return count
 
-    def _follow_group(self, consumer: Any) -> set[int]:
+    def _follow_group(self, consumer: KafkaConsumer) -> set[int]:
         """After a poll in the group: take lost partitions' streams out, read gained ones from where
         their state is (the checkpoint's position, or far enough back to rebuild it). Returns the
         partitions gained (what this poll read of them is dropped: they were just sought)."""
@@ -263,7 +271,7 @@ class PartialsReader:
                     self.partials_topic, sorted(lost), sorted(gained))
         return gained
 
-    def _check_rebuilt(self, consumer: Any) -> None:
+    def _check_rebuilt(self, consumer: KafkaConsumer) -> None:
         """A gained partition read back up to where its end was when it was gained holds every
         replica's newest publication of its streams: from then on they are exported."""
         from kafka import TopicPartition
@@ -286,7 +294,7 @@ class PartialsReader:
                 self.table.assembler.forget_partitions({(self.partials_topic, p) for p in partitions})
                 self.offsets.forget({(self.partials_topic, p) for p in partitions})
 
-    def _seek(self, consumer: Any, partitions: set[int]) -> None:
+    def _seek(self, consumer: KafkaConsumer, partitions: set[int]) -> None:
         from kafka import TopicPartition
 
         known = self.offsets.applied()
@@ -408,7 +416,7 @@ class PartialsReader:
         """Nothing to commit: the reducer's positions live in its checkpoint."""
 
     # ------------------------------------------------------------------ Kafka
-    def _connected(self) -> Any:
+    def _connected(self) -> KafkaConsumer | None:
         if self._consumer is not None:
             return self._consumer
         if not self._backoff.ready():
@@ -436,15 +444,15 @@ class PartialsReader:
         self._partitions_checked = -PARTITION_REFRESH_SECONDS
         return consumer
 
-    def _new_consumer(self, group: str | None) -> Any:
-        from kafka import KafkaConsumer
+    def _new_consumer(self, group: str | None) -> KafkaConsumer:
+        from monitor.sources.kafka_clients import new_consumer
 
-        return KafkaConsumer(**consumer_config(self.settings, group))
+        return new_consumer(consumer_config(self.settings, group))
 
     def _drop_consumer(self) -> None:
         self.close()
 
-    def _maybe_assign(self, consumer: Any) -> None:
+    def _maybe_assign(self, consumer: KafkaConsumer) -> None:
         """Assign every partition of both topics, or in a group of the interactions topic (re-checked
         every 30 s: topics appear, grow)."""
         if time.monotonic() - self._partitions_checked < PARTITION_REFRESH_SECONDS:
@@ -477,7 +485,7 @@ class PartialsReader:
         logger.info("reducer reads %s", sorted(wanted))
         self._assigned = wanted
 
-    def _seek_back(self, consumer: Any, partitions: list[Any]) -> None:
+    def _seek_back(self, consumer: KafkaConsumer, partitions: list[Any]) -> None:
         """No checkpoint position: start ``lookback_seconds`` back (every replica republished all since)."""
         since_ms = int((self.clock() - self.lookback_seconds) * 1000)
         try:
@@ -494,7 +502,7 @@ class PartialsReader:
             else:
                 consumer.seek(tp, hit.offset)
 
-    def _maybe_refresh_lag(self, consumer: Any, side: Any) -> None:
+    def _maybe_refresh_lag(self, consumer: KafkaConsumer, side: KafkaConsumer | None) -> None:
         if not self._lag.due():
             return
         from kafka import TopicPartition

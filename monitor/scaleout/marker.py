@@ -19,12 +19,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from monitor.sources.base import Partition
 from monitor.storage.durable_files import atomic_write
 
 logger = logging.getLogger(__name__)
 
 MARKER = "partials-published.json"
-Partition = tuple[str, int]
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,9 @@ from typing import Any
 import numpy as np
 import orjson
 
+from monitor.decoding.records import StreamKey
 from monitor.scaleout.canary_rows import MAX_ARRIVALS, CanaryRows
+from monitor.sources.base import Offsets, Partition
 from monitor.state.reservoir import Reservoir
 from monitor.state.stats import SufficientStats
 from monitor.storage import checkpoint_format as ckpt
@@ -58,7 +60,6 @@ MIN_RECORD_BYTES = 16_384  # the least scale_out.max_record_bytes
 MAX_OFFSETS = 100_000  # (topic, partition) entries in one manifest
 
 SubwindowKey = tuple[str, str, int]  # (model, stream, sub-window index)
-Offsets = dict[tuple[str, int], int]  # (topic, partition) -> last offset reflected
 
 
 MAX_EPOCH = 2**63 - 1  # epochs are int64 nanoseconds; orjson cannot write more
@@ -364,7 +365,7 @@ class Record:
     key: bytes
     value: bytes | None  # None: a tombstone
     headers: tuple[tuple[str, bytes], ...]
-    stream: tuple[str, str] | None = None  # (model, stream) of a partial or tombstone; None: the seal
+    stream: StreamKey | None = None  # (model, stream) of a partial or tombstone; None: the seal
 
 
 def subwindow_key(replica: str, key: SubwindowKey, chunk: int) -> bytes:
@@ -582,13 +583,13 @@ class ChunkAssembler:
         """Drop incomplete sub-windows older than ``index`` (they left the window)."""
         self._parts = {slot: v for slot, v in self._parts.items() if slot[1][2] >= index}
 
-    def forget_partitions(self, partitions: set[tuple[str, int]]) -> None:
+    def forget_partitions(self, partitions: set[Partition]) -> None:
         """Drop incomplete sub-windows read on ``partitions`` (a reducer no longer owns them)."""
         self._parts = {slot: v for slot, v in self._parts.items() if v[3][:2] not in partitions}
 
-    def holds(self) -> dict[tuple[str, int], int]:
+    def holds(self) -> Offsets:
         """Per (topic, partition), the offset of the earliest chunk of an incomplete sub-window."""
-        out: dict[tuple[str, int], int] = {}
+        out: Offsets = {}
         for *_, (topic, partition, offset) in self._parts.values():
             out[(topic, partition)] = min(out.get((topic, partition), offset), offset)
         return out

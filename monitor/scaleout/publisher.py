@@ -23,11 +23,9 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from monitor.config import Settings
 from monitor.daemon import failpoints
-from monitor.daemon.counters import Tally
 from monitor.logs import RateLimitedLog
 from monitor.scaleout import signing
 from monitor.scaleout.partials import (
@@ -43,6 +41,12 @@ from monitor.scaleout.partials import (
     partition_of,
     tombstones,
 )
+from monitor.tally import Tally
+
+if TYPE_CHECKING:
+    from kafka import KafkaProducer
+
+    from monitor.config import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -80,10 +84,10 @@ class Sent:
 
 def producer_config(settings: Settings) -> dict[str, Any]:
     """kafka-python producer settings: the brokers, and the security options of ``kafka.options``."""
-    from kafka import KafkaProducer
+    from monitor.sources.kafka_clients import PRODUCER_DEFAULTS
 
     scale = settings.scale_out
-    config: dict[str, Any] = {k: v for k, v in settings.kafka.options.items() if k in KafkaProducer.DEFAULT_CONFIG}
+    config: dict[str, Any] = {k: v for k, v in settings.kafka.options.items() if k in PRODUCER_DEFAULTS}
     for consumer_only in ("max_poll_records", "max_poll_interval_ms", "session_timeout_ms", "heartbeat_interval_ms"):
         config.pop(consumer_only, None)
     config.update(
@@ -106,7 +110,7 @@ class PartialsPublisher:
     def __init__(
         self,
         settings: Settings,
-        producer_factory: Callable[[], Any] | None = None,
+        producer_factory: Callable[[], KafkaProducer] | None = None,
         clock: Callable[[], float] = time.time,
     ):
         scale = settings.scale_out
@@ -127,7 +131,7 @@ class PartialsPublisher:
         self.failures = 0
         self._settings = settings
         self._producer_factory = producer_factory
-        self._producer: Any = None
+        self._producer: KafkaProducer | None = None
         self._lock = threading.Lock()  # one staging or send at a time
         self._staged: Publication | None = None
         self._held: dict[SubwindowKey, Held] = {}
@@ -211,7 +215,7 @@ class PartialsPublisher:
             failpoints.reach("replica-sealing")  # tests: killed with the seal on the first partition only
         self.seal(producer, seal, partitions[1:])
 
-    def seal(self, producer: Any, record: Record, partitions: Sequence[int]) -> None:
+    def seal(self, producer: KafkaProducer, record: Record, partitions: Sequence[int]) -> None:
         """Write one manifest to each of ``partitions`` and wait for the broker."""
         if partitions:
             self._deliver(producer, [(record, p) for p in partitions])
@@ -228,7 +232,7 @@ class PartialsPublisher:
                 return False
             return True
 
-    def _deliver(self, producer: Any, records: Sequence[tuple[Record, int]]) -> None:
+    def _deliver(self, producer: KafkaProducer, records: Sequence[tuple[Record, int]]) -> None:
         futures = [producer.send(self.topic, key=record.key, value=record.value, partition=partition,
                                  headers=list(signing.sign(self.keys, record.key, record.value, record.headers)))
                    for record, partition in records]
@@ -241,14 +245,14 @@ class PartialsPublisher:
             self.records.add(kind)
             self.bytes_total += len(record.value or b"")
 
-    def _ensure_producer(self) -> Any:
+    def _ensure_producer(self) -> KafkaProducer:
         if self._producer is None:
             if self._producer_factory is not None:
                 self._producer = self._producer_factory()
             else:
-                from kafka import KafkaProducer
+                from monitor.sources.kafka_clients import new_producer
 
-                self._producer = KafkaProducer(**producer_config(self._settings))
+                self._producer = new_producer(producer_config(self._settings))
         return self._producer
 
     def _drop_producer(self) -> None:

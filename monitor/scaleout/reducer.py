@@ -27,28 +27,34 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prometheus_client.registry import Collector
 
 from monitor.component import Component, MonitorContext
-from monitor.config import ConfigError, Settings
 from monitor.daemon.checkpointing import Checkpointer
 from monitor.daemon.counters import InternalErrors
+from monitor.daemon.export import ComponentCollector, CoreCollector, OperationsCollector
 from monitor.daemon.features import ComponentFactory, default_component_factories
 from monitor.daemon.jobs import JobRunner
 from monitor.daemon.lifecycle import StartUp
 from monitor.daemon.refresh import Published, Refresher
-from monitor.daemon.service import Daemon, daemon_metrics_registry, http_limits, http_security
+from monitor.daemon.service import Daemon, daemon_metrics_registry
 from monitor.daemon.status import DaemonStatus, StreamCounts
 from monitor.decoding.decoder import Decoder
+from monitor.errors import ConfigError
 from monitor.scaleout.canaries import ReducerCanaries, for_reducer
 from monitor.scaleout.detectors import SubwindowDetectors, subwindow_detectors
 from monitor.scaleout.export import OwnedOnly, Ownership, ReducerCollector, probe_home
 from monitor.scaleout.intake import PartialsReader
 from monitor.scaleout.table import MergeTable
-from monitor.server.collector import ComponentCollector, CoreCollector, OperationsCollector
 from monitor.server.exporter import HttpServer
+from monitor.server.settings import http_limits, http_security
+
+if TYPE_CHECKING:
+    from kafka import KafkaConsumer
+
+    from monitor.config import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +98,7 @@ class Reducer(Daemon):
         settings: Settings,
         clock: Callable[[], float] = time.time,
         component_factories: list[ComponentFactory] | None = None,
-        consumer_factory: Callable[[], Any] | None = None,
+        consumer_factory: Callable[[], KafkaConsumer] | None = None,
     ):
         super().__init__()
         online = settings.drift.online  # the drift component's are off here: the reducer runs its own
@@ -105,7 +111,7 @@ class Reducer(Daemon):
         self.refresher = Refresher(settings, self.table, self.errors, self.metrics_registry, clock)  # type: ignore[arg-type]
         self.jobs = JobRunner(self.metrics_registry)
         self.http = HttpServer(self.metrics_registry, settings.http.host, settings.http.port, health=self.health,
-                               readiness=self.readiness, **http_security(settings), **http_limits(settings))
+                               readiness=self.readiness, **http_security(settings.http), **http_limits(settings.http))
         self.context = MonitorContext(
             settings=settings, registry=self.table, clock=clock, state_dir=settings.state_dir,  # type: ignore[arg-type]
             latest_windows=lambda: self.refresher.published.windows, add_route=self.http.add_route,
@@ -127,12 +133,16 @@ class Reducer(Daemon):
         for component in self.components:  # canaries and detectors feed from the table between two polls
             if isinstance(component, (ReducerCanaries, SubwindowDetectors)):
                 component.boundary = self.intake.at_batch_boundary
+        # the intake is an Intake (daemon/intake.py) for the checkpointer and the status; as the source
+        # and the registry, it and the table stand in for what they hold (names, topic ids, streams)
         self.checkpointer = Checkpointer(
-            settings, self.intake, self.table, self.decoder, self.intake, self.components,  # type: ignore[arg-type]
+            settings, self.intake, self.table,  # type: ignore[arg-type]
+            self.decoder, self.intake, self.components,
             self.intake.offsets, self.errors, self.metrics_registry,
         )
         self.status = ReducerStatus(
-            source=self.intake, registry=self.table, refresher=self.refresher, pipeline=self.intake,  # type: ignore[arg-type]
+            source=self.intake, registry=self.table,  # type: ignore[arg-type]
+            refresher=self.refresher, pipeline=self.intake,
             jobs=self.jobs, errors=self.errors, checkpointer=self.checkpointer, http=self.http,
             started_at=time.time(), wall_clock=time.time, rejected_files=self.context.rejected_files,
         )

@@ -19,29 +19,40 @@ read again by whoever owns the partition; the previous checkpoint, which is publ
 restored instead, and republished at start so it replaces whatever this replica had published.
 On a rebalance the hand-off publishes before it returns the offsets to commit, and records the
 commit intent first, since the commit follows within the listener.
+
+:class:`Replica` is the role: the single daemon (:class:`~monitor.daemon.service.Monitor`) with its
+injection points filled in from :class:`ReplicaRole`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from monitor.component import Component
-from monitor.config import ConfigError, Settings
 from monitor.daemon import failpoints
 from monitor.daemon.checkpointing import Checkpointer
 from monitor.daemon.ingest import IngestPipeline
-from monitor.daemon.offsets import OffsetTracker, Partition
+from monitor.daemon.offsets import OffsetTracker
 from monitor.daemon.rebalance import PartitionHandoff
-from monitor.scaleout.canaries import ARRIVALS, with_arrivals
+from monitor.daemon.service import Monitor
+from monitor.errors import ConfigError
+from monitor.scaleout.canaries import ARRIVALS, replica_component_factories, with_arrivals
+from monitor.scaleout.export import PublisherCollector
 from monitor.scaleout.marker import CommitIntent, MarkerState, PublishedMarker, commit_happened
-from monitor.scaleout.partials import Offsets
 from monitor.scaleout.publisher import PartialsPublisher
 from monitor.scaleout.resume import ManifestReader, published_offsets, resume_after
-from monitor.sources.base import PartitionListener, Source, SourceMessage
+from monitor.sources import build_source
+from monitor.sources.base import Offsets, Partition, PartitionListener, Source, SourceMessage
 from monitor.state.registry import StateRegistry
 from monitor.storage.checkpoint_format import CheckpointError
+
+if TYPE_CHECKING:
+    from prometheus_client.registry import Collector
+
+    from monitor.config import Settings
+    from monitor.daemon.features import ComponentFactory
 
 logger = logging.getLogger(__name__)
 
@@ -220,14 +231,15 @@ class ReplicaRole:
 def group_positions(settings: Settings, partitions: list[Partition]) -> dict[Partition, int | None] | None:
     """The consumer group's committed position per partition (``None``: no commit), or ``None``
     when the broker cannot be asked. A plain consumer that joins no group: OffsetFetch only."""
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
     from kafka.errors import KafkaError
 
     from monitor.sources.kafka import KafkaSource
+    from monitor.sources.kafka_clients import new_consumer
 
     config = KafkaSource(settings.kafka).consumer_config()
     try:
-        consumer = KafkaConsumer(**config)
+        consumer = new_consumer(config)
     except KafkaError as exc:
         logger.warning("cannot reach Kafka to read the group's committed offsets (%s)", exc)
         return None
@@ -272,7 +284,7 @@ class PublishedOffsetsSource(Source):
         self.role.commit_published(self.inner)
         return self.inner.poll(timeout)
 
-    def commit(self, offsets: Mapping[tuple[str, int], int]) -> bool:
+    def commit(self, offsets: Mapping[Partition, int]) -> bool:
         # ``offsets`` are durable (on disk); what may be committed is what is published.
         self.role.commit_published(self.inner)
         return True
@@ -357,3 +369,40 @@ class PublishingHandoff(PartitionHandoff):
             return own
         self._role.complete_seals()
         return resume_after(own, self._role.manifests.capped(published_offsets(manifests)))
+
+
+class Replica(Monitor):
+    """``scale_out.role: replica``: a daemon that publishes each checkpoint's state for the reducer,
+    commits only published offsets, and computes no window metrics (the reducer does)."""
+
+    role = "replica"
+    computes_windows = False
+
+    def __init__(self, settings: Settings, *args: Any, **kwargs: Any):
+        check_replica_settings(settings)
+        self.replica = ReplicaRole(settings)
+        super().__init__(settings, *args, **kwargs)
+
+    def _source(self, settings: Settings, source: Source | None) -> Source:
+        return PublishedOffsetsSource(source or build_source(replica_source_settings(settings)), self.replica)
+
+    def _component_factories(self, settings: Settings) -> list[ComponentFactory]:
+        # a replica's drift and probe gauges would be partial answers: the reducer runs them
+        # (canary records are forwarded to the reducer, which holds the pins)
+        return replica_component_factories(settings)
+
+    def _checkpoint_observer(self) -> ReplicaRole:
+        return self.replica
+
+    def _handoff(self) -> PartitionListener:
+        return PublishingHandoff(self.pipeline, self.offsets, self.checkpointer, self.replica)
+
+    def _collectors(self) -> list[Collector]:
+        return [PublisherCollector(self.replica.publisher)]
+
+    def _before_restore(self) -> None:
+        self.replica.before_restore()
+
+    def _after_restore(self) -> None:
+        self.replica.publish_restored(self.registry, self.offsets, self.components)
+

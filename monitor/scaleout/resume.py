@@ -36,10 +36,8 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from monitor.config import Settings
-from monitor.daemon.counters import Tally
 from monitor.logs import RateLimitedLog
 from monitor.scaleout import signing
 from monitor.scaleout.partials import (
@@ -52,10 +50,16 @@ from monitor.scaleout.partials import (
     parse_record,
     record_replica,
 )
+from monitor.sources.base import Partition
+from monitor.tally import Tally
+
+if TYPE_CHECKING:
+    from kafka import KafkaConsumer
+
+    from monitor.config import Settings
 
 logger = logging.getLogger(__name__)
 
-Partition = tuple[str, int]
 READ_TIMEOUT_SECONDS = 20.0
 # The `reason` label of embmon_partials_manifests_refused_total.
 REFUSED_REASONS = ("unsigned", "bad_signature", "unknown_replica", "epoch_range", "oversize", "limit",
@@ -83,7 +87,7 @@ class ManifestReader:
         self.refused: Tally[str] = Tally() if refused is None else refused  # by reason
         self._log = RateLimitedLog(logger)
         self._lock = threading.Lock()
-        self._consumer: Any = None
+        self._consumer: KafkaConsumer | None = None
         self._newest: dict[str, Manifest] = {}
         self._raw: dict[str, Any] = {}  # replica -> the record of its newest manifest
         self._sealed: dict[str, dict[int, int]] = {}  # replica -> partition -> newest epoch read there
@@ -102,16 +106,17 @@ class ManifestReader:
                 return None
 
     def _catch_up(self) -> dict[str, Manifest] | None:
-        from kafka import KafkaConsumer, TopicPartition
+        from kafka import TopicPartition
 
         from monitor.scaleout.intake import consumer_config, poll_past_unreadable
+        from monitor.sources.kafka_clients import new_consumer
 
         topic = self.settings.scale_out.partials_topic
         deadline = time.monotonic() + self.timeout
         if self._consumer is None:
             config = consumer_config(self.settings)
             config["client_id"] = f"{self.settings.kafka.client_id}-resume-{self.settings.scale_out.replica_id}"
-            self._consumer = KafkaConsumer(**config)
+            self._consumer = new_consumer(config)
             self._newest = {}
         consumer = self._consumer
         partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
@@ -227,16 +232,17 @@ class ManifestReader:
     def _in_log(self, offsets: Mapping[Partition, int]) -> set[Partition]:
         """The partitions whose log holds a record at ``offsets`` (read there): a broker may list an end
         below what it holds (tansu lists the base offset of the last batch, plus one)."""
-        from kafka import KafkaConsumer, TopicPartition
+        from kafka import TopicPartition
 
         from monitor.scaleout.intake import consumer_config, poll_past_unreadable
+        from monitor.sources.kafka_clients import new_consumer
 
         config = consumer_config(self.settings)
         config["client_id"] = f"{self.settings.kafka.client_id}-resume-check-{self.settings.scale_out.replica_id}"
         found: set[Partition] = set()
         consumer = None
         try:
-            consumer = KafkaConsumer(**config)
+            consumer = new_consumer(config)
             consumer.assign([TopicPartition(t, p) for t, p in sorted(offsets)])
             for (t, p), offset in offsets.items():
                 consumer.seek(TopicPartition(t, p), offset)

@@ -32,12 +32,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from monitor.config import Settings
-from monitor.daemon.counters import Tally
 from monitor.decoding.records import StreamKey
 from monitor.logs import RateLimitedLog
 from monitor.scaleout import signing
@@ -60,6 +58,10 @@ from monitor.scaleout.partials import (
 from monitor.state.reservoir import uniform_sample
 from monitor.state.stats import SufficientStats
 from monitor.state.window import WindowSnapshot
+from monitor.tally import Tally
+
+if TYPE_CHECKING:
+    from monitor.config import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -1,1 +1,1 @@
-"""The HTTP port: the bounded server, ``/metrics`` families, health, admin routes and credentials."""
+"""The HTTP port: the bounded server, health, admin routes and the client that calls them, credentials."""

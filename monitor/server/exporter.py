@@ -32,8 +32,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
+from monitor.redaction import mask_query_secrets
 from monitor.server.http_server import BoundedHttpServer, ConnectionLimits
-from monitor.server.security import AuthLimits, BasicAuth, bearer_matches, mask_query_secrets
+from monitor.server.security import AuthLimits, BasicAuth, bearer_matches
 
 logger = logging.getLogger(__name__)
 

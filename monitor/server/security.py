@@ -43,8 +43,6 @@ from monitor.errors import ConfigError
 ALGORITHM = "pbkdf2_sha256"
 MIN_TOKEN_LENGTH = 16
 # parts of a name that mark its value as secret (settings keys, kafka options, headers, query parameters)
-SECRET_WORDS = ("password", "passwd", "secret", "token", "key", "credential", "authorization", "sasl_oauth")
-_QUERY_SECRET = re.compile(r"([?&;]([^=&;\s\"]+)=)[^&;\s\"]*")
 DEFAULT_ITERATIONS = 600_000  # OWASP 2023 recommendation for PBKDF2-HMAC-SHA256
 MIN_ITERATIONS = 100_000
 _CACHE_LIMIT = 64  # remembered credentials that passed
@@ -209,22 +207,6 @@ def bearer_matches(header: str, token: str) -> bool:
     if scheme.lower() != "bearer" or not presented:
         return False
     return hmac.compare_digest(presented.strip().encode(), token.encode())
-
-
-def looks_secret(name: str) -> bool:
-    """Whether a setting, option, header or query parameter called ``name`` holds a secret whose value
-    must never be printed or logged (``sasl_plain_password``, ``ssl_keyfile``, ``Authorization``, ...)."""
-    lowered = name.lower()
-    return any(word in lowered for word in SECRET_WORDS)
-
-
-def mask_query_secrets(text: str) -> str:
-    """``text`` with the values of secret-looking URL query parameters replaced by ``***``.
-
-    >>> mask_query_secrets('"GET /admin/x?model=m&token=abc123&api_key=k HTTP/1.1" 401 13')
-    '"GET /admin/x?model=m&token=***&api_key=*** HTTP/1.1" 401 13'
-    """
-    return _QUERY_SECRET.sub(lambda m: m.group(1) + "***" if looks_secret(m.group(2)) else m.group(0), text)
 
 
 def is_loopback_host(host: str) -> bool:

@@ -10,6 +10,7 @@ from monitor.decoding.records import SourcePosition
 
 MessageKind = Literal["embeddings", "interactions"]
 Partition = tuple[str, int]  # (topic, partition)
+Offsets = dict[Partition, int]  # partition -> an offset (the last one a state reflects, or where to read next)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +69,7 @@ class Source:
         """Messages available within ``timeout`` seconds (possibly none)."""
         raise NotImplementedError
 
-    def commit(self, offsets: Mapping[tuple[str, int], int]) -> bool:
+    def commit(self, offsets: Mapping[Partition, int]) -> bool:
         """Record that state reflects everything up to and including these offsets.
 
         False when the commit was refused (it is retried with the next one)."""

@@ -6,38 +6,8 @@ them (the daemon decides what ``commit`` gets); the group's rebalances hand part
 the daemon's :class:`~monitor.sources.base.PartitionListener`; backpressure pauses fetching while
 polling goes on; lag, progress, errors and offset resets are exported under the same metric names.
 
-How librdkafka differs, and what that changes here:
-
-* Offsets: ``enable.auto.commit`` and ``enable.auto.offset.store`` are off; ``commit`` sends explicit
-  offsets synchronously. ``auto.offset.reset`` is ``error``: a position the broker answers as out of
-  range comes back from ``consume`` as an error, and the source resets it by
-  ``kafka.auto_offset_reset`` itself (logged, counted in ``embmon_source_offset_resets_total``, the
-  daemon's offsets for the partition replaced), as the kafka-python source does.
-* Rebalances: librdkafka runs ``on_assign``/``on_revoke``/``on_lost`` inside ``consume``, on the
-  daemon's poll thread, where blocking is allowed (heartbeats run on librdkafka's own threads, and
-  ``max.poll.interval.ms`` is not counted while a callback runs). Revoked or lost partitions are
-  handed off there (the daemon applies what was polled and checkpoints), then the returned offsets
-  are committed before the partitions move (not for lost ones). On assignment each partition starts
-  at ``max(checkpoint offset + 1, group committed offset)`` (:func:`~monitor.sources.kafka.seek_position`),
-  or by the policy when neither knows it. Nothing is committed from a start position until it is
-  verified (``sources/kafka_positions.py``'s rule): a fetch there returned records, or the high
-  watermark of a fetch there shows it within the log. A position past that end (which brokers such
-  as tansu answer with no records instead of an error) is reset as ``past_end``; one the broker
-  answers as out of range as ``before_start`` or ``past_end``. A topic recreated under the same name
-  is seen by these range checks only (the kafka-python source also compares topic ids).
-* Reconnects, codecs: librdkafka reconnects with its own backoff and decodes gzip, snappy, lz4 and
-  zstd natively (no Python codec packages). ``up`` follows librdkafka's statistics (every second: is
-  any broker connection up), turned False at once by an "all brokers down" error and True by any
-  fetch, watermark query or commit that succeeds.
-* Assignment strategy: the eager ones (librdkafka's default, range and roundrobin); a cooperative
-  strategy is refused (its callbacks hand over part of the assignment, which this source does not do).
-* Unreadable records (issue 27): confluent-kafka decodes header keys as UTF-8 when ``headers()`` is
-  called, and raises for one that is not; read inside the per-message guard, such a record reaches
-  the daemon as ``unreadable="bad_header"`` (counted in ``embmon_records_invalid_total`` and skipped),
-  and the rest of the poll is handed over (an exception there dropped the whole poll, whose
-  positions librdkafka had already moved past).
-* Security and tuning: ``kafka.options`` (kafka-python names) are translated to librdkafka properties
-  (``sources/kafka_options.py``); ``kafka.librdkafka`` sets any property on top.
+How librdkafka differs (offsets, rebalances on the poll thread, reconnects and codecs, the
+assignment strategy, unreadable records, settings): docs/operations.md, "How the librdkafka source differs".
 """
 
 from __future__ import annotations
@@ -52,22 +22,23 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from monitor.config import KafkaSettings
-from monitor.daemon.counters import Tally
 from monitor.decoding.records import SourcePosition
 from monitor.errors import ConfigError
 from monitor.sources.base import MessageKind, Partition, SourceMessage
-from monitor.sources.kafka import (
+from monitor.sources.kafka_options import LIBRDKAFKA_NAMES
+from monitor.sources.kafka_policy import (
     ERROR_REASONS,
     ISOLATION_LEVELS,
     OFFSET_RESET_POLICIES,
+    RESET_EXPLANATIONS,
+    RESET_REASONS,
     records_behind,
     seek_position,
     start_reason,
 )
-from monitor.sources.kafka_options import LIBRDKAFKA_NAMES
-from monitor.sources.kafka_positions import _WHY, RESET_REASONS
 from monitor.sources.reconnect import ConsumerReadings, LagReading, close_in_time
+from monitor.sources.settings import KafkaSettings
+from monitor.tally import Tally
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +63,7 @@ _headers: Callable[[Message], Any] = functools.partial(Message.headers)
 def librdkafka_config(settings: KafkaSettings) -> dict[str, Any]:
     """The librdkafka consumer properties: ours, ``kafka.options`` translated, then ``kafka.librdkafka``.
 
-    >>> from monitor.config import KafkaSettings
+    >>> from monitor.sources.settings import KafkaSettings
     >>> config = librdkafka_config(KafkaSettings(client="confluent", options={
     ...     "security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "u",
     ...     "sasl_plain_password": "p", "ssl_check_hostname": False}, librdkafka={"fetch.queue.backoff.ms": 10}))
@@ -319,7 +290,7 @@ class ConfluentSource(ConsumerReadings):
             "partition %s: cannot resume at offset %s: %s (the log's first offset is %d, its end %d). Resuming at "
             "offset %d (auto_offset_reset=%s); the offsets kept for the partition (checkpoint, group) are replaced; "
             "embmon_source_offset_resets_total{reason=\"%s\"} counts it",
-            key, "?" if offset is None else offset, _WHY[reason], low, high, target, self.policy, reason,
+            key, "?" if offset is None else offset, RESET_EXPLANATIONS[reason], low, high, target, self.policy, reason,
         )
         return target
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from monitor.config import FileSourceSettings
 from monitor.sources.base import Source, SourceMessage
+from monitor.sources.settings import FileSourceSettings
 
 logger = logging.getLogger(__name__)
 

@@ -9,42 +9,11 @@ broker answers) and its close run in threads of their own (:class:`BlockingCall`
 start-up nor a stop request waits for a broker: a bootstrap still running at shutdown is
 abandoned, a close that takes over ``CLOSE_TIMEOUT_SECONDS`` too (both logged).
 
-Transactions: the consumer reads with ``isolation_level="read_committed"`` unless
-``kafka.options.isolation_level`` says ``read_uncommitted``: what an aborted transaction wrote is
-not what the model's consumers see. Lag is measured from the consumer's position, which
-kafka-python moves past transaction markers, so a caught-up consumer reads 0.
-
-Positions are checked against the log (``monitor/sources/kafka_positions.py``): a resume position
-outside it, or a topic that was recreated, is logged, counted and reset by
-``kafka.auto_offset_reset``, and nothing is committed from a position not yet verified.
-
-Progress (``embmon_source_last_progress_timestamp_seconds``): per topic, the last time the
-consumer was caught up (lag 0) or applied records; a consumer with records behind that applies
-none (a poll stuck, a partition it cannot read) leaves it behind, which an alert watches.
-
-Rebalances (docs/operations.md, "Rebalances"): kafka-python 3 runs the rebalance listener on its
-IO thread, where blocking consumer calls are forbidden, so the listener is asynchronous:
-
-* revoked: the daemon's hand-off (apply what was polled, checkpoint) runs in a worker thread
-  while the listener awaits it without blocking heartbeats; then the offsets it returns are
-  committed before the partitions go to their new owner;
-* assigned: for every partition the checkpoint knows, the consumer seeks to
-  ``max(checkpoint offset + 1, group committed offset)`` and that position is committed for
-  visibility once a fetch there has shown it lies within the log; a partition that no offset
-  knows starts by ``kafka.auto_offset_reset``.
-
-Undecodable records (docs/operations.md, "Compression codecs"): a partition whose fetched records
-kafka-python cannot decompress (``UnsupportedCodecError``: the codec's library is not installed)
-is paused and retried with backoff, counted in ``embmon_source_errors_total{reason="unsupported_codec"}``
-and logged at ERROR once per codec, naming the package to install; ``up`` is False until it reads.
-The other partitions are read meanwhile.
-
-Unreadable records (issue 27): a record kafka-python cannot parse (a header key that is not UTF-8,
-a record whose structure is broken) reaches the daemon as a placeholder
-(``kafka_internals.read_unreadable_records``), counted in
-``embmon_records_invalid_total{reason="bad_header"|"corrupt_record"}`` and skipped like any invalid
-record: the records around it are read and the partition moves on. A batch that fails its checksum
-or its decompression is one ``corrupt_record`` placeholder at its last offset.
+Transactions, positions checked against the log, progress, rebalances (kafka-python runs the
+listener on its IO thread, so it is asynchronous), undecodable and unreadable records (a record
+kafka-python cannot parse becomes a placeholder counted ``bad_header`` or ``corrupt_record`` and
+skipped): docs/operations.md, "Transactions", "Offsets out of range", "Stalls", "Rebalances",
+"Compression codecs", "Which Kafka client".
 """
 
 from __future__ import annotations
@@ -61,12 +30,11 @@ from kafka import AsyncConsumerRebalanceListener, KafkaConsumer, TopicPartition
 from kafka.errors import KafkaConfigurationError, KafkaError, UnsupportedCodecError
 from kafka.structs import OffsetAndMetadata
 
-from monitor.config import KafkaSettings
-from monitor.daemon.counters import Tally
-from monitor.daemon.lifecycle import BlockingCall
+from monitor.blocking import BlockingCall
 from monitor.decoding.records import SourcePosition
 from monitor.errors import ConfigError
 from monitor.sources.base import MessageKind, Partition, SourceMessage
+from monitor.sources.kafka_clients import new_consumer
 from monitor.sources.kafka_internals import (
     any_broker_connected,
     close_failed_connect_sockets,
@@ -77,7 +45,16 @@ from monitor.sources.kafka_internals import (
     unreadable_reason,
     yield_to_loop,
 )
-from monitor.sources.kafka_positions import RESET_REASONS, PositionGuard, Reset, key_of
+from monitor.sources.kafka_policy import (
+    ERROR_REASONS,
+    ISOLATION_LEVELS,
+    OFFSET_RESET_POLICIES,
+    RESET_REASONS,
+    records_behind,
+    seek_position,
+    start_reason,
+)
+from monitor.sources.kafka_positions import PositionGuard, Reset, key_of
 from monitor.sources.reconnect import (
     CLOSE_TIMEOUT_SECONDS,
     MAX_BACKOFF_SECONDS,
@@ -86,49 +63,16 @@ from monitor.sources.reconnect import (
     LagReading,
     close_in_time,
 )
+from monitor.sources.settings import KafkaSettings
+from monitor.tally import Tally
 
 logger = logging.getLogger(__name__)
 
 HANDOFF_TIMEOUT_SECONDS = 60.0
 COMMIT_TIMEOUT_MS = 3_000  # a synchronous commit with no coordinator would otherwise retry for ever
-ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
-OFFSET_RESET_POLICIES = ("earliest", "latest")
-# embmon_source_errors_total{reason}: a fetched partition whose codec's library is missing; any
-# other error kafka-python raised from (or parked in) a poll
-ERROR_REASONS = ("unsupported_codec", "poll")
 # The PyPI package behind each codec kafka-python 3.0 decodes with a library (kafka/codec.py);
 # gzip is the standard library's.
 CODEC_PACKAGES = {"snappy": "python-snappy", "lz4": "lz4", "zstd": "zstandard"}
-
-
-def seek_position(checkpoint_offset: int | None, committed: int | None) -> int | None:
-    """Where to resume a partition: after what the checkpoint reflects, unless the group moved on.
-
-    ``checkpoint_offset`` is the last offset the restored state reflects; ``committed`` the
-    group's committed position (the next offset to read). The checkpoint is ahead after a crash
-    between a checkpoint and its commit; the group is ahead when another replica consumed the
-    partition after this state was saved (its records are in that replica's state, not ours).
-
-    >>> seek_position(99, 80), seek_position(99, 250), seek_position(99, None), seek_position(None, 7)
-    (100, 250, 100, None)
-    """
-    if checkpoint_offset is None:
-        return None
-    return max(checkpoint_offset + 1, committed if committed is not None and committed >= 0 else 0)
-
-
-def start_reason(committed: int | None, auto_offset_reset: str) -> str:
-    """Where a partition without checkpoint state starts, and why, for the start-up log.
-
-    >>> start_reason(120, "latest")
-    "starting at offset 120, the group's committed offset"
-    >>> start_reason(None, "earliest")
-    'no committed offset for this group: starting at the beginning (auto_offset_reset=earliest)'
-    """
-    if committed is not None:
-        return f"starting at offset {committed}, the group's committed offset"
-    where = "the beginning" if auto_offset_reset == "earliest" else "the end, skipping what is already there"
-    return f"no committed offset for this group: starting at {where} (auto_offset_reset={auto_offset_reset})"
 
 
 def codec_of(error: BaseException) -> str:
@@ -155,27 +99,6 @@ def codec_remedy(codec: str) -> str:
         return "kafka-python knows no such compression type: check what the producers write"
     return f"{codec}-compressed records need the Python package {package}: pip install {package} in the daemon's " \
         "environment, then restart"
-
-
-def records_behind(end: int, position: int, polled: tuple[int, int] | None, applied: int | None) -> int:
-    """Records of one partition not yet reflected in the state: those after the consumer's
-    position up to the log's ``end`` (the last stable offset under read_committed), plus those
-    polled (first and last offset since assignment) but not yet applied.
-
-    The position, not the last applied offset, is the start: kafka-python moves it past the
-    marker a committed or aborted transaction leaves (one offset, no record), so a consumer that
-    read everything is 0 behind, not 1.
-
-    >>> records_behind(13, 13, (0, 11), 11)  # 12 is a transaction marker
-    0
-    >>> records_behind(13, 13, (0, 11), 4), records_behind(20, 13, None, None), records_behind(10, 40, None, None)
-    (7, 7, 0)
-    """
-    queued = 0
-    if polled is not None:
-        first, last = polled
-        queued = max(0, last - max(applied if applied is not None else -1, first - 1))
-    return max(0, end - position) + queued
 
 
 @dataclass
@@ -340,7 +263,7 @@ class KafkaSource(ConsumerReadings):
         config = self.consumer_config()
 
         def bootstrap() -> KafkaConsumer | None:
-            consumer = KafkaConsumer(**config)
+            consumer = new_consumer(config)
             if self._closed:  # the source closed while this waited for a broker: nobody will use it
                 consumer.close(autocommit=False, timeout_ms=0)
                 return None

@@ -46,24 +46,16 @@ from typing import Any
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError, LogTruncationError, NoOffsetForPartitionError, OffsetOutOfRangeError
 
-from monitor.daemon.counters import Tally
 from monitor.sources.base import Partition
 from monitor.sources.kafka_internals import current_position, forget_highwater, topic_id
+from monitor.sources.kafka_policy import RESET_EXPLANATIONS
+from monitor.tally import Tally
 
 logger = logging.getLogger(__name__)
 
-# embmon_source_offset_resets_total{reason}
-RESET_REASONS = ("past_end", "before_start", "topic_recreated", "truncated")
 LIST_OFFSETS_TIMEOUT_MS = 5_000
 _OUT_OF_RANGE = "out_of_range"  # the broker said so; before_start or past_end once the range is known
 
-_WHY = {
-    "past_end": "it is past the log's end (the topic was deleted and recreated or truncated since the offset was "
-                "stored, or the stored offset is wrong)",
-    "before_start": "it is before the log's start (retention deleted records this consumer had not read)",
-    "topic_recreated": "the topic was deleted and created again, and the offsets kept for it belong to the old one",
-    "truncated": "the log diverges before it (an unclean leader election)",
-}
 
 
 @dataclass(frozen=True)
@@ -241,7 +233,8 @@ class PositionGuard:
                 "partition %s: cannot resume at %s: %s (the log's first offset is %d, its end %d%s). Resuming at "
                 "offset %d (%s); the offsets kept for the partition (checkpoint, group) are replaced; "
                 "embmon_source_offset_resets_total{reason=\"%s\"} counts it",
-                key_of(tp), where, _WHY[reason], begin, end, f"; {reset.detail}" if reset.detail else "", position,
+                key_of(tp), where, RESET_EXPLANATIONS[reason], begin, end,
+                f"; {reset.detail}" if reset.detail else "", position,
                 "where the logs agree" if reset.target is not None else f"auto_offset_reset={self.policy}", reason,
             )
             done[key_of(tp)] = position

@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from monitor.daemon.lifecycle import BlockingCall
+from monitor.blocking import BlockingCall
 from monitor.sources.base import MessageKind, Partition, Source
 
 logger = logging.getLogger(__name__)

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
-from monitor.config import SyntheticInteractions, SyntheticPhase, SyntheticSourceSettings
 from monitor.sources.base import Source, SourceMessage
+from monitor.sources.settings import SyntheticInteractions, SyntheticPhase, SyntheticSourceSettings
 
 BATCH_WAIT_SECONDS = 0.1  # the longest a record waits for its batch to fill
 

@@ -11,13 +11,15 @@ import threading
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from monitor.config import Settings
 from monitor.decoding.records import EmbeddingBatch, StreamKey
 from monitor.devices import use_cuda
 from monitor.state import checks
 from monitor.state.window import SlidingWindow, WindowSnapshot
+
+if TYPE_CHECKING:
+    from monitor.config import Settings
 
 
 @dataclass

@@ -27,7 +27,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from monitor.daemon.counters import Tally
+from monitor.tally import Tally
 
 logger = logging.getLogger(__name__)
 

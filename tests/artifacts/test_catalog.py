@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import re
 from pathlib import Path
 
@@ -97,3 +99,38 @@ def test_a_misdeclared_metric_is_refused() -> None:
         catalog.gauge("embmon_no_such_metric")
     with pytest.raises(TypeError, match="declared as a counter"):
         catalog.gauge("embmon_records_total")
+
+
+def _computing_code(target: str) -> object:
+    """What ``module:qualname`` names: the module imported, then each attribute of the qualname."""
+    module_name, _, qualname = target.partition(":")
+    found: object = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(catalog.CATALOG))
+def test_every_metric_names_the_code_that_computes_it_and_that_code_exists(name: str) -> None:
+    """One hop from a number to its code: the target imports, is a function (or a property), and is
+    defined where it says, not re-exported there."""
+    spec = catalog.spec(name)
+    module_name = spec.code.partition(":")[0]
+    target = _computing_code(spec.code)
+    function = target.fget if isinstance(target, property) else getattr(target, "__func__", target)  # classmethod
+    assert inspect.isfunction(function), (name, spec.code, target)
+    assert function.__module__ == module_name, (name, spec.code, function.__module__)
+
+
+def test_every_metric_section_of_the_docs_names_its_computing_code() -> None:
+    text = DOCS.read_text()
+    sections = re.split(r"\n### ", text)[1:]
+    named = [s for s in sections if re.search(r"^\*Declared:\*.* · computed by `monitor(\.\w+)+:[\w.]+`$", s, re.M)]
+    assert len(sections) == len(named) > 100, (len(sections), len(named))
+
+
+def test_a_target_that_does_not_exist_is_caught() -> None:
+    with pytest.raises(AttributeError):
+        _computing_code("monitor.quality.intrinsic:no_such_function")
+    with pytest.raises(ValueError, match="module:qualname"):
+        catalog.MetricSpec("embmon_x", "gauge", "x", code="monitor/quality/intrinsic.py")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from typing import Any
@@ -12,7 +13,7 @@ import yaml
 from monitor.artifacts import dashboards as dash
 from monitor.artifacts import generate
 from monitor.artifacts.catalog import METRICS, referenced_metrics
-from monitor.artifacts.panels import panel_queries
+from monitor.artifacts.panels import BEYOND_THE_SDK, decoded, panel_queries
 from monitor.artifacts.rules import build_rules
 from tests.support.paths import REPO
 
@@ -37,6 +38,35 @@ def test_committed_dashboards_equal_the_generator_output() -> None:
     assert committed() == generated
     for stem in generated:
         assert (DIR / f"{stem}.json").read_text(encoding="utf-8") == generate.render()[f"dashboards/{stem}.json"]
+
+
+def within_the_sdk(board: dict[str, Any]) -> dict[str, Any]:
+    """``board`` less the few fields the SDK cannot express (panels.BEYOND_THE_SDK)."""
+    out = copy.deepcopy(board)
+    for annotation in out["annotations"]["list"]:
+        for key in BEYOND_THE_SDK.get(annotation["name"], {}):
+            del annotation[key]
+    return out
+
+
+@pytest.mark.parametrize("stem", sorted(EXPECTED_UIDS))
+def test_every_dashboard_is_valid_against_the_grafana_sdks_schema(stem: str) -> None:
+    """Decoded by the SDK's typed models (the dashboard, and each panel's own options and field config
+    through the SDK's panel plugins), nothing is lost but the documented Prometheus annotation options."""
+    board = committed()[stem]
+    assert decoded(board) == within_the_sdk(board)
+    (annotation,) = [a for a in board["annotations"]["list"] if a["name"] in BEYOND_THE_SDK]
+    assert set(BEYOND_THE_SDK[annotation["name"]]) <= set(annotation)  # and the hand-written part is there
+
+
+def test_a_field_or_a_panel_option_the_schema_does_not_know_is_caught() -> None:
+    board = within_the_sdk(committed()["embedding-monitor-overview"])
+    assert decoded(board) == board
+    places = (lambda b: b["panels"][0], lambda b: b["panels"][-1]["options"], lambda b: b["templating"]["list"][1])
+    for place in places:  # a panel, a time series panel's options, a variable
+        edited = copy.deepcopy(board)
+        place(edited)["showEverything"] = True
+        assert decoded(edited) == board != edited  # the schema has no such field: decoding drops it
 
 
 def test_uids_are_stable_unique_and_dashboards_tagged() -> None:

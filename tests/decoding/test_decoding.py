@@ -9,8 +9,8 @@ import numpy as np
 import orjson
 import pytest
 
-from monitor.config import LimitSettings
 from monitor.decoding.decoder import REASONS, Decoder
+from monitor.decoding.settings import LimitSettings
 
 
 def event(model: str = "m", dim: int = 4, rid: str = "a", **extra: object) -> bytes:

@@ -18,9 +18,10 @@ from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.config import LimitSettings, load_settings
+from monitor.config import load_settings
 from monitor.daemon.service import Monitor
 from monitor.decoding.decoder import REASONS, Decoder, DecodeResult
+from monitor.decoding.settings import LimitSettings
 from monitor.sources.base import SourceMessage
 from tests.support import daemons
 

@@ -12,10 +12,11 @@ import numpy as np
 import orjson
 import pytest
 
-from monitor.config import LimitSettings, load_settings
+from monitor.config import load_settings
 from monitor.decoding.decoder import Decoder
 from monitor.decoding.json_workers import JsonWorkerPool
 from monitor.decoding.records import SourcePosition
+from monitor.decoding.settings import LimitSettings
 from monitor.sources.base import Source, SourceMessage
 from tests.support import daemons
 from tests.support.waiting import wait_until

@@ -33,6 +33,7 @@ from monitor.artifacts.thresholds import Thresholds
 from monitor.config import load_settings
 from monitor.daemon.service import Monitor
 from monitor.scaleout.reducer import Reducer
+from monitor.scaleout.replica import Replica
 from tests.support.artifact_queries import all_queries, sources, substitute, unanswered
 from tests.support.broker import Broker, free_port, kafka_daemon_overrides
 from tests.support.prometheus import PrometheusServer
@@ -102,7 +103,7 @@ def deployment(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iter
     broker.create_topics(partials, partitions=1)
     ports = [free_port() for _ in range(3)]
     replicas = [
-        Monitor(load_settings(overrides=overrides(broker, topic, partials, tmp / f"replica-{i}", ports[i],
+        Replica(load_settings(overrides=overrides(broker, topic, partials, tmp / f"replica-{i}", ports[i],
                                                   role="replica", replica_id=f"replica-{i}")))
         for i in range(2)
     ]

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
-from monitor.cli.main import main
+from monitor.cli.main import ROLES, main, role_class
 from monitor.config import ConfigError, load_settings
 from monitor.daemon.service import Monitor
 from monitor.scaleout.reducer import Reducer
-from monitor.scaleout.settings import default_replica_id
+from monitor.scaleout.replica import Replica
+from monitor.scaleout.settings import Role, default_replica_id
 
 
 def test_single_is_the_default_and_a_replica_id_defaults_to_the_host_name() -> None:
@@ -42,7 +44,15 @@ def test_a_replica_id_must_be_a_label_value() -> None:
 def test_a_replica_needs_kafka_and_checkpoints(overrides: dict, message: str, tmp_path: Path) -> None:  # type: ignore[type-arg]
     settings = load_settings(overrides={"scale_out": {"role": "replica"}, "state_dir": str(tmp_path), **overrides})
     with pytest.raises(ConfigError, match=message):
-        Monitor(settings)
+        Replica(settings)
+
+
+def test_each_role_is_built_by_the_class_the_cli_names_for_it(tmp_path: Path) -> None:
+    assert {role: role_class(role) for role in ROLES} == {"single": Monitor, "replica": Replica, "reducer": Reducer}
+    assert set(ROLES) == set(get_args(Role))
+    replica = load_settings(overrides={"scale_out": {"role": "replica"}, "state_dir": str(tmp_path)})
+    with pytest.raises(ConfigError, match="scale_out.role replica is not built by Monitor"):
+        Monitor(replica)  # the single daemon never turns into a replica by itself
 
 
 def test_a_reducer_reads_kafka_and_a_topic_of_its_own(tmp_path: Path) -> None:

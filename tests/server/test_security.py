@@ -16,8 +16,9 @@ import pytest
 import yaml
 
 from monitor.config import ConfigError, load_settings
-from monitor.daemon.service import Monitor, http_security
+from monitor.daemon.service import Monitor
 from monitor.server.security import hash_password, verify_password
+from monitor.server.settings import http_security
 from tests.support import daemons
 from tests.support.paths import K8S, REPO
 from tests.support.tls import self_signed
@@ -286,8 +287,8 @@ def test_credentials_on_plain_http_beyond_loopback_are_warned_about(
     cert, key = self_signed(tmp_path)
     for quiet in ({"host": "127.0.0.1", "admin_token": TOKEN}, {"admin_token": TOKEN, "tls_certfile": str(cert),
                                            "tls_keyfile": str(key)}):
-        with caplog.at_level(logging.WARNING, logger="monitor.daemon.service"):
-            http_security(load_settings(overrides={"http": quiet}))  # what both daemons call at start
+        with caplog.at_level(logging.WARNING, logger="monitor.server.settings"):
+            http_security(load_settings(overrides={"http": quiet}).http)  # what both daemons call at start
     assert "clear text" not in caplog.text
 
 

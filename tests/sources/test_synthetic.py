@@ -6,8 +6,8 @@ import numpy as np
 import orjson
 import pytest
 
-from monitor.config import SyntheticSourceSettings
 from monitor.quality.intrinsic import report_from_matrix
+from monitor.sources.settings import SyntheticSourceSettings
 from monitor.sources.synthetic import SyntheticSource
 
 DIM = 64

@@ -26,6 +26,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from monitor.cli.main import role_class
 from monitor.config import Settings
 from monitor.daemon.service import Daemon, Monitor
 from monitor.scaleout.reducer import Reducer
@@ -57,8 +58,9 @@ def stopped_after(daemon: D) -> Iterator[D]:
 
 @contextlib.contextmanager
 def monitor(settings: Settings, **kwargs: Any) -> Iterator[Monitor]:
-    """A running ``Monitor(settings, **kwargs)`` (``source``, ``clock``, ``component_factories``)."""
-    with running(Monitor(settings, **kwargs)) as daemon:
+    """A running ``Monitor(settings, **kwargs)`` (``source``, ``clock``, ``component_factories``), or the
+    role built on it that ``scale_out.role`` names (cli/main.py's ``ROLES``: a replica)."""
+    with running(role_class(settings.scale_out.role)(settings, **kwargs)) as daemon:
         yield daemon
 
 

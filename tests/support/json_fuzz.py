@@ -9,8 +9,8 @@ from typing import TypeVar
 
 from hypothesis import strategies as st
 
-from monitor.config import LimitSettings
 from monitor.decoding.labels import LABEL_VALUE_RE
+from monitor.decoding.settings import LimitSettings
 
 LIMITS = LimitSettings(max_message_bytes=256 * 1024, max_dimension=64, max_rows_per_message=50)
 DIMS = {"m1": 4, "m2": 3}

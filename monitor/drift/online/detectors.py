@@ -6,15 +6,9 @@ the reference centroid and ``norm``, standardised with the reference's own sprea
 :mod:`monitor.drift.online.signals`) and say *when* something changed, within seconds. The detector kinds,
 their parameter names and our defaults are in :mod:`monitor.drift.online.detector_kinds`.
 
-Throughput. river's detectors are per-value Python (ADWIN ~3 µs, Page–Hinkley ~0.6 µs, KSWIN
-~280 µs per value on one core of the development machine). Per-record feeding of two signals
-into all three would cap ingest near 2k records/s, so records are fed as means of ``aggregate``
-consecutive records (default 64), rescaled by ``sqrt(aggregate)`` so the detectors still see
-unit variance under no drift. A mini-batch mean is a better-resolved observation (the noise
-shrinks by ``sqrt(aggregate)`` while a mean shift does not), so detection delay measured in
-*updates* falls, but each update stands for ``aggregate`` records: delay in records is about
-``aggregate`` × delay in updates, with a floor of one mini-batch. ``aggregate=1`` feeds every
-record. Measured numbers are in docs/drift.md.
+Records are fed as means of ``aggregate`` consecutive records (default 64, ``aggregate=1`` feeds
+each one), rescaled by ``sqrt(aggregate)`` so the detectors still see unit variance under no drift.
+Why, with river's measured per-value costs: docs/benchmarks.md, "Online change detectors".
 """
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.metrics_core import Metric
 
 from monitor.component import Component, MonitorContext, ScheduledJob
-from monitor.config import ConfigError
 from monitor.decoding.records import EmbeddingBatch, InteractionEvent
+from monitor.errors import ConfigError
 from monitor.logs import RateLimitedLog
 from monitor.retrieval.probes.base import Probe, ProbeResult
 from monitor.retrieval.probes.deadline import ProbeDeadline, ProbeTimeout

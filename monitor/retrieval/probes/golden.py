@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from monitor.config import LABEL_VALUE_RE
 from monitor.deadline import Deadline
+from monitor.decoding.labels import LABEL_VALUE_RE
 from monitor.retrieval.metrics import RankedResults, evaluate
 from monitor.retrieval.probes.base import ConfiguredProbe, ProbeResult, identified_rows, summarise
 from monitor.retrieval.probes.deadline import ProbeError
