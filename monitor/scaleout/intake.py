@@ -344,12 +344,16 @@ class PartialsReader:
 
     def apply(self, polled: dict[Any, list[Any]]) -> None:
         """Apply one poll's records (apply lock held), in partition order."""
+        from monitor.sources.kafka_internals import unreadable_reason  # kafka-python, as the consumer is
+
         interactions: list[RawMessage] = []
         positions: dict[Partition, int] = {}
         for tp, records in polled.items():
             for record in records:
                 if isinstance(record, Unreadable):
-                    self._unreadable(tp, record)
+                    self._unreadable(tp, record.offset, "corrupt_record", record.error)
+                elif (reason := unreadable_reason(record.headers)) is not None:  # read_unreadable_records' placeholder
+                    self._unreadable(tp, record.offset, reason, reason)
                 elif tp.topic == self.partials_topic:
                     self._apply_partial(record.key, record.value, record.headers or (),
                                         (tp.topic, tp.partition, record.offset))
@@ -365,13 +369,15 @@ class PartialsReader:
                 positions[partition] = min(positions[partition], first - 1)
         self.offsets.mark_applied(positions)
 
-    def _unreadable(self, tp: Any, record: Unreadable) -> None:
+    def _unreadable(self, tp: Any, offset: int, reason: str, error: str) -> None:
+        """A record the Kafka client could not read (a header key that is not UTF-8, a broken batch):
+        counted ``corrupt`` on the partials topic, by its reason on the interactions topic, and skipped."""
         if tp.topic == self.partials_topic:
             self.table.ignored.add("corrupt")
         else:
-            self.invalid.add((OVERFLOW_STREAM, "bad_header"))
+            self.invalid.add((OVERFLOW_STREAM, reason))
         self._log.warning("unreadable", "skipping the record at offset %d of %s/%d: the Kafka client cannot read "
-                          "it (%s)", record.offset, tp.topic, tp.partition, record.error)
+                          "it (%s)", offset, tp.topic, tp.partition, error)
 
     def _apply_partial(
         self, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]], at: tuple[str, int, int]

@@ -31,12 +31,11 @@ from monitor.state.registry import StateRegistry
 from tests.support import daemons
 from tests.support.broker import Broker, kafka_daemon_overrides
 from tests.support.logs import tracebacks
-from tests.support.producers import KnownSequence
+from tests.support.producers import KnownSequence, RawHeaderKey
 from tests.support.scaleout import (
     WINDOW,
     MemoryProducer,
     PartialsRecord,
-    RawHeaderKey,
     chunk_record,
     forged_partial,
     huge_capacity,
@@ -105,7 +104,7 @@ def forgeries(topic: str, key_file: Path) -> list[tuple[PartialsRecord, str]]:
         (tree(nan_alignment), "corrupt"),  # a NaN alignment_sum
         (signed(keys, chunk_record("replica-a", "bin", "default", head + 10**6, epoch, b"x" * 64, "0/2")),
          "clock_skew"),  # a far-future incomplete chunk
-        ((b'["subwindow","replica-a","bin","default",1,0]', b"x", [(RawHeaderKey("k"), b"v")]), "corrupt"),
+        ((b'["subwindow","replica-a","bin","default",1,0]', b"x", [(RawHeaderKey(b"\xff\xfe"), b"v")]), "corrupt"),
     ]
 
 
@@ -200,7 +199,7 @@ def test_the_resume_reader_moves_past_an_unreadable_record_and_caps_offsets_at_t
     for i in range(5, 10):  # one batch: offsets 5-9, listed end 6
         producer.send(topic, b"x%d" % i, partition=0)
     producer.flush()
-    records = [((b'["manifest","r9"]', b"{}", [(RawHeaderKey("k"), b"v")]))]
+    records = [((b'["manifest","r9"]', b"{}", [(RawHeaderKey(b"\xff\xfe"), b"v")]))]
     epoch = int(time.time() * 1e9)
     records += [manifest_record("r1", epoch, geometry(), offsets={(topic, 0): 699, (topic, 1): 3}),
                 manifest_record("r2", epoch, geometry(), offsets={(topic, 0): 8})]

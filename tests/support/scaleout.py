@@ -277,14 +277,6 @@ def reducer(tmp_path: Path, now: list[float], extra: dict[str, Any] | None = Non
 PartialsRecord = tuple[bytes, "bytes | None", list[tuple[str, bytes]]]
 
 
-class RawHeaderKey(str):
-    """A header key kafka-python's producer writes as bytes that are not UTF-8 (its own check takes
-    any ``str``; readers then cannot decode the record)."""
-
-    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
-        return b"\xff\xfe"
-
-
 def partial_tree(records: list[PartialsRecord]) -> tuple[bytes, dict[str, Any], list[np.ndarray]]:
     """The key and the decoded tree (with its arrays) of the first single-chunk sub-window in ``records``."""
     for key, payload, headers in records:
