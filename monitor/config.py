@@ -23,6 +23,7 @@ from monitor.canary.settings import CanarySettings
 from monitor.decoding.labels import LABEL_VALUE_RE
 from monitor.drift.settings import DaemonDriftSettings
 from monitor.errors import ConfigError  # re-exported: ``monitor.config.ConfigError``
+from monitor.index.settings import IndexSettings
 from monitor.quality.settings import IntrinsicSettings
 from monitor.retrieval.settings import ProbeSettings
 from monitor.scaleout.settings import ScaleOutSettings
@@ -339,6 +340,7 @@ class Settings(BaseSettings):
     probes: ProbeSettings = Field(default_factory=ProbeSettings)
     drift: DaemonDriftSettings = Field(default_factory=DaemonDriftSettings)  # docs/drift.md
     canaries: CanarySettings = Field(default_factory=CanarySettings)  # docs/canaries.md
+    index: IndexSettings = Field(default_factory=IndexSettings)  # index probes: docs/index.md
     limits: LimitSettings = Field(default_factory=LimitSettings)
     decoding: DecodingSettings = Field(default_factory=DecodingSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
