@@ -232,8 +232,8 @@ class IndexProbe:
                 continue
             denominator = float(np.linalg.norm(vector) * np.linalg.norm(current))
             cosines.append(float(vector @ current) / denominator if denominator > 0 else math.nan)
-        c = np.asarray(cosines, dtype=np.float64)
-        c = c[np.isfinite(c)]
+        # a stored zero or NaN row has no cosine: it is not the current vector, so it counts as stale
+        c = np.nan_to_num(np.asarray(cosines, dtype=np.float64), nan=-1.0, posinf=-1.0, neginf=-1.0)
         stale = int(np.count_nonzero(c < 1.0 - spec.tolerance))
         due = [ident for ident, _, seen in tracked if seen <= now - spec.grace_seconds]
         missing = sum(1 for ident in due if ident not in stored)
