@@ -16,8 +16,8 @@ import pytest
 
 from monitor.config import load_settings
 from tests.support import daemons
-from tests.support.broker import free_port
 from tests.support import vectorstores as vs
+from tests.support.broker import free_port
 from tests.support.scrape import scrape, value
 from tests.support.waiting import wait_until
 

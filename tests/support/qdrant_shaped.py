@@ -25,7 +25,7 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args: Any) -> None:  # quiet
         pass
 
-    def do_POST(self) -> None:  # noqa: N802 - the http.server hook
+    def do_POST(self) -> None:
         raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         if self.server.body is not None:
             return self._send(200, self.server.body)
