@@ -291,7 +291,7 @@ def _band(metric: str, title: str, desc: str) -> Panel:
 def retrieval(rules: RuleSet) -> dict[str, Any]:
     del rules
     titles = {metric: f"{RETRIEVAL_TITLES[metric]}@k" for metric in PROBE_METRIC_FAMILIES}
-    panels = [
+    panels: list[Panel | Row] = [
         _band(f"embmon_retrieval_{metric}", titles[metric], f"{titles[metric]} from the probe's labelled queries.")
         for metric in PROBE_METRIC_FAMILIES
     ]

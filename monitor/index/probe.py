@@ -117,7 +117,10 @@ class IndexProbe:
         spec = self.spec
         ledger = _Ledger()
         queries = self.buffer.recent(now) + self.golden
-        per_query = 2 + (1 if spec.attribution and self.connector.supports_quantized else 0)
+        # exact searches one query costs: its exact answer, and with attribution the quantized exact
+        # answer and (for a filtered query) the unfiltered exact twin
+        per_query = 1 + (1 if spec.attribution and self.connector.supports_quantized else 0) + (
+            1 if spec.attribution and any(q.filter for q in queries) else 0)
         picked = draw(queries, max(1, spec.budget.exact_searches // per_query),
                       spec.queries.scope_field, spec.queries.min_per_scope, self.rng)
         outcomes: list[QueryOutcome] = []

@@ -144,3 +144,19 @@ def test_a_query_of_another_dimension_is_refused_as_dimension(lance: dict[str, A
 
 def test_filter_literals_are_quoted() -> None:
     assert literal("o'brien") == "'o''brien'" and literal(True) == "true" and literal(3) == "3"
+
+
+def test_the_probe_sees_rows_written_after_it_opened_the_table(tmp_path: Path) -> None:
+    rows = vs.unit_rows(300, D, seed=9)
+    ids = [f"d{i}" for i in range(300)]
+    table = vs.load_lance(tmp_path, "docs", ids[:30], rows[:30])
+    spec = spec_for({"uri": str(tmp_path)}, filter_columns=[])
+    probe = IndexProbe(spec, LanceDbConnector(spec.lancedb))  # type: ignore[arg-type]
+    probe.sketch.add(ids, rows, now=-10.0)
+    assert probe.run(Deadline.after(60), now=0.0).census.sampled == 30  # type: ignore[union-attr]
+    import pyarrow as pa
+
+    table.add(pa.table({"id": ids[30:], "tenant": ["t0"] * 270, "body": ["x"] * 270,
+                        "vector": pa.FixedSizeListArray.from_arrays(pa.array(rows[30:].ravel()), D)}))
+    census = probe.run(Deadline.after(60), now=0.0).census  # the application wrote on: the probe reads on
+    assert census is not None and census.sampled == 300 and census.missing == 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -82,7 +83,10 @@ class LanceDbConnector(Connector):
         import pyarrow as pa
 
         try:
-            table = lancedb.connect(self.settings.uri).open_table(self.settings.table)
+            # read_consistency_interval 0: every read sees the table's latest version, as the
+            # application's writers left it (the default never looks past the version at open)
+            table = lancedb.connect(self.settings.uri, read_consistency_interval=timedelta(0)).open_table(
+                self.settings.table)
             schema = table.schema
         except Exception as exc:  # noqa: BLE001 - the engine's own exceptions, classified
             raise classify(exc) from None

