@@ -80,8 +80,10 @@ class DemoIndexer(Component):
                 self._pending[ident] = row
 
     def incident(self) -> bool:
-        """Whether the re-index with the other model is under way now."""
-        at = (self.context.clock() - self._started) % self.period if self.period > 0 else 0.0
+        """Whether the re-index with the other model is under way now (never when ``period`` is 0)."""
+        if self.period <= 0:
+            return False
+        at = (self.context.clock() - self._started) % self.period
         return INCIDENT[0] <= at < INCIDENT[1]
 
     def write(self) -> None:
