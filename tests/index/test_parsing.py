@@ -43,7 +43,7 @@ json_values = st.recursive(
               st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20)),
     lambda inner: st.one_of(st.lists(inner, max_size=5), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
     max_leaves=15)
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @FUZZ
