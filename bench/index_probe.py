@@ -302,7 +302,8 @@ def part_ingest(args: argparse.Namespace) -> None:
     from tests.support.broker import Broker
 
     rows = args.ingest_rows
-    with tempfile.TemporaryDirectory() as tmp, Broker() as broker:
+    broker = Broker().start()
+    with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         table_ids = [f"d{i}" for i in range(5000)]
         vs.load_lance(root / "lance", "docs", table_ids, vs.unit_rows(5000, 384), partitions=None)
@@ -323,6 +324,7 @@ def part_ingest(args: argparse.Namespace) -> None:
         ratio = np.mean(rates["with"]) / np.mean(rates["without"])
         pairs = [w / o for w, o in zip(rates["with"], rates["without"], strict=True)]
         print(f"  with / without: {ratio:.3f} (per alternated pair: {', '.join(f'{p:.3f}' for p in pairs)})")
+    broker.stop()
 
 
 def main() -> None:
