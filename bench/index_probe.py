@@ -25,7 +25,8 @@ Parts (each prints its table):
   stream (the MiniLM vectors), repeated over ``--stale-reps`` random id subsets: coverage of the
   Wilson interval, and the same on a clean table (the alert's condition must stay false);
 * ``ingest``: bench/ingest.py's daemon on a real broker, JSON d = 384 with ids, without and with an
-  index probe (LanceDB, every second, the census hashing every id), alternated: the rate ratio.
+  index probe (LanceDB, every ``--ingest-interval`` seconds, the census hashing every id),
+  alternated: the rate ratio.
 """
 
 from __future__ import annotations
@@ -308,7 +309,8 @@ def part_ingest(args: argparse.Namespace) -> None:
         table_ids = [f"d{i}" for i in range(5000)]
         vs.load_lance(root / "lance", "docs", table_ids, vs.unit_rows(5000, 384), partitions=None)
         probe = {"index": {"probes": [{
-            "name": "bench", "model": "bench", "engine": "lancedb", "interval_seconds": 1.0, "timeout_seconds": 30,
+            "name": "bench", "model": "bench", "engine": "lancedb", "interval_seconds": args.ingest_interval,
+            "timeout_seconds": 30,
             "budget": {"exact_searches": 50, "census_rows": 2000},
             "census": {"tracked_ids": 2000, "grace_seconds": 0, "hub_queries": 5, "degenerate_rows": 50},
             "lancedb": {"uri": str(root / "lance"), "table": "docs"}}]}}
@@ -337,6 +339,8 @@ def main() -> None:
     parser.add_argument("--stale-reps", type=int, default=30)
     parser.add_argument("--ingest-rows", type=int, default=150_000)
     parser.add_argument("--ingest-reps", type=int, default=2)
+    parser.add_argument("--ingest-interval", type=float, default=30.0,
+                        help="the probe's interval in the ingest part (1 s: a cycle always running)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     args.ef = args.ef or [10, 12, 14, 16, 20, 24, 32, 40, 60, 80]

@@ -190,7 +190,7 @@ def test_a_failing_engine_is_counted_by_reason_logged_once_and_backed_off(
     component.close()
 
 
-def test_permission_and_statement_timeout(small_pg: dict[str, Any], tmp_path: Path) -> None:
+def test_permission_statement_timeout_and_a_scrape_during_a_blocked_cycle(small_pg: dict[str, Any], tmp_path: Path) -> None:
     pg = small_pg
     with psycopg.connect(pg["uri"], autocommit=True) as admin:
         admin.execute("DROP ROLE IF EXISTS reader")
@@ -201,7 +201,7 @@ def test_permission_and_statement_timeout(small_pg: dict[str, Any], tmp_path: Pa
         assert errors(component) == {"permission": 1}
         component.close()
 
-        component = component_for(spec_for(pg["uri"], pg["table"], statement_timeout_ms=200), tmp_path)
+        component = component_for(spec_for(pg["uri"], pg["table"], statement_timeout_ms=20_000), tmp_path)
         probe = component.probes["pg"]
         for q in queries(pg, 20):
             probe.buffer.add(q, component.context.clock())
@@ -214,6 +214,28 @@ def test_permission_and_statement_timeout(small_pg: dict[str, Any], tmp_path: Pa
                 locked.set()
                 release.wait(30)
 
+        holder = threading.Thread(target=hold_lock)
+        holder.start()
+        cycle = threading.Thread(target=component.run_probe, args=("pg",))
+        try:
+            assert locked.wait(30)
+            cycle.start()
+            # the cycle waits on the lock (up to its 20 s statement timeout): a scrape does not
+            samples = collect(component)
+            assert cycle.is_alive()
+            assert samples[("embmon_index_probe_runs_total", frozenset({("probe", "pg"), ("outcome", "success")}))] == 0
+        finally:
+            release.set()
+            holder.join()
+            cycle.join()
+        assert component.snapshot.runs[("pg", "success")] == 1  # the lock went, the cycle finished
+        component.close()
+
+        component = component_for(spec_for(pg["uri"], pg["table"], statement_timeout_ms=200), tmp_path)
+        for q in queries(pg, 20):
+            component.probes["pg"].buffer.add(q, component.context.clock())
+        locked.clear()
+        release.clear()
         holder = threading.Thread(target=hold_lock)
         holder.start()
         try:
