@@ -190,7 +190,9 @@ def test_a_failing_engine_is_counted_by_reason_logged_once_and_backed_off(
     component.close()
 
 
-def test_permission_statement_timeout_and_a_scrape_during_a_blocked_cycle(small_pg: dict[str, Any], tmp_path: Path) -> None:
+def test_permission_statement_timeout_and_a_scrape_during_a_blocked_cycle(
+    small_pg: dict[str, Any], tmp_path: Path
+) -> None:
     pg = small_pg
     with psycopg.connect(pg["uri"], autocommit=True) as admin:
         admin.execute("DROP ROLE IF EXISTS reader")
