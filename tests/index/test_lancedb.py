@@ -160,3 +160,26 @@ def test_the_probe_sees_rows_written_after_it_opened_the_table(tmp_path: Path) -
                         "vector": pa.FixedSizeListArray.from_arrays(pa.array(rows[30:].ravel()), D)}))
     census = probe.run(Deadline.after(60), now=0.0).census  # the application wrote on: the probe reads on
     assert census is not None and census.sampled == 300 and census.missing == 0
+
+
+@pytest.mark.slow
+def test_census_with_an_encoder_re_embeds_the_stored_text(tmp_path: Path) -> None:
+    """census.encoder: the stored text re-embedded by the current model (MiniLM) is the reference."""
+    from tests.support.realdata import minilm_encode, minilm_path
+
+    texts = [f"text of d{i}" for i in range(200)]
+    current = np.asarray(minilm_encode(tuple(texts), normalize=True), dtype=np.float32)
+    stored = current.copy()
+    stored[:20] = current[:20] @ random_rotation(current.shape[1], seed=5).astype(np.float32)  # an old generation
+    vs.load_lance(tmp_path, "docs", [f"d{i}" for i in range(200)], stored)  # body = "text of <id>"
+    spec = IndexProbeSpec.model_validate({
+        "name": "enc", "model": "m", "engine": "lancedb", "budget": {"census_rows": 500},
+        "census": {"encoder": {"path": minilm_path()}, "grace_seconds": 0, "hub_queries": 0},
+        "lancedb": {"uri": str(tmp_path), "table": "docs", "text_column": "body"}})
+    from monitor.index.component import build_probe
+
+    probe = build_probe(spec)
+    probe.sketch.add([f"d{i}" for i in range(200)], np.ones((200, current.shape[1]), np.float32), now=-1.0)
+    census = probe.run(Deadline.after(120), now=0.0).census  # the sketch's own vectors are not used
+    assert census is not None and census.sampled == 200
+    assert census.stale.mean == pytest.approx(0.1)
