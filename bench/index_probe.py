@@ -157,8 +157,9 @@ def true_recall(connector: PgvectorConnector, ids: np.ndarray, pool: np.ndarray,
 
 # ---------------------------------------------------------------------- parts
 def part_recall(uri: str, docs: np.ndarray, ids: np.ndarray, pool: np.ndarray, args: argparse.Namespace) -> None:
-    print("\n== recall: estimate vs true recall@10 over the whole pool (HNSW m=8, ef_construction=24) ==")
-    vs.load_pg(uri, "docs_weak", ids.tolist(), docs, index="hnsw", m=8, ef_construction=24)
+    m, efc = args.graph
+    print(f"\n== recall: estimate vs true recall@10 over the whole pool (HNSW m={m}, ef_construction={efc}) ==")
+    vs.load_pg(uri, "docs_weak", ids.tolist(), docs, index="hnsw", m=m, ef_construction=efc)
     truth = exact_top(docs, pool)
     scan, per_query = {}, {}
     for ef in args.ef:
@@ -167,7 +168,7 @@ def part_recall(uri: str, docs: np.ndarray, ids: np.ndarray, pool: np.ndarray, a
         scan[ef] = float(per_query[ef].mean())
         connector.close()
         print(f"  ef_search={ef:>4}: true recall@10 {scan[ef]:.3f}")
-    picked = sorted({min(scan, key=lambda e, t=target: abs(scan[e] - t)) for target in (0.6, 0.8, 0.95)})
+    picked = sorted({min(scan, key=lambda e, t=target: abs(scan[e] - t)) for target in args.targets})
     rng = np.random.default_rng(args.seed)
     print(f"\n  {'ef':>4} {'true':>6} | real cycles: {'mean err':>8} {'max|err|':>8} {'cover':>6} "
           f"{'n':>4} {'exact':>6} {'rows':>6} {'cpu s':>6} {'wall s':>6} | replays: {'mean|err|':>9} "
@@ -192,19 +193,23 @@ def part_recall(uri: str, docs: np.ndarray, ids: np.ndarray, pool: np.ndarray, a
         # replays: the same estimator on the per-query recall of every pool query (served vs numpy's
         # exact answer: the engine's exact search returns the same rows, tests/index/test_pgvector.py)
         outcomes = [QueryOutcome("none", float(r), float(r), math.nan, False, True) for r in per_query[ef]]
-        r_err, r_cov, r_half = [], [], []
-        for _ in range(args.replays):
-            pick = rng.choice(len(outcomes), size=costs[0][0], replace=False)
-            row = summarise([outcomes[i] for i in pick], worst=5, resamples=1000,
-                            seed=int(rng.integers(1 << 31))).row()
-            assert row is not None
-            r_err.append(abs(row.recall.mean - true))
-            r_cov.append(row.recall.lower <= true <= row.recall.upper)
-            r_half.append((row.recall.upper - row.recall.lower) / 2)
+        replayed = {}
+        for n in sorted({costs[0][0], *args.replay_queries}):
+            r_err, r_cov, r_half = [], [], []
+            for _ in range(args.replays):
+                pick = rng.choice(len(outcomes), size=n, replace=False)
+                row = summarise([outcomes[i] for i in pick], worst=5, resamples=1000,
+                                seed=int(rng.integers(1 << 31))).row()
+                assert row is not None
+                r_err.append(abs(row.recall.mean - true))
+                r_cov.append(row.recall.lower <= true <= row.recall.upper)
+                r_half.append((row.recall.upper - row.recall.lower) / 2)
+            replayed[n] = (np.mean(r_err), np.quantile(r_err, 0.95), np.mean(r_cov), np.mean(r_half))
         c = np.mean(costs, axis=0)
         print(f"  {ef:>4} {true:>6.3f} | {np.mean(errors):>+21.4f} {np.max(np.abs(errors)):>8.4f} "
               f"{np.mean(covered):>6.2f} {c[0]:>4.0f} {c[1]:>6.0f} {c[2]:>6.0f} {c[3]:>6.2f} {c[4]:>6.2f} | "
-              f"{np.mean(r_err):>9.4f} {np.quantile(r_err, 0.95):>8.4f} {np.mean(r_cov):>6.3f} {np.mean(r_half):>9.4f}")
+              + " ; ".join(f"n={n}: {e:.4f} {p95:.4f} {cov:.3f} {half:.4f}" for n, (e, p95, cov, half)
+                           in replayed.items()))
         connector.close()
 
 
@@ -278,6 +283,25 @@ def part_stale(uri: str, docs: np.ndarray, ids: np.ndarray, other: np.ndarray, a
     print(f"  a Wilson interval at 5 % of 2,000: [{wilson(100, 2000).lower:.4f}, {wilson(100, 2000).upper:.4f}]")
 
 
+def part_hooks(args: argparse.Namespace) -> None:
+    """The index probe's cost on the ingest thread, per row: the census sketch's hash and heap."""
+    print("\n== hooks: the index probe's ingest-thread cost per row (IdSketch.add, batches of 64) ==")
+    from monitor.index.sampling import IdSketch
+
+    rows = vs.unit_rows(64, 384)
+    for distinct in (10_000, 1_000_000):
+        sketch = IdSketch(2000)
+        ids = [f"doc-{i}" for i in range(distinct)]
+        batches = [ids[i:i + 64] for i in range(0, min(distinct, 640_000), 64)]
+        started = time.process_time()
+        for repeat in range(max(1, 640_000 // (len(batches) * 64))):
+            for batch in batches:
+                sketch.add(batch, rows[: len(batch)], now=float(repeat))
+        done = max(1, 640_000 // (len(batches) * 64)) * sum(len(b) for b in batches)
+        print(f"  {distinct:>9,} distinct ids: {1e9 * (time.process_time() - started) / done:.0f} ns CPU per row "
+              f"({len(sketch)} kept)")
+
+
 def part_ingest(args: argparse.Namespace) -> None:
     print("\n== ingest: the daemon on a real broker, JSON d=384 with ids, without / with an index probe ==")
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -314,11 +338,16 @@ def part_ingest(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", action="append", choices=("recall", "scope", "stale", "ingest"))
+    parser.add_argument("--part", action="append", choices=("recall", "scope", "stale", "hooks", "ingest"))
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "embmon-bench-index")
     parser.add_argument("--ef", type=int, action="append", help="ef_search values to scan (recall part)")
     parser.add_argument("--cycles", type=int, default=6, help="real probe cycles per setting")
     parser.add_argument("--replays", type=int, default=400, help="replayed cycles per setting")
+    parser.add_argument("--replay-queries", type=int, action="append", default=[800],
+                        help="queries per replayed cycle, besides the real cycles' count")
+    parser.add_argument("--graph", type=int, nargs=2, default=(8, 24), metavar=("M", "EF_CONSTRUCTION"))
+    parser.add_argument("--target", dest="targets", type=float, action="append",
+                        help="true recalls to pick ef_search settings near (default 0.6, 0.8, 0.95)")
     parser.add_argument("--stale-reps", type=int, default=30)
     parser.add_argument("--ingest-rows", type=int, default=150_000)
     parser.add_argument("--ingest-reps", type=int, default=2)
@@ -327,8 +356,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     args.ef = args.ef or [10, 12, 16, 20, 24, 32, 48, 64, 96, 128]
-    parts = args.part or ["recall", "scope", "stale", "ingest"]
-    if set(parts) - {"ingest"}:
+    args.targets = args.targets or [0.6, 0.8, 0.95]
+    parts = args.part or ["recall", "scope", "stale", "hooks", "ingest"]
+    if set(parts) - {"ingest", "hooks"}:
         texts = sentences(DOCS + POOL)
         vectors = cached(args.cache, "minilm", texts, minilm)
         docs, pool = vectors[:DOCS], vectors[DOCS:]
@@ -342,6 +372,8 @@ def main() -> None:
             if "stale" in parts:
                 other = cached(args.cache, "e5", texts[:DOCS], e5)
                 part_stale(uri, docs, ids, other, args)
+    if "hooks" in parts:
+        part_hooks(args)
     if "ingest" in parts:
         part_ingest(args)
 
