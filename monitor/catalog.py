@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 _CODE = re.compile(r"monitor(\.\w+)+:\w+(\.\w+)*")
 Kind = Literal["counter", "gauge", "histogram", "info"]
-Area = Literal["ingest", "intrinsic", "operations", "drift", "retrieval", "canary", "scale_out"]
+Area = Literal["ingest", "intrinsic", "operations", "drift", "retrieval", "canary", "scale_out", "index"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,41 @@ RETRIEVAL_ESTIMATE_CODE = {
     "err": "monitor.retrieval.metrics:_err",
     "hit_rate": "monitor.retrieval.metrics:_hit_rate",
     "ann_recall": "monitor.retrieval.probes.ann_recall:recall_against_pool",
+}
+
+
+_INDEX_CODE = {  # the function that computes each index metric (module:qualname)
+    "embmon_index_recall_ratio": "monitor.index.estimators:summarise",
+    "embmon_index_recall_lower_ratio": "monitor.index.estimators:summarise",
+    "embmon_index_recall_upper_ratio": "monitor.index.estimators:summarise",
+    "embmon_index_recall_p5_ratio": "monitor.index.estimators:summarise",
+    "embmon_index_recall_p10_ratio": "monitor.index.estimators:summarise",
+    "embmon_index_epsilon_recall_ratio": "monitor.index.estimators:outcome",
+    "embmon_index_distance_inflation": "monitor.index.estimators:outcome",
+    "embmon_index_under_return_ratio": "monitor.index.estimators:outcome",
+    "embmon_index_queries": "monitor.index.estimators:summarise",
+    "embmon_index_scope_flagged": "monitor.index.estimators:summarise",
+    "embmon_index_scopes_hidden": "monitor.index.estimators:summarise",
+    "embmon_index_recall_loss_ratio": "monitor.index.estimators:recall_loss",
+    "embmon_index_stale_ratio": "monitor.index.probe:IndexProbe._census",
+    "embmon_index_stale_lower_ratio": "monitor.index.estimators:wilson",
+    "embmon_index_stale_upper_ratio": "monitor.index.estimators:wilson",
+    "embmon_index_census_ids": "monitor.index.probe:IndexProbe._census",
+    "embmon_index_generation_share_ratio": "monitor.index.estimators:generations",
+    "embmon_index_missing_ratio": "monitor.index.probe:IndexProbe._census",
+    "embmon_index_orphan_ratio": "monitor.index.probe:IndexProbe._census",
+    "embmon_index_degenerate_ratio": "monitor.index.probe:IndexProbe._census",
+    "embmon_index_hubness_skewness": "monitor.index.estimators:k_occurrence_skewness",
+    "embmon_index_hub_occurrence_ratio": "monitor.index.probe:IndexProbe._hubs",
+    "embmon_index_rows": "monitor.index.probe:IndexProbe._census",
+    "embmon_index_probe_runs_total": "monitor.index.component:IndexComponent.run_probe",
+    "embmon_index_errors_total": "monitor.index.component:IndexComponent._failed",
+    "embmon_index_queries_skipped_total": "monitor.index.probe:IndexProbe._probe_query",
+    "embmon_index_searches_total": "monitor.index.probe:IndexProbe._search",
+    "embmon_index_rows_read_total": "monitor.index.probe:IndexProbe.run",
+    "embmon_index_probe_cpu_seconds_total": "monitor.index.probe:IndexProbe.run",
+    "embmon_index_probe_duration_seconds": "monitor.index.component:IndexComponent.run_probe",
+    "embmon_index_probe_last_success_timestamp_seconds": "monitor.index.component:IndexComponent._publish",
 }
 
 
@@ -371,6 +406,81 @@ def _spec_rows() -> Iterable[MetricSpec]:
     for name, kind, help_text, labels, unit, code in scale_out:
         yield MetricSpec(name, kind, help_text, labels, unit, "scale_out", code)
 
+    # index probes (monitor/index/, docs/index.md): the vector store that serves the queries
+    scope = ("probe", "model", "scope", "k")
+    pm = ("probe", "model")
+    index: list[tuple[str, Kind, str, tuple[str, ...], str]] = [  # the code of each: _INDEX_CODE
+        ("embmon_index_recall_ratio", "gauge",
+         "Recall@k of the production search against the engine's exact search with the same filter.", scope, "ratio"),
+        ("embmon_index_recall_lower_ratio", "gauge",
+         "Lower bound of the bootstrap interval of embmon_index_recall_ratio.",
+         scope, "ratio"),
+        ("embmon_index_recall_upper_ratio", "gauge",
+         "Upper bound of the bootstrap interval of embmon_index_recall_ratio.",
+         scope, "ratio"),
+        ("embmon_index_recall_p5_ratio", "gauge",
+         "5th percentile of the per-query recall@k (the tail).", scope, "ratio"),
+        ("embmon_index_recall_p10_ratio", "gauge", "10th percentile of the per-query recall@k (the tail).", scope,
+         "ratio"),
+        ("embmon_index_epsilon_recall_ratio", "gauge",
+         "Tie-aware recall@k: served results within (1 + epsilon) of the exact k-th distance.", scope, "ratio"),
+        ("embmon_index_distance_inflation", "gauge",
+         "Mean over queries of the served k-th distance over the exact k-th distance (1 = as near).", scope, ""),
+        ("embmon_index_under_return_ratio", "gauge",
+         "Share of queries served fewer rows than the exact search found (up to k).", scope, "ratio"),
+        ("embmon_index_queries", "gauge",
+         "Queries behind the index probe's last estimates.", ("probe", "model", "scope"),
+         ""),
+        ("embmon_index_scope_flagged", "gauge",
+         "1 for a scope whose recall is significantly below the rest, or which mostly under-returns.",
+         ("probe", "model", "scope"), ""),
+        ("embmon_index_scopes_hidden", "gauge", "Scopes of the last cycle not exported by name (pooled in other).", pm,
+         ""),
+        ("embmon_index_recall_loss_ratio", "gauge",
+         "Recall lost, by part: total, filter, quantization, graph.", (*pm, "part"), "ratio"),
+        ("embmon_index_stale_ratio", "gauge",
+         "Share of sampled stored vectors that differ from the latest vector of their id.", pm, "ratio"),
+        ("embmon_index_stale_lower_ratio", "gauge", "Lower bound of the Wilson interval of embmon_index_stale_ratio.",
+         pm, "ratio"),
+        ("embmon_index_stale_upper_ratio", "gauge", "Upper bound of the Wilson interval of embmon_index_stale_ratio.",
+         pm, "ratio"),
+        ("embmon_index_census_ids", "gauge",
+         "Stored vectors the last census compared with their latest vector.", pm, ""),
+        ("embmon_index_generation_share_ratio", "gauge",
+         "Share of the sampled stored vectors in each generation (current, stale_1, stale_2, ...).",
+         (*pm, "generation"), "ratio"),
+        ("embmon_index_missing_ratio", "gauge",
+         "Share of tracked stream ids (older than the grace period) absent from the index.", pm, "ratio"),
+        ("embmon_index_orphan_ratio", "gauge",
+         "Share of sampled index ids in the tracked hash range never seen in the stream.", pm, "ratio"),
+        ("embmon_index_degenerate_ratio", "gauge",
+         "Share of sampled stored rows that are degenerate, by kind (zero, nan, duplicate).", (*pm, "kind"), "ratio"),
+        ("embmon_index_hubness_skewness", "gauge",
+         "Skewness of the k-occurrence over the index (exact k-NN lists of sampled stored rows).", pm, ""),
+        ("embmon_index_hub_occurrence_ratio", "gauge",
+         "Share of the sampled k-NN lists that hold the most frequent neighbour.", pm, "ratio"),
+        ("embmon_index_rows", "gauge", "Rows of the index, as the engine counts them.", pm, ""),
+        ("embmon_index_probe_runs_total", "counter",
+         "Cycles of each index probe by outcome (success, partial, failure, timeout, backoff).",
+         ("probe", "outcome"), ""),
+        ("embmon_index_errors_total", "counter", "Index probe failures by reason (see docs/metrics.md).",
+         ("probe", "reason"), ""),
+        ("embmon_index_queries_skipped_total", "counter",
+         "Sampled queries the index probe could not use, by reason.", ("probe", "reason"), ""),
+        ("embmon_index_searches_total", "counter", "Searches the index probe sent, by kind (served, exact).",
+         ("probe", "kind"), ""),
+        ("embmon_index_rows_read_total", "counter", "Rows the index probe read from the engine.", ("probe",), ""),
+        ("embmon_index_probe_cpu_seconds_total", "counter",
+         "CPU time of the index probe's cycles in the monitor (the engine's own is not included).", ("probe",),
+         "seconds"),
+        ("embmon_index_probe_duration_seconds", "gauge", "Wall time of the last cycle of the index probe.",
+         ("probe",), "seconds"),
+        ("embmon_index_probe_last_success_timestamp_seconds", "gauge",
+         "When the index probe last completed a cycle (the daemon's start until it first does).", ("probe",),
+         "seconds"),
+    ]
+    for name, kind, help_text, labels, unit in index:
+        yield MetricSpec(name, kind, help_text, labels, unit, "index", _INDEX_CODE[name])
 
     canary: list[tuple[str, Kind, str, str, str]] = [
         ("embmon_canary_cosine_min", "gauge",

@@ -25,6 +25,7 @@ from monitor.decoding.labels import LABEL_VALUE_RE
 from monitor.decoding.settings import DecodingSettings, LimitSettings
 from monitor.drift.settings import DaemonDriftSettings
 from monitor.errors import ConfigError  # re-exported: ``monitor.config.ConfigError``
+from monitor.index.settings import IndexSettings
 from monitor.quality.settings import IntrinsicSettings
 from monitor.redaction import looks_secret, mask_query_secrets
 from monitor.retrieval.settings import ProbeSettings
@@ -64,6 +65,7 @@ class Settings(BaseSettings):
     probes: ProbeSettings = Field(default_factory=ProbeSettings)
     drift: DaemonDriftSettings = Field(default_factory=DaemonDriftSettings)  # docs/drift.md
     canaries: CanarySettings = Field(default_factory=CanarySettings)  # docs/canaries.md
+    index: IndexSettings = Field(default_factory=IndexSettings)  # index probes: docs/index.md
     limits: LimitSettings = Field(default_factory=LimitSettings)
     decoding: DecodingSettings = Field(default_factory=DecodingSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)

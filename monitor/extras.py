@@ -10,6 +10,8 @@ only three features need them (docs/deployment.md, "Installing"):
   (``probes.golden[i].encoder``).
 * ``confluent`` (confluent-kafka, librdkafka's binding): ``kafka.client: confluent`` with the Kafka
   source (docs/operations.md, "Which Kafka client").
+* ``index`` (psycopg for pgvector, lancedb for LanceDB): an index probe on that engine
+  (``index.probes[i].engine``, docs/index.md). The Qdrant-shaped template needs nothing.
 
 A configuration that asks for one without it installed is a configuration error (exit 2), said in
 one line naming the field and the command that installs the extra, rather than a warning and a
@@ -28,7 +30,9 @@ if TYPE_CHECKING:
     from monitor.config import Settings
 
 # extra -> the module it provides
-EXTRAS = {"gpu": "torch", "encoder": "sentence_transformers", "confluent": "confluent_kafka"}
+EXTRAS = {"gpu": "torch", "encoder": "sentence_transformers", "confluent": "confluent_kafka", "index": "psycopg"}
+# an index probe's engine -> the module of the ``index`` extra it needs
+INDEX_ENGINE_MODULES = {"pgvector": "psycopg", "lancedb": "lancedb"}
 
 
 def installed(module: str) -> bool:
@@ -45,6 +49,23 @@ def install_hint(extra: str) -> str:
 
 def wanted(settings: Settings) -> list[tuple[str, str]]:
     """(field, extra) for each setting of ``settings`` that needs an extra."""
+    return [(field, extra) for field, extra, _ in wanted_modules(settings)]
+
+
+def wanted_modules(settings: Settings) -> list[tuple[str, str, str]]:
+    """(field, extra, module) for each setting of ``settings`` that needs an extra."""
+    found = [(field, extra, EXTRAS[extra]) for field, extra in _wanted(settings)]
+    for i, probe in enumerate(settings.index.probes):
+        module = INDEX_ENGINE_MODULES.get(probe.engine)
+        if module is not None:
+            found.append((f"index.probes[{i}].engine: {probe.engine} (probe {probe.name!r})", "index", module))
+        if probe.census.enabled and probe.census.encoder is not None:
+            found.append((f"index.probes[{i}].census.encoder (probe {probe.name!r})", "encoder",
+                          EXTRAS["encoder"]))
+    return found
+
+
+def _wanted(settings: Settings) -> list[tuple[str, str]]:
     found = []
     if settings.source == "kafka" and settings.kafka.client == "confluent":
         found.append(("kafka.client: confluent", "confluent"))
@@ -63,8 +84,7 @@ def wanted(settings: Settings) -> list[tuple[str, str]]:
 
 def require_extras(settings: Settings) -> None:
     """ConfigError naming the first setting whose extra is not installed (one line)."""
-    for field, extra in wanted(settings):
-        module = EXTRAS[extra]
+    for field, extra, module in wanted_modules(settings):
         if not installed(module):
             package = module.replace("_", "-")  # confluent_kafka: confluent-kafka
             raise ConfigError(f"{field} needs {package}, which is not installed: {install_hint(extra)}")

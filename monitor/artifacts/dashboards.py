@@ -285,7 +285,7 @@ def _band(metric: str, title: str, desc: str) -> Panel:
 def retrieval(rules: RuleSet) -> dict[str, Any]:
     del rules
     titles = {metric: f"{RETRIEVAL_TITLES[metric]}@k" for metric in PROBE_METRIC_FAMILIES}
-    panels = [
+    panels: list[Panel | Row] = [
         _band(f"embmon_retrieval_{metric}", titles[metric], f"{titles[metric]} from the probe's labelled queries.")
         for metric in PROBE_METRIC_FAMILIES
     ]
@@ -312,9 +312,65 @@ def retrieval(rules: RuleSet) -> dict[str, Any]:
               [Target(f"{m('embmon_retrieval_popularity_bias')}{{{pm}}}", "{{probe}} {{model}}")],
               "Mean popularity of recommended items relative to the catalog."),
     ]
+    panels += _index_panels()
     return dashboard("embmon-retrieval", "Embedding monitor / Retrieval quality",
-                     "Retrieval probes: accuracy with confidence bands, ANN recall, beyond-accuracy metrics.",
+                     "Retrieval probes: accuracy with confidence bands, ANN recall, beyond-accuracy metrics; "
+                     "the index that serves the queries.",
                      panels, retrieval=True, tags=("retrieval",))
+
+
+def _index_panels() -> list[Panel | Row]:
+    """The vector store itself (monitor/index/, docs/index.md): production search against exact, census."""
+    sel = 'model=~"$model"'
+    legend = "{{probe}} {{model}} {{scope}}"
+    return [
+        Row("Index: the vector store that serves the queries"),
+        Panel("Index recall@k (all queries)", "percentunit",
+              [Target(f'{m("embmon_index_recall_ratio")}{{{sel}, scope="all"}}', "{{probe}} {{model}}"),
+               Target(f'{m("embmon_index_recall_upper_ratio")}{{{sel}, scope="all"}}', "upper {{probe}}"),
+               Target(f'{m("embmon_index_recall_p5_ratio")}{{{sel}, scope="all"}}', "p5 {{probe}}")],
+              "Production search (the engine's settings and filter) against the engine's exact search with the "
+              "same filter, on sampled live queries; upper: the bootstrap bound the alert reads; p5: the tail.",
+              width=8, min=0, max=1),
+        Panel("Worst scopes: recall@k", "percentunit",
+              [Target(f'{m("embmon_index_recall_ratio")}{{{sel}, scope!="all"}}', legend)],
+              "The worst scopes by the upper bound of their interval, by name, and the rest pooled as other.",
+              width=8, min=0, max=1),
+        Panel("Worst scopes: under-return", "percentunit",
+              [Target(f'{m("embmon_index_under_return_ratio")}{{{sel}, scope!="all"}}', legend)],
+              "Share of a scope's queries served fewer rows than exist under their filter (0 when healthy).",
+              width=8, min=0, max=1),
+        Panel("Recall lost, by part", "percentunit",
+              [Target(f'{m("embmon_index_recall_loss_ratio")}{{{sel}}}', "{{probe}} {{part}}")],
+              "1 - recall split into filter (filtered vs unfiltered twins), quantization (exact search in the "
+              "quantized space) and graph (the rest).", width=8, min=0, max=1),
+        Panel("Stale share of the index", "percentunit",
+              [Target(f'{m("embmon_index_stale_ratio")}{{{sel}}}', "{{probe}} {{model}}"),
+               Target(f'{m("embmon_index_stale_lower_ratio")}{{{sel}}}', "lower {{probe}}"),
+               Target(f'{m("embmon_index_generation_share_ratio")}{{{sel}, generation!="current"}}',
+                      "{{probe}} {{generation}}")],
+              "Sampled stored vectors that differ from their id's latest vector, with the Wilson lower bound the "
+              "alert reads, and the stale generations found.", width=8, min=0, max=1),
+        Panel("Missing, orphan and degenerate rows", "percentunit",
+              [Target(f'{m("embmon_index_missing_ratio")}{{{sel}}}', "missing {{probe}}"),
+               Target(f'{m("embmon_index_orphan_ratio")}{{{sel}}}', "orphan {{probe}}"),
+               Target(f'{m("embmon_index_degenerate_ratio")}{{{sel}}}', "{{kind}} {{probe}}")],
+              "Stream ids the index lacks, index ids the stream never carried, zero/NaN/duplicate rows.",
+              width=8, min=0, max=1),
+        Panel("Index probe cost per second", "short",
+              [Target(f'sum by (probe, kind) (rate({m("embmon_index_searches_total")}[$__rate_interval]))',
+                      "{{probe}} {{kind}} searches"),
+               Target(f'sum by (probe) (rate({m("embmon_index_rows_read_total")}[$__rate_interval]))',
+                      "{{probe}} rows read"),
+               Target(f'sum by (probe, reason) (rate({m("embmon_index_errors_total")}[$__rate_interval]))',
+                      "{{probe}} errors {{reason}}")],
+              "What the probe costs the engine (exact searches are bounded per cycle by the budget) and its "
+              "failures by reason.", width=12),
+        Panel("Index probe CPU", "percentunit",
+              [Target(f'sum by (probe) (rate({m("embmon_index_probe_cpu_seconds_total")}[$__rate_interval]))',
+                      "{{probe}}")],
+              "CPU of the probe's cycles in the monitor, in cores.", width=12),
+    ]
 
 
 def monitor_health(rules: RuleSet) -> dict[str, Any]:

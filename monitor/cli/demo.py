@@ -5,6 +5,10 @@ space is a rotated copy of the old one, so every intrinsic metric reads as befor
 canaries and the drift tests can tell); healthy again; a **topic shift** (30 % of the traffic
 from a topic the reference never had, which the drift explanation names: its top region and the
 window's own ``topic-N`` ids); a collapse (what the intrinsic metrics catch); malformed input.
+Beside the script, an **index incident** (:mod:`monitor.index.demo`, when LanceDB is installed):
+the demo's indexer writes the catalog into an embedded LanceDB table, and during the second healthy
+phase re-indexes a tenth of it with another model's vectors; the index probe's census reads the
+stale share rise to about 10 % and fall back after the backfill.
 
 The terminal shows one live view (:mod:`monitor.cli.demo_view`), redrawn in place, read from the
 daemon's published snapshots (never from its log); when stdout is not a terminal it prints the
@@ -29,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from monitor.cli.demo_view import DemoStatus, DriftView, JobCounts, ModelView, RegionView, StreamView
+from monitor.cli.demo_view import DemoStatus, DriftView, IndexView, JobCounts, ModelView, RegionView, StreamView
 from monitor.logs import configure_logging
 
 if TYPE_CHECKING:
@@ -118,7 +122,8 @@ def run_demo(
         os.close(handle)
         log_file = Path(name)
     configure_logging(settings.log_level, None if verbose else log_file)
-    monitor = Monitor(settings)
+    settings, factories = with_index_incident(settings)
+    monitor = Monitor(settings, component_factories=factories)
     stop_view = threading.Event()
     viewer: list[threading.Thread] = []
 
@@ -152,6 +157,35 @@ def run_demo(
     if log_file is not None:
         print(f"embedding-monitor demo stopped; its log is in {log_file}", file=out, flush=True)
     return 0
+
+
+def with_index_incident(settings: Settings) -> tuple[Settings, list[Any] | None]:
+    """The demo's index incident (monitor/index/demo.py) on an embedded LanceDB table in the state
+    directory, when LanceDB is installed (``scripts/setup demo`` installs it) and the settings
+    configure no index probe of their own: the settings with its probe, and the component factories
+    with its indexer. Otherwise the settings as they are (and the daemon's own factories)."""
+    from monitor.extras import installed
+
+    interactions = settings.synthetic.interactions
+    if (settings.source != "synthetic" or interactions is None or settings.index.enabled
+            or not installed("lancedb") or not settings.synthetic.models):
+        return settings, None
+    from monitor.daemon.features import default_component_factories
+    from monitor.index import demo
+    from monitor.index.settings import IndexSettings
+
+    model = settings.synthetic.models[0]
+    probe = demo.probe_settings(Path(settings.state_dir), model.name, interactions.catalog_stream)
+    settings = settings.model_copy(update={"index": IndexSettings.model_validate({"probes": [probe]})})
+    # the incident is timed against the default script (its second healthy phase); another script
+    # (a config of its own, the tests' healthy runs) gets the index probe without the incident
+    scripted = [(p.kind, p.seconds) for p in settings.synthetic.phases] == list(PHASES)
+    period = sum(seconds for _, seconds in PHASES) if scripted and settings.synthetic.loop else 0.0
+
+    def indexer(context: Any) -> Any:
+        return demo.DemoIndexer(context, model.name, interactions.catalog_stream, model.dim, period)
+
+    return settings, [indexer, *default_component_factories(settings)]
 
 
 def _show(monitor: Monitor, out: TextIO, stop: threading.Event, notes: tuple[str, ...]) -> None:
@@ -243,8 +277,31 @@ def demo_status(monitor: Monitor, notes: tuple[str, ...] = ()) -> DemoStatus:
         elapsed=float(elapsed) if elapsed is not None else status.wall_clock() - status.started_at,
         phase=current.kind if current is not None else "-",
         phase_left=phase_left() if phase_left is not None else None,
-        streams=streams, models=models, invalid=invalid, jobs=jobs, notes=notes,
+        streams=streams, models=models, invalid=invalid, jobs=jobs, notes=notes, index=_index_views(monitor),
     )
+
+
+def _index_views(monitor: Monitor) -> tuple[IndexView, ...]:
+    """The index probes' last cycles (the demo's LanceDB index), from their published snapshot."""
+    from monitor.index.component import IndexComponent
+
+    component = _component(monitor, IndexComponent)
+    if component is None:
+        return ()
+    views = []
+    for name in component.probes:
+        result = component.snapshot.results.get(name)
+        row = result.recall.row() if result is not None else None
+        census = result.census if result is not None else None
+        sampled = census.sampled if census is not None else 0
+        views.append(IndexView(
+            probe=name, recall=row.recall.mean if row is not None else None,
+            stale=census.stale.mean if sampled and census is not None else None,
+            stale_lower=census.stale.lower if census is not None else None,
+            stale_upper=census.stale.upper if census is not None else None,
+            sampled=sampled, generations=census.generation_shares if census is not None else (),
+        ))
+    return tuple(views)
 
 
 def _component(monitor: Monitor, kind: type[Any]) -> Any:

@@ -97,6 +97,19 @@ class JobCounts:
 
 
 @dataclass(frozen=True)
+class IndexView:
+    """An index probe's last cycle (monitor/index/): recall against the engine's exact search, the census."""
+
+    probe: str
+    recall: float | None  # over all sampled queries
+    stale: float | None  # the census's stale share, with its Wilson interval
+    stale_lower: float | None
+    stale_upper: float | None
+    sampled: int  # ids compared
+    generations: tuple[float, ...] = ()  # current first
+
+
+@dataclass(frozen=True)
 class DemoStatus:
     """One refresh of the demo's view."""
 
@@ -108,6 +121,7 @@ class DemoStatus:
     invalid: Mapping[str, int]  # reason -> records rejected since start
     jobs: JobCounts
     notes: tuple[str, ...] = field(default=())  # where the metrics and the log are
+    index: tuple[IndexView, ...] = field(default=())  # the index probes (the demo's LanceDB index)
 
 
 # ---------------------------------------------------------------------------------- cells
@@ -185,6 +199,18 @@ def estimate_text(name: str, estimate: Estimate | None) -> str:
     return f"{name}@{estimate.k} {estimate.mean:.3f} [{estimate.lower:.3f}, {estimate.upper:.3f}]"
 
 
+def index_text(view: IndexView) -> str:
+    """ "index demo-index: recall 1.000 | stale 10% [8%, 13%] of 480 ids (generations 90% / 10%) STALE" """
+    recall = "-" if view.recall is None else f"{view.recall:.3f}"
+    if view.stale is None or not view.sampled:
+        return f"index {view.probe}: recall@10 {recall} | stale - (census pending)"
+    flag = " STALE" if view.stale_lower is not None and view.stale_lower > 0.01 else ""
+    generations = " / ".join(_share(g) for g in view.generations)
+    return (f"index {view.probe}: recall@10 {recall} | stale {_share(view.stale)} "
+            f"[{_share(view.stale_lower or 0.0)}, {_share(view.stale_upper or 1.0)}] of {view.sampled} ids "
+            f"(generations {generations}){flag}")
+
+
 # ---------------------------------------------------------------------------------- views
 def plain_lines(status: DemoStatus) -> list[str]:
     """The view as text lines: a header, one line per (model, stream), one per model."""
@@ -205,6 +231,7 @@ def plain_lines(status: DemoStatus) -> list[str]:
             f"  {model.model}: {canary_text(model)} | {estimate_text('ANN recall', model.ann_recall)} | "
             f"{estimate_text('nDCG', model.ndcg)}"
         )
+    lines.extend(f"  {index_text(view)}" for view in status.index)
     return lines
 
 
@@ -244,5 +271,7 @@ def render(status: DemoStatus) -> RenderableType:
         )
         models.add_row(model.model, canary, estimate_text("", model.ann_recall).strip(),
                        estimate_text("", model.ndcg).strip())
+    indexes = [Text(index_text(view), style="bold red" if "STALE" in index_text(view) else "green")
+               for view in status.index]
     notes = [Text(note, style="dim") for note in status.notes]
-    return Group(header, streams, models, *notes)
+    return Group(header, streams, models, *indexes, *notes)

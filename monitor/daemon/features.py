@@ -32,4 +32,8 @@ def default_component_factories(settings: Settings) -> list[ComponentFactory]:
         from monitor.retrieval.probes.component import ProbeComponent
 
         factories.append(ProbeComponent)
+    if settings.index.enabled:
+        from monitor.index.component import IndexComponent
+
+        factories.append(IndexComponent)
     return factories

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -357,6 +358,7 @@ class Decoder:
             results = _id_list(event.get("results", []))
             clicks = _id_list(event.get("clicks", []))
             relevance = _relevance(event.get("relevance", {}))
+            filter_ = parse_filter(event.get("filter"))
         except ValueError as exc:
             result.reject(stream, "bad_field", detail=str(exc))
             return None
@@ -379,6 +381,7 @@ class Decoder:
             relevance=relevance,
             slice=slice_,
             ts=None if math.isnan(ts) else ts,
+            filter=filter_,
         )
 
     def _query_vector(self, model: str, raw: Any) -> tuple[str | None, np.ndarray | None]:
@@ -480,6 +483,36 @@ def _relevance(value: Any) -> dict[str, float]:
             raise ValueError("relevance grades must be finite numbers")
         out[str(key)] = number
     return out
+
+
+MAX_FILTER_KEYS = 16
+MAX_FILTER_VALUE_CHARS = 256
+_FILTER_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+def parse_filter(value: Any) -> tuple[tuple[str, str | int | float | bool], ...]:
+    """The event's equality predicates (``{"tenant": "acme"}``) as sorted pairs; () when absent."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise ValueError("filter must be an object of field -> value")
+    if len(value) > MAX_FILTER_KEYS:
+        raise ValueError(f"filter has more than {MAX_FILTER_KEYS} fields")
+    out: list[tuple[str, str | int | float | bool]] = []
+    for key, item in value.items():
+        if not isinstance(key, str) or not _FILTER_KEY.match(key):
+            raise ValueError("filter fields must be plain identifiers")
+        if isinstance(item, str):
+            if len(item) > MAX_FILTER_VALUE_CHARS:
+                raise ValueError(f"filter values are at most {MAX_FILTER_VALUE_CHARS} characters")
+            out.append((key, item))
+        elif isinstance(item, bool) or (isinstance(item, int) and abs(item) < 2**63):
+            out.append((key, item))
+        elif isinstance(item, float) and math.isfinite(item):
+            out.append((key, item))
+        else:
+            raise ValueError("filter values must be strings, booleans, 64-bit integers or finite numbers")
+    return tuple(sorted(out))
 
 
 def _preview(value: bytes, limit: int = 80) -> str:

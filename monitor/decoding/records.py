@@ -60,6 +60,9 @@ class InteractionEvent:
     slice: str | None = None
     ts: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # the served query's equality predicates (tenant, collection, ...): the index probes re-run the
+    # query with the same filter (monitor/index/); sorted (key, value) pairs
+    filter: tuple[tuple[str, str | int | float | bool], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

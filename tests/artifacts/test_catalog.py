@@ -28,6 +28,9 @@ NOT_IN_SCENARIO = {
     # single-process mode exports none of these: a replica or the reducer does
     **{name: "scale_out roles (tests/scaleout/test_reducer_kafka.py)" for name, spec in catalog.CATALOG.items()
        if spec.area == "scale_out"},
+    # the scenario configures no index probe (it needs a vector store): tests/index/test_daemon.py scrapes them
+    **{name: "index probes (tests/index/test_daemon.py)" for name, spec in catalog.CATALOG.items()
+       if spec.area == "index"},
 }
 
 

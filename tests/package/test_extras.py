@@ -28,6 +28,11 @@ from tests.support.waiting import wait_until
 GPU = "pip install 'embedding-monitor[gpu]'"
 ENCODER = "pip install 'embedding-monitor[encoder]'"
 CONFLUENT = "pip install 'embedding-monitor[confluent]'"
+INDEX = "pip install 'embedding-monitor[index]'"
+PG_PROBE = {"probes": [{"name": "pg", "model": "m", "engine": "pgvector",
+                        "pgvector": {"dsn": "postgresql://monitor@db/search", "table": "docs"}}]}
+LANCE_PROBE = {"probes": [{"name": "lance", "model": "m", "engine": "lancedb",
+                           "lancedb": {"uri": "/data/lance", "table": "docs"}}]}
 
 
 def golden_probe(tmp_path: Path, encoder: bool) -> dict[str, Any]:
@@ -65,8 +70,13 @@ def run_without_extras(*args: str) -> subprocess.CompletedProcess[str]:
          f"installed: {ENCODER}"),
         ("run", {"device": "cpu", "source": "kafka", "kafka": {"client": "confluent"}},
          f"kafka.client: confluent needs confluent-kafka, which is not installed: {CONFLUENT}"),
+        ("run", {"device": "cpu", "index": PG_PROBE},
+         f"index.probes[0].engine: pgvector (probe 'pg') needs psycopg, which is not installed: {INDEX}"),
+        ("run", {"device": "cpu", "index": LANCE_PROBE},
+         f"index.probes[0].engine: lancedb (probe 'lance') needs lancedb, which is not installed: {INDEX}"),
     ],
-    ids=["device", "demo-device", "drift-device", "probes-device", "text-encoder", "confluent"],
+    ids=["device", "demo-device", "drift-device", "probes-device", "text-encoder", "confluent", "index-pgvector",
+         "index-lancedb"],
 )
 def test_a_setting_that_needs_an_extra_not_installed_exits_2_naming_it(
     tmp_path: Path, command: str, settings: dict[str, Any], message: str
@@ -91,6 +101,8 @@ def test_what_asks_for_an_extra(tmp_path: Path) -> None:
     assert [extra for _, extra in everything] == ["gpu", "gpu", "gpu", "encoder"]
     assert needs({"source": "kafka", "kafka": {"client": "confluent"}}) == [("kafka.client: confluent", "confluent")]
     assert needs({"source": "synthetic", "kafka": {"client": "confluent"}}) == []
+    assert [extra for _, extra in needs({"index": PG_PROBE})] == ["index"]
+    assert [extra for _, extra in needs({"index": LANCE_PROBE})] == ["index"]
 
 
 def test_with_the_extras_installed_nothing_is_refused(tmp_path: Path) -> None:

@@ -103,7 +103,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 HEAVY = ("torch", "river", "sklearn", "scipy", "kafka")
 
 # the optional extras' packages (monitor/extras.py): the default install has neither
-EXTRA_PACKAGES = ("torch", "sentence_transformers", "confluent_kafka")
+EXTRA_PACKAGES = ("torch", "sentence_transformers", "confluent_kafka", "psycopg", "lancedb")
 
 
 def without(*packages: str) -> str:

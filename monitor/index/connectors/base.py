@@ -1,0 +1,231 @@
+"""What an index probe needs from a vector store, and the errors it can end in.
+
+A :class:`Connector` answers four questions about one index (one table or collection):
+
+* ``search(query, k, filter, mode)``: the ids and distances of the top k, where ``mode`` is
+  ``served`` (the production query with the user's settings: ef_search, nprobes, prefilter, ...),
+  ``exact`` (the engine's own brute force, same filter), or ``exact_quantized`` (brute force in
+  the quantized space the index searches, when the engine has one configured);
+* ``fetch(ids)``: the stored vectors of those ids (the census; true distances of served misses);
+* ``sample(n)``: up to ``n`` stored ``(id, vector)`` drawn at random (degenerate rows, orphans);
+* ``count()``: the rows of the index.
+
+Distances are the engine's own, in one convention per connector that :meth:`Connector.distance`
+reproduces locally (cosine: 1 - cos; l2: Euclidean; dot: negative inner product), so a served
+id's true distance can be computed from its stored vector.
+
+Every failure is a :class:`ConnectorError` with a ``reason`` from :data:`REASONS`: the probe
+counts it by reason, logs it once and backs off. What the engine returned is parsed by the
+``parse_*`` functions below, which either build a checked answer or raise ``bad_result``: they
+are the boundary the fuzz tests drive (tests/index/test_parsing.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+Mode = Literal["served", "exact", "exact_quantized"]
+FilterValue = str | int | float | bool
+Filter = tuple[tuple[str, FilterValue], ...]
+
+# why a search, fetch or connection failed (the ``reason`` label of embmon_index_errors_total)
+REASONS = (
+    "unreachable",  # connection refused, DNS, authentication at connect, connect timeout
+    "timeout",  # a statement or request ran past its timeout
+    "permission",  # the role or key may not read the table
+    "missing_table",  # the table or collection does not exist
+    "missing_column",  # a configured column is not in it
+    "dimension",  # the query's dimension is not the index's
+    "bad_result",  # the engine answered something we cannot read
+    "unsupported",  # the engine cannot do what the settings ask (no quantized exact search, ...)
+    "other",
+)
+Reason = Literal[
+    "unreachable", "timeout", "permission", "missing_table", "missing_column", "dimension", "bad_result",
+    "unsupported", "other",
+]
+MAX_ID_CHARS = 512
+
+
+class ConnectorError(Exception):
+    """A failure of the engine or of its answer, with the reason it is counted under."""
+
+    def __init__(self, reason: Reason, message: str):
+        super().__init__(message)
+        self.reason: Reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One search's result: ids in rank order and their distances (non-decreasing)."""
+
+    ids: tuple[str, ...]
+    distances: np.ndarray  # float64 (len(ids),)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@dataclass
+class Costs:
+    """What the probe cost the engine (counters since start; the probe adds each cycle's share)."""
+
+    searches: dict[str, int] = field(default_factory=dict)  # mode -> searches
+    rows_read: int = 0
+
+    def add_search(self, mode: str, rows: int) -> None:
+        self.searches[mode] = self.searches.get(mode, 0) + 1
+        self.rows_read += rows
+
+
+class Connector:
+    """Base class of the engine connectors; subclasses implement the four questions."""
+
+    engine = "engine"
+    metric = "cosine"
+    supports_quantized = False
+
+    def search(self, query: np.ndarray, k: int, filter_: Filter, mode: Mode) -> Answer:
+        raise NotImplementedError
+
+    def fetch(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def sample(self, n: int) -> list[tuple[str, np.ndarray]]:
+        raise NotImplementedError
+
+    def count(self) -> int:
+        raise NotImplementedError
+
+    def texts(self, ids: Sequence[str]) -> dict[str, str]:
+        """The stored text of ``ids`` (census re-embedding); engines without a text column raise."""
+        raise ConnectorError("unsupported", f"{self.engine}: no text column configured")
+
+    def close(self) -> None:
+        """Release connections."""
+
+    def distance(self, query: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+        """Distances from ``query`` to each row of ``vectors`` in this connector's convention."""
+        return distances(self.metric, query, vectors)
+
+
+def distances(metric: str, query: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    q = np.asarray(query, dtype=np.float64)
+    v = np.asarray(vectors, dtype=np.float64).reshape(-1, q.shape[0])
+    if metric == "cosine":
+        norms = np.linalg.norm(v, axis=1) * np.linalg.norm(q)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.asarray(1.0 - (v @ q) / np.where(norms > 0, norms, np.nan), dtype=np.float64)
+    if metric == "l2":
+        return np.asarray(np.linalg.norm(v - q, axis=1), dtype=np.float64)
+    return np.asarray(-(v @ q), dtype=np.float64)
+
+
+# ---------------------------------------------------------------------- parsing (the fuzzed boundary)
+def parse_id(value: Any) -> str:
+    """An id as the engine returned it: a string, or an integer (Qdrant, integer keys)."""
+    if isinstance(value, bool):
+        raise ConnectorError("bad_result", "an id is a boolean")
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS:
+        return value
+    raise ConnectorError("bad_result", f"an id of type {type(value).__name__} (or empty, or too long)")
+
+
+def parse_distance(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise ConnectorError("bad_result", f"a distance of type {type(value).__name__}")
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ConnectorError("bad_result", "a distance beyond float range") from None
+    if not math.isfinite(number):
+        raise ConnectorError("bad_result", "a non-finite distance")
+    return number
+
+
+def parse_rows(rows: Iterable[Any], k: int) -> Answer:
+    """``(id, distance)`` rows of a search, at most ``k`` of them, sorted by distance.
+
+    Served answers need not come in order (pgvector's ``relaxed_order`` iterative scan, a
+    quantized ORDER BY whose full-precision distances are returned): recall is a set measure, and
+    the k-th distance is the largest, so the rows are sorted here rather than refused.
+    """
+    ids: list[str] = []
+    dists: list[float] = []
+    for row in rows:
+        if not isinstance(row, (tuple, list)) or len(row) != 2:
+            raise ConnectorError("bad_result", "a search row is not (id, distance)")
+        ids.append(parse_id(row[0]))
+        dists.append(parse_distance(row[1]))
+        if len(ids) > k:
+            raise ConnectorError("bad_result", f"more than k={k} rows")
+    if len(set(ids)) != len(ids):
+        raise ConnectorError("bad_result", "an id repeated in one answer")
+    out = np.asarray(dists, dtype=np.float64)
+    order = np.argsort(out, kind="stable")
+    return Answer(tuple(ids[i] for i in order.tolist()), out[order])
+
+
+def parse_vector(value: Any, dim: int | None) -> np.ndarray:
+    """A stored vector: a sequence of numbers (pgvector's text form '[1,2,3]' too). NaN is kept:
+    a NaN row is a degenerate row the census counts, not a parse failure."""
+    if isinstance(value, str):
+        text = value.strip()
+        if not (text.startswith("[") and text.endswith("]")):
+            raise ConnectorError("bad_result", "a vector in text form is not [..]")
+        try:
+            value = [float(x) for x in text[1:-1].split(",")] if text[1:-1].strip() else []
+        except ValueError:
+            raise ConnectorError("bad_result", "a vector in text form holds a non-number") from None
+    if isinstance(value, (bytes, bytearray, memoryview, Mapping)) or value is None:
+        raise ConnectorError("bad_result", f"a vector of type {type(value).__name__}")
+    try:
+        array = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        raise ConnectorError("bad_result", "a vector that is not a list of numbers") from None
+    if array.ndim != 1 or array.size == 0:
+        raise ConnectorError("bad_result", f"a vector of shape {array.shape}")
+    if dim is not None and array.size != dim:
+        raise ConnectorError("dimension", f"a stored vector of {array.size} dimensions, the query's is {dim}")
+    return array
+
+
+def parse_vector_rows(rows: Iterable[Any], dim: int | None, limit: int) -> list[tuple[str, np.ndarray]]:
+    """``(id, vector)`` rows of a fetch or a sample, at most ``limit``, ids unique."""
+    out: list[tuple[str, np.ndarray]] = []
+    seen: set[str] = set()
+    for row in rows:
+        if not isinstance(row, (tuple, list)) or len(row) != 2:
+            raise ConnectorError("bad_result", "a row is not (id, vector)")
+        ident = parse_id(row[0])
+        if ident in seen:
+            raise ConnectorError("bad_result", "an id repeated")
+        seen.add(ident)
+        vector = parse_vector(row[1], dim)
+        dim = vector.size if dim is None else dim
+        out.append((ident, vector))
+        if len(out) > limit:
+            raise ConnectorError("bad_result", f"more than {limit} rows")
+    return out
+
+
+def parse_count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConnectorError("bad_result", "a row count that is not a non-negative integer")
+    return value
+
+
+def check_query(query: np.ndarray, dim: int | None) -> np.ndarray:
+    q = np.asarray(query, dtype=np.float32).reshape(-1)
+    if dim is not None and q.size != dim:
+        raise ConnectorError("dimension", f"a query of {q.size} dimensions against an index of {dim}")
+    if not np.isfinite(q).all():
+        raise ConnectorError("dimension", "a non-finite query")
+    return q

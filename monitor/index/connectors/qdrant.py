@@ -1,0 +1,161 @@
+"""A Qdrant-shaped HTTP API: the template for engines with an exact mode over HTTP.
+
+This connector is a **template**: it is tested against a local HTTP server of the test suite that
+fronts a real LanceDB table with Qdrant's JSON shapes (tests/index/test_qdrant_template.py), not
+against a Qdrant server. It speaks:
+
+* ``POST /collections/{c}/points/search`` with ``{"vector", "limit", "filter": {"must": [{"key",
+  "match": {"value"}}]}, "params": {"hnsw_ef", "exact"}}`` -> ``{"result": [{"id", "score"}]}``
+  (``exact: true`` is the brute force; a cosine score is a similarity, the distance is 1 - score);
+* ``POST /collections/{c}/points`` with ``{"ids", "with_vector": true}`` -> ``{"result": [{"id",
+  "vector"}]}``;
+* ``POST /collections/{c}/points/query`` with ``{"query": {"sample": "random"}, "limit",
+  "with_vector": true}`` -> ``{"result": {"points": [{"id", "vector"}]}}``;
+* ``POST /collections/{c}/points/count`` with ``{"exact": true}`` -> ``{"result": {"count"}}``.
+
+Another engine is the same four calls in its own shapes (docs/index.md, "Other engines"):
+OpenSearch/Elasticsearch (``knn`` query vs ``script_score`` with ``cosineSimilarity``), Weaviate
+(``nearVector`` vs ``flat`` index), Milvus (``search`` vs ``FLAT``/``params.ef`` large).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from monitor.index.connectors.base import (
+    Answer,
+    Connector,
+    ConnectorError,
+    Filter,
+    Mode,
+    Reason,
+    check_query,
+    parse_count,
+    parse_distance,
+    parse_id,
+    parse_rows,
+    parse_vector_rows,
+)
+from monitor.index.settings import QdrantSettings
+
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+_HTTP_REASONS: dict[int, Reason] = {401: "permission", 403: "permission", 404: "missing_table", 408: "timeout",
+                                    504: "timeout", 502: "unreachable", 503: "unreachable"}
+
+
+def similarity_to_distance(metric: str, score: float) -> float:
+    """Qdrant scores are similarities (higher is nearer) except Euclid, which is a distance."""
+    if metric == "cosine":
+        return 1.0 - score
+    if metric == "dot":
+        return -score
+    return score
+
+
+def parse_search(doc: Any, metric: str, k: int) -> Answer:
+    if not isinstance(doc, dict) or not isinstance(doc.get("result"), list):
+        raise ConnectorError("bad_result", "a search answer without a result list")
+    rows = []
+    for point in doc["result"]:
+        if not isinstance(point, dict):
+            raise ConnectorError("bad_result", "a point that is not an object")
+        rows.append((parse_id(point.get("id")), similarity_to_distance(metric, parse_distance(point.get("score")))))
+    return parse_rows(rows, k)
+
+
+def parse_points(doc: Any, dim: int | None, limit: int, nested: bool = False) -> list[tuple[str, np.ndarray]]:
+    result = doc.get("result") if isinstance(doc, dict) else None
+    if nested:
+        result = result.get("points") if isinstance(result, dict) else None
+    if not isinstance(result, list):
+        raise ConnectorError("bad_result", "an answer without a list of points")
+    rows = []
+    for point in result:
+        if not isinstance(point, dict):
+            raise ConnectorError("bad_result", "a point that is not an object")
+        rows.append((point.get("id"), point.get("vector")))
+    return parse_vector_rows(rows, dim, limit)
+
+
+class QdrantConnector(Connector):
+    engine = "qdrant"
+
+    def __init__(self, settings: QdrantSettings):
+        self.settings = settings
+        self.metric = settings.metric
+        self.filter_columns = frozenset(settings.filter_columns)
+        self.dim: int | None = None
+        self._base = f"{settings.url}/collections/{settings.collection}"
+        self._key = settings.api_key_file.read_text().strip() if settings.api_key_file is not None else None
+
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        request = urllib.request.Request(  # noqa: S310 - settings allow http(s) only
+            self._base + path, data=json.dumps(body).encode(), method="POST",
+            headers={"Content-Type": "application/json", **({"api-key": self._key} if self._key else {})},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.settings.timeout_seconds) as response:  # noqa: S310
+                raw = response.read(MAX_RESPONSE_BYTES + 1)
+        except urllib.error.HTTPError as exc:
+            reason: Reason = _HTTP_REASONS.get(exc.code, "other")
+            if exc.code == 400 and b"dimension" in (exc.read(4096) or b"").lower():
+                reason = "dimension"
+            raise ConnectorError(reason, f"HTTP {exc.code} from {path}") from None
+        except TimeoutError:
+            raise ConnectorError("timeout", f"no answer from {path} within {self.settings.timeout_seconds}s") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise ConnectorError("unreachable", f"{path}: {exc}") from None
+        if len(raw) > MAX_RESPONSE_BYTES:
+            raise ConnectorError("bad_result", "an answer over 64 MiB")
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise ConnectorError("bad_result", "an answer that is not JSON") from None
+
+    def _filter(self, filter_: Filter) -> dict[str, Any] | None:
+        must = []
+        for key, value in filter_:
+            if key not in self.filter_columns:
+                raise ConnectorError("unsupported", f"filter field {key!r} is not in filter_columns")
+            must.append({"key": key, "match": {"value": value}})
+        return {"must": must} if must else None
+
+    def search(self, query: np.ndarray, k: int, filter_: Filter, mode: Mode) -> Answer:
+        if mode == "exact_quantized":
+            raise ConnectorError("unsupported", "qdrant template: no exact search in the quantized space")
+        q = check_query(query, self.dim)
+        vector: Any = q.tolist() if self.settings.vector_name is None else {
+            "name": self.settings.vector_name, "vector": q.tolist()}
+        params: dict[str, Any] = {"exact": mode == "exact"}
+        if mode == "served" and self.settings.hnsw_ef is not None:
+            params["hnsw_ef"] = self.settings.hnsw_ef
+        body: dict[str, Any] = {"vector": vector, "limit": k, "params": params,
+                                "with_payload": False, "with_vector": False}
+        where = self._filter(filter_)
+        if where is not None:
+            body["filter"] = where
+        return parse_search(self._post("/points/search", body), self.metric, k)
+
+    def fetch(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
+        if not ids:
+            return {}
+        keys: list[Any] = [int(i) if i.isdigit() else i for i in ids]
+        doc = self._post("/points", {"ids": keys, "with_vector": True, "with_payload": False})
+        return dict(parse_points(doc, self.dim, len(ids)))
+
+    def sample(self, n: int) -> list[tuple[str, np.ndarray]]:
+        if n <= 0:
+            return []
+        doc = self._post("/points/query", {"query": {"sample": "random"}, "limit": n, "with_vector": True})
+        return parse_points(doc, self.dim, n, nested=True)
+
+    def count(self) -> int:
+        doc = self._post("/points/count", {"exact": True})
+        result = doc.get("result") if isinstance(doc, dict) else None
+        return parse_count(result.get("count") if isinstance(result, dict) else None)

@@ -1,0 +1,284 @@
+"""Index-probe settings (nested as ``index:`` in the daemon's Settings; light: pydantic only).
+
+An index probe talks to the vector store that serves the queries: it runs the production search
+(with the user's own settings) beside the engine's exact search with the same filter, on a budget
+of exact searches per cycle, and samples stored vectors for the census. See docs/index.md.
+
+Examples
+--------
+>>> s = IndexSettings.model_validate({"probes": [{
+...     "name": "docs", "model": "minilm", "engine": "lancedb",
+...     "lancedb": {"uri": "/tmp/lance", "table": "docs"}}]})
+>>> s.enabled, s.probes[0].engine, s.probes[0].budget.exact_searches
+(True, 'lancedb', 200)
+>>> from pydantic import ValidationError
+>>> try:
+...     IndexSettings.model_validate({"probes": [{"name": "docs", "model": "m", "engine": "pgvector"}]})
+... except ValidationError as exc:
+...     print(exc.errors()[0]["msg"])
+Value error, engine pgvector needs its section pgvector:
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from monitor.retrieval.settings import EncoderSettings
+from monitor.settings_base import Section
+
+MAX_INDEX_PROBES = 16
+MAX_FILTER_COLUMNS = 16
+_LABEL = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,64}$")
+# a SQL/engine identifier we may interpolate (quoted) into a statement: letters, digits, underscore
+IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+Metric = Literal["cosine", "l2", "dot"]
+
+
+def _identifier(value: str, what: str) -> str:
+    if not IDENTIFIER.match(value):
+        raise ValueError(f"{what} {value!r} is not a plain identifier ({IDENTIFIER.pattern})")
+    return value
+
+
+class _EngineSettings(Section):
+    """What every engine section has: the distance, and the fields a query's filter may name."""
+
+    metric: Metric = "cosine"
+    filter_columns: list[str] = Field(
+        default_factory=list, description="fields a query's equality predicates may name (others are skipped)"
+    )
+
+    @field_validator("filter_columns")
+    @classmethod
+    def _filters(cls, value: list[str]) -> list[str]:
+        if len(value) > MAX_FILTER_COLUMNS:
+            raise ValueError(f"at most {MAX_FILTER_COLUMNS} filter columns")
+        return [_identifier(v, "filter column") for v in value]
+
+
+class PgvectorSettings(_EngineSettings):
+    """PostgreSQL + pgvector: the table, its columns, and the production query's settings."""
+
+    dsn: SecretStr | None = Field(None, description="libpq connection string or URI (or dsn_file)")
+    dsn_file: Path | None = Field(None, description="a file holding the DSN (a mounted secret)")
+    table: str = Field(..., description="table (optionally schema.table) holding the vectors")
+    id_column: str = "id"
+    vector_column: str = "embedding"
+    text_column: str | None = Field(None, description="the stored text, re-embedded when census.encoder is set")
+    ef_search: int | None = Field(None, ge=1, le=1000, description="hnsw.ef_search of the production query")
+    iterative_scan: Literal["off", "strict_order", "relaxed_order"] | None = None
+    max_scan_tuples: int | None = Field(None, ge=1, description="hnsw.max_scan_tuples")
+    ivfflat_probes: int | None = Field(None, ge=1, description="ivfflat.probes of the production query")
+    order_expression: str | None = Field(
+        None,
+        description="the ORDER BY of the production query when the index is over an expression, e.g. "
+        "'({col})::halfvec(384) <=> ({q})::halfvec(384)'; {col} is the vector column, {q} the query. "
+        "Its exact twin (index scans off) gives the quantization part of the recall loss",
+    )
+    rerank_candidates: int | None = Field(
+        None, ge=1, le=10_000,
+        description="with order_expression: fetch this many by the expression, re-rank them at full precision",
+    )
+    statement_timeout_ms: int = Field(5000, ge=1, le=600_000)
+    connect_timeout_seconds: float = Field(5.0, gt=0, le=300)
+
+    @field_validator("table")
+    @classmethod
+    def _table(cls, value: str) -> str:
+        for part in value.split("."):
+            _identifier(part, "table")
+        if value.count(".") > 1:
+            raise ValueError(f"table {value!r}: at most schema.table")
+        return value
+
+    @field_validator("id_column", "vector_column", "text_column")
+    @classmethod
+    def _column(cls, value: str | None) -> str | None:
+        return None if value is None else _identifier(value, "column")
+
+    @field_validator("order_expression")
+    @classmethod
+    def _expression(cls, value: str | None) -> str | None:
+        if value is not None and ("{col}" not in value or "{q}" not in value or ";" in value):
+            raise ValueError("order_expression must use {col} and {q} and hold no ';'")
+        return value
+
+    @model_validator(mode="after")
+    def _one_dsn(self) -> PgvectorSettings:
+        if (self.dsn is None) == (self.dsn_file is None):
+            raise ValueError("give exactly one of dsn and dsn_file")
+        if self.rerank_candidates is not None and self.order_expression is None:
+            raise ValueError("rerank_candidates needs order_expression")
+        return self
+
+    def connection_string(self) -> str:
+        if self.dsn is not None:
+            return self.dsn.get_secret_value()
+        assert self.dsn_file is not None
+        return Path(self.dsn_file).read_text().strip()
+
+
+class LanceDbSettings(_EngineSettings):
+    """An embedded LanceDB table and the production query's settings."""
+
+    uri: str = Field(..., description="the database directory (or object-store URI)")
+    table: str
+    id_column: str = "id"
+    vector_column: str = "vector"
+    text_column: str | None = None
+    nprobes: int | None = Field(None, ge=1, le=100_000)
+    refine_factor: int | None = Field(None, ge=1, le=1000)
+    ef: int | None = Field(None, ge=1, le=10_000, description="HNSW ef of the production query")
+    prefilter: bool = Field(True, description="filter before the vector search (False: after, as some apps do)")
+
+    @field_validator("table", "id_column", "vector_column", "text_column")
+    @classmethod
+    def _names(cls, value: str | None) -> str | None:
+        return None if value is None else _identifier(value, "name")
+
+
+class QdrantSettings(_EngineSettings):
+    """A Qdrant-shaped HTTP API (a template: see docs/index.md, "Other engines")."""
+
+    url: str = Field(..., description="base URL, e.g. http://qdrant:6333")
+    collection: str
+    vector_name: str | None = Field(None, description="a named vector of the collection")
+    hnsw_ef: int | None = Field(None, ge=1, le=100_000)
+    api_key_file: Path | None = None
+    timeout_seconds: float = Field(10.0, gt=0, le=300)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("url must be http(s)")
+        return value.rstrip("/")
+
+    @field_validator("collection")
+    @classmethod
+    def _collection(cls, value: str) -> str:
+        return _identifier(value, "collection")
+
+
+class BudgetSettings(Section):
+    """What one cycle may cost the production database."""
+
+    exact_searches: int = Field(200, ge=1, le=100_000, description="exact (brute-force) searches per cycle")
+    census_rows: int = Field(2000, ge=0, le=100_000, description="stored rows the census reads per cycle")
+
+
+class QuerySettings(Section):
+    """Where the probe's queries come from: the live interaction stream, a golden file, or both."""
+
+    stream: bool = Field(True, description="sample query vectors (and their filters) from the interactions")
+    golden_file: Path | None = Field(None, description='JSONL of {"query_vector": [...], "filter": {...}}')
+    buffer: int = Field(5000, ge=1, le=1_000_000, description="recent interaction queries held for sampling")
+    window_seconds: float = Field(3600.0, gt=0, le=30 * 86400)
+    scope_field: str | None = Field(
+        None, description="the filter key whose value is the scope label (tenant, collection); None: no scopes"
+    )
+    min_per_scope: int = Field(
+        5, ge=0, le=1000, description="queries drawn from each scope seen, before the uniform draw (small scopes)"
+    )
+
+    @field_validator("golden_file")
+    @classmethod
+    def _file(cls, value: Path | None) -> Path | None:
+        if value is not None and not Path(value).is_file():
+            raise ValueError(f"file {str(value)!r} does not exist")
+        return value
+
+
+class CensusSettings(Section):
+    """The index census: stored vectors against the stream's latest vector for the same id."""
+
+    enabled: bool = True
+    stream: str | None = Field(None, description="the embedding stream whose ids the index holds (None: any)")
+    tracked_ids: int = Field(
+        2000, ge=10, le=100_000,
+        description="ids tracked with their latest vector: a hash sample of the stream (bottom-k by hash)",
+    )
+    tolerance: float = Field(
+        1e-3, gt=0, lt=1, description="a stored vector whose cosine to the latest is below 1 - tolerance is stale"
+    )
+    grace_seconds: float = Field(
+        300.0, ge=0, le=30 * 86400, description="an id seen more recently than this may not be indexed yet"
+    )
+    degenerate_rows: int = Field(500, ge=0, le=100_000, description="random stored rows checked for zero/NaN rows")
+    hub_queries: int = Field(
+        50, ge=0, le=10_000, description="stored rows searched exactly (k + 1) for duplicates and hubness"
+    )
+    encoder: EncoderSettings | None = Field(
+        None, description="a sentence-transformers model (the encoder extra): re-embed the stored text "
+        "(the engine's text_column) instead of comparing with the stream's latest vector"
+    )
+
+
+class IndexProbeSpec(Section):
+    """One index (one model's vectors in one engine table or collection)."""
+
+    name: str
+    model: str = Field(..., description="the model whose queries and vectors the index holds")
+    engine: Literal["pgvector", "lancedb", "qdrant"]
+    k: int = Field(10, ge=1, le=1000)
+    interval_seconds: float = Field(300.0, gt=0, le=7 * 86400)
+    timeout_seconds: float = Field(120.0, gt=0, le=86400)
+    epsilon: float = Field(0.01, ge=0, le=1, description="ε of the tie-aware ε-recall")
+    attribution: bool = Field(
+        True, description="spend exact searches on the loss parts (filter: unfiltered twins; quantization)"
+    )
+    worst_scopes: int = Field(5, ge=1, le=50, description="scopes exported by name; the rest fold into 'other'")
+    backoff_max_seconds: float = Field(600.0, gt=0, le=86400)
+    budget: BudgetSettings = Field(default_factory=BudgetSettings)
+    queries: QuerySettings = Field(default_factory=QuerySettings)
+    census: CensusSettings = Field(default_factory=CensusSettings)
+    pgvector: PgvectorSettings | None = None
+    lancedb: LanceDbSettings | None = None
+    qdrant: QdrantSettings | None = None
+
+    @field_validator("name", "model")
+    @classmethod
+    def _label(cls, value: str) -> str:
+        if value == "all" or not _LABEL.match(value):
+            raise ValueError(f"{value!r} is not a valid label value ({_LABEL.pattern}, not 'all')")
+        return value
+
+    @model_validator(mode="after")
+    def _engine_section(self) -> IndexProbeSpec:
+        if getattr(self, self.engine) is None:
+            raise ValueError(f"engine {self.engine} needs its section {self.engine}:")
+        others = [e for e in ("pgvector", "lancedb", "qdrant") if e != self.engine and getattr(self, e) is not None]
+        if others:
+            raise ValueError(f"engine {self.engine}: remove the section(s) {others}")
+        if not self.queries.stream and self.queries.golden_file is None:
+            raise ValueError("queries: enable stream or give golden_file")
+        return self
+
+    @property
+    def filter_columns(self) -> list[str]:
+        section = getattr(self, self.engine)
+        return list(section.filter_columns)
+
+
+class IndexSettings(Section):
+    """``index:``: the index probes (none by default: then the daemon runs no index component)."""
+
+    probes: list[IndexProbeSpec] = Field(default_factory=list, max_length=MAX_INDEX_PROBES)
+
+    @field_validator("probes")
+    @classmethod
+    def _unique(cls, value: list[IndexProbeSpec]) -> list[IndexProbeSpec]:
+        names = [p.name for p in value]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"index probe names must be unique; repeated: {repeated}")
+        return value
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.probes)
