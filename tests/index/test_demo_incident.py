@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from monitor.cli.demo import DEMO_SETTINGS, with_index_incident
 from monitor.config import load_settings
@@ -23,6 +24,7 @@ from tests.support import vectorstores as vs
 from tests.support.probes import probe_context
 
 
+@pytest.mark.slow
 def test_the_incident_makes_a_tenth_of_the_index_stale_and_the_backfill_clears_it(tmp_path: Path) -> None:
     now = [0.0]
     settings = load_settings(overrides={"state_dir": str(tmp_path)})

@@ -37,13 +37,13 @@ scalars = st.one_of(
 )
 values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=6),
                                                        st.dictionaries(st.text(max_size=8), inner, max_size=5)),
-                      max_leaves=25)
+                      max_leaves=12)
 json_values = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**60), max_value=2**60),
               st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20)),
     lambda inner: st.one_of(st.lists(inner, max_size=5), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
     max_leaves=15)
-FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @FUZZ
