@@ -25,7 +25,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("artifacts", "config"),  # the generator; the settings root, which nests every feature's settings
     ("scaleout",),  # the replica and reducer roles, built on the daemon
     ("daemon",),
-    ("drift", "retrieval", "canary", "quality", "index"),  # the features, independent of each other
+    ("index",),  # probes of what serves the queries, built on retrieval's statistics and golden sets
+    ("drift", "retrieval", "canary", "quality"),  # the features, independent of each other
     ("component",),  # the seam between the daemon and the features
     ("server", "sources", "state"),  # HTTP transport; record sources; streaming state
     ("decoding", "storage"),  # bytes -> records; files in the state directory
