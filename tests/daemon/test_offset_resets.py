@@ -143,6 +143,9 @@ def test_a_crafted_checkpoint_offset_is_never_committed_and_the_position_resets(
     state = settings(broker, topic, group, tmp_path / "state", auto_offset_reset="latest")
     with daemons.monitor(settings(broker, topic, group, tmp_path / "state")) as monitor:  # earliest: read all
         wait_until(lambda: counted(monitor) == 100, timeout=60, message="the topic counted")
+        # commits follow durable checkpoints: a checkpoint holding the 100 records is on disk before the stop
+        # (under load the test once found no checkpoint file to edit after it)
+        wait_until(lambda: broker.committed(group, topic) == 100, timeout=30, message="a checkpoint of them committed")
     store = CheckpointStore(tmp_path / "state")
     saved = read_file(store.current)
     saved["offsets"] = [[topic, 0, 10**12]]
