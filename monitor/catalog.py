@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
 Kind = Literal["counter", "gauge", "histogram", "info"]
-Area = Literal["ingest", "intrinsic", "operations", "drift", "retrieval", "canary", "scale_out"]
+Area = Literal["ingest", "intrinsic", "operations", "drift", "retrieval", "canary", "scale_out", "serving"]
 
 
 @dataclass(frozen=True)
@@ -293,6 +293,46 @@ def _spec_rows() -> Iterable[MetricSpec]:
     ]
     for name, kind, help_text, unit in canary:
         yield MetricSpec(name, kind, help_text, ("model",), unit, "canary")
+    yield from _serving_rows()
+
+
+def _serving_rows() -> Iterable[MetricSpec]:
+    """The serving probe (monitor/serving/, docs/canaries.md): its canaries are counted above."""
+    serving: list[tuple[str, Kind, str, tuple[str, ...], str]] = [
+        ("embmon_serving_requests_total", "counter", "Embedding requests the serving probe sent to the endpoint.",
+         ("model",), ""),
+        ("embmon_serving_errors_total", "counter",
+         "Serving-probe requests that failed, by reason (connect, timeout, rate_limited, auth, http_error, html, "
+         "not_json, bad_response, ragged, oversized, encoder). 0 when healthy.", ("model", "reason"), ""),
+        ("embmon_serving_invalid_vectors_total", "counter",
+         "Vectors the endpoint returned that cannot be used, by reason (empty, zero, non_finite, "
+         "wrong_dimension). 0 when healthy.", ("model", "reason"), ""),
+        ("embmon_serving_cycles_total", "counter",
+         "Serving-probe cycles by outcome (ok; failed: a request failed; skipped: backing off).",
+         ("model", "outcome"), ""),
+        ("embmon_serving_deviation", "gauge",
+         "The last cycle's statistic of each conformance check: 1 - cos (repeat, batch, neighbour), its change "
+         "from the pins (case, whitespace, prefix), or a relative norm change (norm). 0 = conformant.",
+         ("model", "check"), ""),
+        ("embmon_serving_tolerance", "gauge", "The tolerance each conformance check's deviation is compared with.",
+         ("model", "check"), ""),
+        ("embmon_serving_violations_total", "counter",
+         "Serving-probe cycles in which a conformance check failed, by check. 0 when healthy.",
+         ("model", "check"), ""),
+        ("embmon_serving_collisions", "gauge",
+         "Pairs of distinct canary texts (or of their upper-cased forms) with identical vectors in the last "
+         "cycle. 0 when healthy.", ("model",), ""),
+        ("embmon_serving_latency_median_seconds", "gauge", "Median latency of the last cycle's requests.",
+         ("model",), "seconds"),
+        ("embmon_serving_latency_max_seconds", "gauge", "Slowest request of the last cycle.", ("model",), "seconds"),
+        ("embmon_serving_last_success_timestamp_seconds", "gauge",
+         "When a serving-probe cycle of the model last completed without a failed request.", ("model",), "seconds"),
+        ("embmon_serving_backoff_seconds", "gauge",
+         "How much longer than its interval the probe waits before it tries the endpoint again (0 when healthy).",
+         ("model",), "seconds"),
+    ]
+    for name, kind, help_text, labels, unit in serving:
+        yield MetricSpec(name, kind, help_text, labels, unit, "serving")
 
 
 def _build() -> dict[str, MetricSpec]:

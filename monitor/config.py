@@ -27,6 +27,7 @@ from monitor.quality.settings import IntrinsicSettings
 from monitor.retrieval.settings import ProbeSettings
 from monitor.scaleout.settings import ScaleOutSettings
 from monitor.server.security import looks_secret, mask_query_secrets
+from monitor.serving.settings import ServingSettings
 from monitor.settings_base import MAX_DURATION_SECONDS
 from monitor.settings_base import Section as _Section
 from monitor.sources.kafka_options import CONSUMER_OPTIONS, LIBRDKAFKA_NAMES, RESERVED_LIBRDKAFKA, RESERVED_OPTIONS
@@ -339,6 +340,7 @@ class Settings(BaseSettings):
     probes: ProbeSettings = Field(default_factory=ProbeSettings)
     drift: DaemonDriftSettings = Field(default_factory=DaemonDriftSettings)  # docs/drift.md
     canaries: CanarySettings = Field(default_factory=CanarySettings)  # docs/canaries.md
+    serving: ServingSettings = Field(default_factory=ServingSettings)  # the serving probe: docs/canaries.md
     limits: LimitSettings = Field(default_factory=LimitSettings)
     decoding: DecodingSettings = Field(default_factory=DecodingSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
