@@ -94,7 +94,14 @@ class HttpBackend:
                 content_type = response.headers.get("Content-Type", "")
         except urllib.error.HTTPError as exc:
             retry_after = _seconds(exc.headers.get("Retry-After")) if exc.headers is not None else None
+            content_type = exc.headers.get("Content-Type", "") if exc.headers is not None else ""
+            try:
+                head = exc.read(256).lstrip().lower()
+            except OSError:
+                head = b""
             exc.close()
+            if exc.code not in (401, 403, 429) and ("html" in content_type.lower() or head.startswith(b"<")):
+                raise ServingError("html", f"HTTP {exc.code} with an HTML page (a proxy's?)", retry_after) from None
             if exc.code == 429:
                 raise ServingError("rate_limited", "HTTP 429 (rate limited)", retry_after) from None
             if exc.code in (401, 403):

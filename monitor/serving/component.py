@@ -150,7 +150,9 @@ class ServingComponent(Component):
                 interval = self.settings.interval_seconds
                 state.backoff = min(endpoint.max_backoff_seconds, interval * (2 ** (state.failures - 1) - 1))
                 state.backoff = max(state.backoff, result.error.retry_after or 0.0)
-                state.skip_until = now + state.backoff
+                # the job comes back every interval: skip the runs before interval + backoff (half an
+                # interval of slack for the scheduler's jitter)
+                state.skip_until = now + state.backoff + interval / 2 if state.backoff else 0.0
         if result.error is not None:
             self._log.warning(f"{model}:{result.error.reason}",
                               "serving probe of model %s: %s (%s) after %d requests; next try in %.0f s",

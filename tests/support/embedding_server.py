@@ -77,11 +77,12 @@ class Frontend:
     """A forwarding front for ``upstream`` (module docstring); set ``mode`` to change what it does:
     ``forward``, ``lowercase``, ``rate_limited``, ``html``, ``auth`` (401 unless the request carries
     ``Bearer <key>``), ``ragged``, ``nan``, ``wrong_dim``, ``slow`` (sleeps ``delay`` seconds first),
-    ``empty`` (the first vector is [])."""
+    ``empty`` (the first vector is []), ``raw`` (answers ``raw``: status, content type, body)."""
 
     def __init__(self, upstream: str, key: str | None = None):
         self.upstream, self.key = upstream, key
         self.mode, self.delay = "forward", 0.0
+        self.raw: tuple[int, str, bytes] = (200, "application/json", b"{}")  # what mode "raw" answers
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         front = self
@@ -117,6 +118,8 @@ class Frontend:
             time.sleep(self.delay)
         if self.key is not None and headers.get("Authorization") != f"Bearer {self.key}":
             return 401, "application/json", b'{"error": {"message": "invalid api key"}}', {}
+        if mode == "raw":
+            return *self.raw, {}
         if mode == "rate_limited":
             return 429, "application/json", b'{"error": "slow down"}', {"Retry-After": "30"}
         if mode == "html":
