@@ -9,6 +9,7 @@ a log line or a metric (tests/serving/test_faults.py checks the log).
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -81,7 +82,7 @@ class HttpBackend:
         payload: dict[str, object] = {"input": list(texts)}
         if self.endpoint.api_model is not None:
             payload["model"] = self.endpoint.api_model
-        return RequestTemplate(payload).render({})
+        return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
 
     def embed(self, texts: Sequence[str], timeout: float) -> Rows:
         headers = {"Content-Type": "application/json", "Accept": "application/json", **self.endpoint.headers}

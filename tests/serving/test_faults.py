@@ -202,3 +202,22 @@ def test_fuzzed_answers_are_counted_and_the_daemon_still_answers(fuzzed: tuple[M
     assert sum(after[f"embmon_serving_cycles_total{{{o}}}"] - before.get(f"embmon_serving_cycles_total{{{o}}}", 0)
                for o in outcomes) == 1
     assert http_status(monitor.http.port, "/metrics") == 200
+
+
+def test_texts_that_look_like_placeholders_or_json_are_sent_verbatim(front: Frontend, state_dir: Path) -> None:
+    tricky = {"braces": 'say "{{model}}" and {{texts}} \\ \u00e9', "plain": "an ordinary sentence"}
+    template = {"model": "tpl", "kind": "template", "url": front.url, "api_model": "m",
+                "request_template": '{"input": {{texts}}, "model": "{{model}}"}'}
+    settings = load_settings(overrides={
+        "source": "synthetic", "state_dir": str(state_dir), "http": {"host": "127.0.0.1", "port": 0},
+        "drift": {"enabled": False},
+        "serving": {"endpoints": [template, {"model": "oai", "url": front.url}], "texts": tricky,
+                    "neighbour": NEIGHBOUR},
+    })
+    with stopped_after(Monitor(settings)) as monitor:
+        probe_of(monitor).run()
+        assert all(counts(monitor, m)["embmon_serving_cycles_total{ok}"] == 1 for m in ("tpl", "oai"))
+    sent = [r["input"] for r in front.requests]
+    # alone and its 4 repeats (the first cycle repeats the first text), by each endpoint
+    assert sent.count([tricky["braces"]]) == 2 * (1 + 4)
+    assert {r.get("model") for r in front.requests} == {"m", None}
