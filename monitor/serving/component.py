@@ -110,7 +110,7 @@ class ServingComponent(Component):
         backend = self._backends[model]
         backend.dim = self._dims[model]
         timeout = min(endpoint.request_timeout_seconds, max(0.1, deadline - time.monotonic()))
-        result = run_cycle(backend, endpoint, self.settings.texts, self.settings.neighbour, state.cycle, timeout,
+        result = run_cycle(backend, endpoint, self.settings.texts, self.settings.neighbour_text, state.cycle, timeout,
                            self.settings.tolerances.collision, stop=lambda: time.monotonic() > deadline)
         if self._dims[model] is None and result.canaries:  # the first answer fixes an undeclared dimension
             dims = Counter(v.shape[0] for v in result.canaries.values())

@@ -186,7 +186,9 @@ class ServingSettings(Section):
 
     endpoints: list[EndpointSettings] = Field(default_factory=list)
     texts: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_TEXTS))
-    neighbour: str = Field(DEFAULT_NEIGHBOUR, min_length=1, max_length=20_000)
+    neighbour: str | None = Field(
+        None, min_length=1, max_length=20_000, description="the long batch-mate; default: a built-in ~180-token text"
+    )
     interval_seconds: float = Field(300.0, gt=0, le=7 * 86_400)
     timeout_seconds: float = Field(120.0, gt=0, le=3600, description="one cycle of every endpoint")
     tolerances: Tolerances = Field(default_factory=Tolerances)
@@ -221,6 +223,10 @@ class ServingSettings(Section):
     @property
     def enabled(self) -> bool:
         return bool(self.endpoints)
+
+    @property
+    def neighbour_text(self) -> str:
+        return self.neighbour if self.neighbour is not None else DEFAULT_NEIGHBOUR
 
     def canary_ids(self) -> dict[str, list[str]]:
         """model -> the canary ids the probe feeds to the canary component (texts and their variants)."""
