@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 
 _CODE = re.compile(r"monitor(\.\w+)+:\w+(\.\w+)*")
 Kind = Literal["counter", "gauge", "histogram", "info"]
-Area = Literal["ingest", "intrinsic", "operations", "drift", "retrieval", "canary", "scale_out", "index"]
+Area = Literal["ingest", "intrinsic", "operations", "drift", "retrieval", "canary", "scale_out", "index",
+               "serving"]
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,22 @@ _INDEX_CODE = {  # the function that computes each index metric (module:qualname
     "embmon_index_probe_cpu_seconds_total": "monitor.index.probe:IndexProbe.run",
     "embmon_index_probe_duration_seconds": "monitor.index.component:IndexComponent.run_probe",
     "embmon_index_probe_last_success_timestamp_seconds": "monitor.index.component:IndexComponent._publish",
+}
+
+
+_SERVING_CODE = {  # the function that computes each serving-probe metric (module:qualname)
+    "embmon_serving_requests_total": "monitor.serving.component:ServingComponent._cycle",
+    "embmon_serving_errors_total": "monitor.serving.component:ServingComponent._cycle",
+    "embmon_serving_invalid_vectors_total": "monitor.serving.responses:check_rows",
+    "embmon_serving_cycles_total": "monitor.serving.component:ServingComponent._cycle",
+    "embmon_serving_deviation": "monitor.serving.probe:run_cycle",
+    "embmon_serving_tolerance": "monitor.serving.probe:tolerance",
+    "embmon_serving_violations_total": "monitor.serving.probe:violations",
+    "embmon_serving_collisions": "monitor.serving.probe:collisions",
+    "embmon_serving_latency_median_seconds": "monitor.serving.probe:run_cycle",
+    "embmon_serving_latency_max_seconds": "monitor.serving.probe:run_cycle",
+    "embmon_serving_last_success_timestamp_seconds": "monitor.serving.component:ServingComponent._cycle",
+    "embmon_serving_backoff_seconds": "monitor.serving.component:ServingComponent._cycle",
 }
 
 
@@ -498,6 +515,46 @@ def _spec_rows() -> Iterable[MetricSpec]:
     ]
     for name, kind, help_text, unit, code in canary:
         yield MetricSpec(name, kind, help_text, ("model",), unit, "canary", code)
+    yield from _serving_rows()
+
+
+def _serving_rows() -> Iterable[MetricSpec]:
+    """The serving probe (monitor/serving/, docs/canaries.md): its canaries are counted above."""
+    serving: list[tuple[str, Kind, str, tuple[str, ...], str]] = [
+        ("embmon_serving_requests_total", "counter", "Embedding requests the serving probe sent to the endpoint.",
+         ("model",), ""),
+        ("embmon_serving_errors_total", "counter",
+         "Serving-probe requests that failed, by reason (connect, timeout, rate_limited, auth, http_error, html, "
+         "not_json, bad_response, ragged, oversized, encoder). 0 when healthy.", ("model", "reason"), ""),
+        ("embmon_serving_invalid_vectors_total", "counter",
+         "Vectors the endpoint returned that cannot be used, by reason (empty, zero, non_finite, "
+         "wrong_dimension). 0 when healthy.", ("model", "reason"), ""),
+        ("embmon_serving_cycles_total", "counter",
+         "Serving-probe cycles by outcome (ok; failed: a request failed; skipped: backing off).",
+         ("model", "outcome"), ""),
+        ("embmon_serving_deviation", "gauge",
+         "The last cycle's statistic of each conformance check: 1 - cos (repeat, batch, neighbour), its change "
+         "from the pins (case, whitespace, prefix), or a relative norm change (norm). 0 = conformant.",
+         ("model", "check"), ""),
+        ("embmon_serving_tolerance", "gauge", "The tolerance each conformance check's deviation is compared with.",
+         ("model", "check"), ""),
+        ("embmon_serving_violations_total", "counter",
+         "Serving-probe cycles in which a conformance check failed, by check. 0 when healthy.",
+         ("model", "check"), ""),
+        ("embmon_serving_collisions", "gauge",
+         "Pairs of distinct canary texts (or of their upper-cased forms) with identical vectors in the last "
+         "cycle. 0 when healthy.", ("model",), ""),
+        ("embmon_serving_latency_median_seconds", "gauge", "Median latency of the last cycle's requests.",
+         ("model",), "seconds"),
+        ("embmon_serving_latency_max_seconds", "gauge", "Slowest request of the last cycle.", ("model",), "seconds"),
+        ("embmon_serving_last_success_timestamp_seconds", "gauge",
+         "When a serving-probe cycle of the model last completed without a failed request.", ("model",), "seconds"),
+        ("embmon_serving_backoff_seconds", "gauge",
+         "How much longer than its interval the probe waits before it tries the endpoint again (0 when healthy).",
+         ("model",), "seconds"),
+    ]
+    for name, kind, help_text, labels, unit in serving:
+        yield MetricSpec(name, kind, help_text, labels, unit, "serving", _SERVING_CODE[name])
 
 
 def _build() -> dict[str, MetricSpec]:

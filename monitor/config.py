@@ -31,6 +31,7 @@ from monitor.redaction import looks_secret, mask_query_secrets
 from monitor.retrieval.settings import ProbeSettings
 from monitor.scaleout.settings import ScaleOutSettings
 from monitor.server.settings import HttpSettings
+from monitor.serving.settings import ServingSettings
 from monitor.settings_base import Section as _Section
 from monitor.sources.settings import (
     FileSourceSettings,
@@ -66,6 +67,7 @@ class Settings(BaseSettings):
     drift: DaemonDriftSettings = Field(default_factory=DaemonDriftSettings)  # docs/drift.md
     canaries: CanarySettings = Field(default_factory=CanarySettings)  # docs/canaries.md
     index: IndexSettings = Field(default_factory=IndexSettings)  # index probes: docs/index.md
+    serving: ServingSettings = Field(default_factory=ServingSettings)  # the serving probe: docs/canaries.md
     limits: LimitSettings = Field(default_factory=LimitSettings)
     decoding: DecodingSettings = Field(default_factory=DecodingSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)

@@ -79,6 +79,9 @@ def _wanted(settings: Settings) -> list[tuple[str, str]]:
         for i, probe in enumerate(settings.probes.golden):
             if probe.encoder is not None:
                 found.append((f"probes.golden[{i}].encoder (probe {probe.name!r}: text queries)", "encoder"))
+    for i, endpoint in enumerate(settings.serving.endpoints):
+        if endpoint.kind == "encoder":
+            found.append((f"serving.endpoints[{i}].kind: encoder (model {endpoint.model!r})", "encoder"))
     return found
 
 

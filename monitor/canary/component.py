@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,11 +50,15 @@ class CanarySnapshot:
 class CanaryComponent(Component):
     name = "canary"
 
-    def __init__(self, context: MonitorContext):
+    def __init__(self, context: MonitorContext, extra_ids: Mapping[str, Iterable[str]] | None = None):
+        """``extra_ids``: canaries beyond ``canaries.ids`` (the serving probe's texts, model -> ids)."""
         self.context = context
         self.settings: CanarySettings = context.settings.canaries
         self.window_seconds = float(context.settings.window.seconds)
         self._ids = {model: frozenset(ids) for model, ids in self.settings.ids.items()}
+        for model, ids in (extra_ids or {}).items():
+            self._ids[model] = self._ids.get(model, frozenset()) | frozenset(ids)
+        self.repin_listeners: list[Callable[[str], None]] = []  # told the model of every re-pin
         self._store = PinStore(context.state_dir)
         self._store.remove_stale_temporaries()
         try:
@@ -167,6 +171,11 @@ class CanaryComponent(Component):
             )
         return self._snapshot
 
+    def pinned(self, model: str) -> dict[str, np.ndarray]:
+        """The current pins of ``model`` (id -> unit vector; the arrays are never changed in place)."""
+        with self._lock:
+            return dict(self._pins.get(model, {}))
+
     @property
     def snapshot(self) -> CanarySnapshot:
         """What the last publishing job computed (what a scrape shows)."""
@@ -203,6 +212,8 @@ class CanaryComponent(Component):
             self._pins[model] = latest
             self._recent.pop(model, None)
             self._save_locked()
+        for listener in self.repin_listeners:
+            listener(model)
         unpinned = sorted(self._ids[model] - latest.keys())
         logger.warning(
             "canary: pins of model %s replaced by an operator: %d re-pinned to their latest arrival, %d unpinned %s",

@@ -10,6 +10,10 @@ the demo's indexer writes the catalog into an embedded LanceDB table, and during
 phase re-indexes a tenth of it with another model's vectors; the index probe's census reads the
 stale share rise to about 10 % and fall back after the backfill.
 
+The serving probe calls the demo's own embedding endpoint (``served-demo``: a toy model in this
+process, :mod:`monitor.serving.demo_server`) every 5 s; during the swap phase that endpoint also
+**starts lower-casing its input** (a serving bug), which its canaries and case check catch.
+
 The terminal shows one live view (:mod:`monitor.cli.demo_view`), redrawn in place, read from the
 daemon's published snapshots (never from its log); when stdout is not a terminal it prints the
 view's plain lines once per refresh instead. The log goes to a file whose path is printed, or to
@@ -43,8 +47,11 @@ if TYPE_CHECKING:
     from monitor.drift.export import CycleResult, DriftSnapshot
     from monitor.retrieval.probes.base import Estimate
     from monitor.retrieval.probes.component import ProbeComponent
+    from monitor.serving.demo_server import DemoEmbeddingServer
 
 MODELS = (("minilm-demo", 384), ("mpnet-demo", 768))
+SERVED = "served-demo"  # the model label of the demo's embedding endpoint (the serving probe)
+SERVING_INCIDENT_PHASE = "swapped"  # while it lasts, the endpoint lower-cases its input
 CANARIES = 4
 # (kind, seconds): long enough for the 30 s window to turn over, so each incident shows fully
 PHASES = (
@@ -122,8 +129,12 @@ def run_demo(
         os.close(handle)
         log_file = Path(name)
     configure_logging(settings.log_level, None if verbose else log_file)
+    endpoint = _serve_demo_endpoint(settings)
     settings, factories = with_index_incident(settings)
     monitor = Monitor(settings, component_factories=factories)
+    if endpoint is not None:
+        endpoint.lowercase = lambda: getattr(getattr(monitor.source, "current_phase", None), "kind", None) \
+            == SERVING_INCIDENT_PHASE
     stop_view = threading.Event()
     viewer: list[threading.Thread] = []
 
@@ -134,7 +145,9 @@ def run_demo(
             f"script: {script_text(settings)}\n"
             f"drift every {settings.drift.interval_seconds:g}s against each stream's first "
             f"{settings.drift.reference.records} records; "
-            f"canaries every {settings.synthetic.canary_period_seconds:g}s\n"
+            f"canaries every {settings.synthetic.canary_period_seconds:g}s"
+            + (f"; the serving probe calls {SERVED} every {settings.serving.interval_seconds:g}s (it lower-cases "
+               f"its input while {SERVING_INCIDENT_PHASE})" if endpoint is not None else "") + "\n"
             f"state directory: {settings.state_dir}\n"
             f"log: {log_file if log_file is not None else 'stderr'}",
             file=out,
@@ -154,6 +167,8 @@ def run_demo(
         stop_view.set()
         for thread in viewer:
             thread.join(timeout=5.0)
+        if endpoint is not None:
+            endpoint.stop()
     if log_file is not None:
         print(f"embedding-monitor demo stopped; its log is in {log_file}", file=out, flush=True)
     return 0
@@ -186,6 +201,22 @@ def with_index_incident(settings: Settings) -> tuple[Settings, list[Any] | None]
         return demo.DemoIndexer(context, model.name, interactions.catalog_stream, model.dim, period)
 
     return settings, [indexer, *default_component_factories(settings)]
+
+
+def _serve_demo_endpoint(settings: Settings) -> DemoEmbeddingServer | None:
+    """Start the demo's embedding endpoint and point the serving probe at it, unless the settings
+    already name endpoints of their own."""
+    if settings.serving.enabled:
+        return None
+    from monitor.serving.demo_server import DemoEmbeddingServer
+    from monitor.serving.settings import ServingSettings
+
+    server = DemoEmbeddingServer().start()
+    settings.serving = ServingSettings.model_validate({
+        **settings.serving.model_dump(exclude={"endpoints", "interval_seconds"}),
+        "endpoints": [{"model": SERVED, "url": server.url, "dim": 384}], "interval_seconds": 5.0,
+    })
+    return server
 
 
 def _show(monitor: Monitor, out: TextIO, stop: threading.Event, notes: tuple[str, ...]) -> None:
@@ -259,7 +290,8 @@ def demo_status(monitor: Monitor, notes: tuple[str, ...] = ()) -> DemoStatus:
     )
     canary = _component(monitor, CanaryComponent)
     probes = _component(monitor, ProbeComponent)
-    models = tuple(_model_view(model, canary, probes) for model in sorted({s.model for s in streams}))
+    served = {e.model for e in monitor.settings.serving.endpoints}
+    models = tuple(_model_view(model, canary, probes) for model in sorted({s.model for s in streams} | served))
     invalid: dict[str, int] = {}
     for (_, reason), count in status.invalid_counts().items():
         invalid[reason] = invalid.get(reason, 0) + count

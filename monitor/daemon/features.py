@@ -24,7 +24,11 @@ def default_component_factories(settings: Settings) -> list[ComponentFactory]:
         from monitor.drift.component import DriftComponent
 
         factories.append(DriftComponent)
-    if settings.canaries.enabled:
+    if settings.serving.enabled:  # the canary component too: the serving probe's vectors are canaries
+        from monitor.serving.component import serving_factories
+
+        factories.extend(serving_factories())
+    elif settings.canaries.enabled:
         from monitor.canary.component import CanaryComponent
 
         factories.append(CanaryComponent)

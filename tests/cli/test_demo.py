@@ -159,6 +159,8 @@ def test_the_scripted_demo_catches_the_silent_swap_and_names_the_topic_shift(tmp
     assert any("minilm-demo: canary min cos" in line and "CHANGED" in line for line in swapped)
     assert any("minilm-demo/documents" in line and "drift YES" in line for line in swapped)
     assert not any("collapse YES" in line for line in swapped)
+    # the serving incident: the demo's endpoint lower-cases its input; the serving probe's canaries catch it
+    assert any("served-demo: canary min cos" in line and "CHANGED" in line for line in swapped)
     # the topic shift: flagged, and the top region's window exemplars are the new topic's own ids
     named = named_topic(views)
     assert named, by_phase["topic_shift"][-1]

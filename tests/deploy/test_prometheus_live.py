@@ -50,6 +50,8 @@ NOT_FROM_SYNTHETIC = {
     "embmon_consumer_lag_records": "Kafka source only",
     "embmon_source_last_progress_timestamp_seconds": "Kafka source only (one series per topic)",
     "embmon_alignment": "needs records sharing a pair_id",
+    # the serving probe needs an embedding endpoint: tests/serving/test_alert.py runs against a real one
+    **{name: "serving probe only" for name, spec in METRICS.items() if spec.area == "serving"},
     # a single daemon exports none of these; tests/test_prometheus_live_scaleout.py runs their
     # queries against replicas and a reducer
     **{name: "scale-out roles only" for name in SCALE_OUT_METRICS},

@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("artifacts", "config"),  # the generator; the settings root, which nests every feature's settings
     ("scaleout",),  # the replica and reducer roles, built on the daemon
     ("daemon",),
-    ("index",),  # probes of what serves the queries, built on retrieval's statistics and golden sets
+    ("index", "serving"),  # probes of the index and the embedding server, built on retrieval and canary
     ("drift", "retrieval", "canary", "quality"),  # the features, independent of each other
     ("component",),  # the seam between the daemon and the features
     ("server", "sources", "state"),  # HTTP transport; record sources; streaming state

@@ -149,13 +149,14 @@ def test_registering_the_artifacts_command_loads_no_generator() -> None:
 
 def test_only_the_cuda_paths_and_the_text_encoder_import_torch_or_sentence_transformers() -> None:
     """The import graph, read from source (lazy imports included): torch is imported by the modules
-    monitor/devices.py names, sentence-transformers by the golden probe's encoder, and nothing
-    else; so the default install (neither, monitor/extras.py) lacks nothing the CPU daemon runs."""
+    monitor/devices.py names, sentence-transformers by the golden probe's encoder and the serving
+    probe's in-process encoder, and nothing else; so the default install (neither,
+    monitor/extras.py) lacks nothing the CPU daemon runs."""
     assert importers("torch") == {
         "monitor.devices", "monitor.drift.twosample.mmd_torch", "monitor.retrieval.probes.knn_torch",
         "monitor.state.stats", "monitor.quality.intrinsic",
     }
-    assert importers("sentence_transformers") == {"monitor.retrieval.probes.golden"}
+    assert importers("sentence_transformers") == {"monitor.retrieval.probes.golden", "monitor.serving.backends"}
 
 
 @pytest.mark.slow

@@ -3,8 +3,8 @@
 One module per alert area, each with its alerts and the scenarios their promtool tests are
 generated from: :mod:`.intrinsic`, :mod:`.drift`, :mod:`.canary` (a changed model),
 :mod:`.retrieval` (quality and probes), :mod:`.index` (the vector store: its recall, stale vectors),
-:mod:`.operations` (the monitor itself and its ingest),
-:mod:`.scaleout` (replicas and the reducer). A new alert goes into the module of its
+:mod:`.operations` (the monitor itself and its ingest), :mod:`.scaleout` (replicas and the
+reducer), :mod:`.serving` (the embedding endpoint). A new alert goes into the module of its
 area; :func:`build_rules` collects them in that order. The shared pieces: :mod:`.model` (the
 dataclasses), :mod:`.recording` (recording rules), :mod:`.scenarios` (test-history helpers),
 :mod:`.values` (numbers as Prometheus shows them).
@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from monitor.artifacts.rules import canary, drift, index, intrinsic, operations, retrieval, scaleout
+from monitor.artifacts.rules import canary, drift, index, intrinsic, operations, retrieval, scaleout, serving
 from monitor.artifacts.rules.model import DEFAULT_RUNBOOK, Alert, RuleSet
 from monitor.artifacts.rules.recording import recording_rules
 from monitor.artifacts.thresholds import Thresholds
 
-AREAS = (intrinsic, drift, canary, retrieval, index, operations, scaleout)
+AREAS = (intrinsic, drift, canary, retrieval, index, operations, scaleout, serving)
 
 
 def build_rules(th: Thresholds | None = None, runbook_url: str = DEFAULT_RUNBOOK) -> RuleSet:

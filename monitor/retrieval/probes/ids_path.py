@@ -46,6 +46,16 @@ def parse_ids_path(path: str) -> list[tuple[str, str]]:
 
 def extract_ids(document: Any, steps: Sequence[tuple[str, str]]) -> list[str]:
     """Follow a parsed path through a JSON response; raise ``ProbeError`` when it does not fit."""
+    ids = []
+    for node in follow_path(document, steps):
+        if isinstance(node, bool) or not isinstance(node, (str, int)):
+            raise ProbeError(f"an id in the response is {type(node).__name__}, not a string or integer")
+        ids.append(str(node))
+    return ids
+
+
+def follow_path(document: Any, steps: Sequence[tuple[str, str]]) -> list[Any]:
+    """The nodes a parsed path reaches in a JSON document; raise ``ProbeError`` when it does not fit."""
     nodes = [document]
     for kind, arg in steps:
         following: list[Any] = []
@@ -63,9 +73,4 @@ def extract_ids(document: Any, steps: Sequence[tuple[str, str]]) -> list[str]:
                     raise ProbeError(f"response has no element [{arg}] where the ids path expects one")
                 following.append(node[int(arg)])
         nodes = following
-    ids = []
-    for node in nodes:
-        if isinstance(node, bool) or not isinstance(node, (str, int)):
-            raise ProbeError(f"an id in the response is {type(node).__name__}, not a string or integer")
-        ids.append(str(node))
-    return ids
+    return nodes

@@ -34,7 +34,7 @@ class RequestTemplate:
     itself (a list, a number, a string); a placeholder inside a longer string is interpolated.
     """
 
-    def __init__(self, template: str | Mapping[str, Any]):
+    def __init__(self, template: str | Mapping[str, Any], placeholders: tuple[str, ...] = PLACEHOLDERS):
         if isinstance(template, str):
             try:
                 parsed = json.loads(_quote_bare_placeholders(template))
@@ -44,10 +44,10 @@ class RequestTemplate:
             parsed = template
         self.template = parsed
         self.names = frozenset(_names_in(parsed))
-        unknown = self.names - set(PLACEHOLDERS)
+        unknown = self.names - set(placeholders)
         if unknown:
             raise ValueError(
-                f"request_template uses unknown placeholders {sorted(unknown)}; known: {list(PLACEHOLDERS)}"
+                f"request_template uses unknown placeholders {sorted(unknown)}; known: {list(placeholders)}"
             )
 
     def render(self, values: Mapping[str, Any]) -> bytes:

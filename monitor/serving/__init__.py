@@ -1,0 +1,1 @@
+"""The serving probe: call the embedding endpoint itself, pin canary texts, check conformance (docs/canaries.md)."""
