@@ -30,8 +30,8 @@ from prometheus_client.metrics_core import Metric
 from monitor import catalog
 from monitor.canary.component import CanaryComponent
 from monitor.component import Component, MonitorContext, ScheduledJob
-from monitor.config import ConfigError
 from monitor.decoding.records import EmbeddingBatch
+from monitor.errors import ConfigError
 from monitor.logs import RateLimitedLog
 from monitor.serving.backends import Backend, make_backend
 from monitor.serving.probe import CHECKS, pinned_checks, run_cycle, violations
