@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import struct
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -155,3 +159,23 @@ def test_the_daemon_survives_a_worker_crash_and_counts_it(tmp_path: Path) -> Non
         wait_until(lambda: (s := monitor.registry.get("m", "s")) is not None and s.records_total == 3000, timeout=30)
         assert monitor.errors.counts.snapshot().get("json_worker", 0) == 1
         assert monitor.offsets.applied() == {("t", 0): 2999}
+
+
+def test_a_worker_whose_daemon_is_gone_exits_quietly() -> None:
+    """A worker answering a daemon that was killed (its pipe closed) exits with status 0 and no
+    traceback: the worker's stderr is the daemon's log. The crash test (tests/daemon/test_crash.py)
+    failed on that traceback at load average 14-19, when a SIGKILL came while a worker was parsing."""
+    collector = Decoder(LimitSettings()).json
+    args = {"max_rows_per_message": collector.max_rows_per_message, "max_dimension": collector.max_dimension,
+            "default_stream": collector.default_stream, "label_pattern": collector._label.pattern}
+    value = _messages(n=2)[0]
+    with subprocess.Popen([sys.executable, "-m", "monitor.decoding.json_workers", json.dumps(args)],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as worker:
+        assert worker.stdin is not None and worker.stdout is not None
+        worker.stdout.close()  # the reader is gone before the answer is written: the write fails, surely
+        worker.stdin.write(struct.pack("<II", 1, len(value)) + value)
+        worker.stdin.close()
+        assert worker.stderr is not None
+        stderr = worker.stderr.read()  # until the worker exits
+        worker.wait(timeout=60)
+    assert worker.returncode == 0 and stderr == b"", stderr.decode()
