@@ -132,7 +132,7 @@ class Checkpointer:
         with self._lock:
             started = time.perf_counter()
             try:
-                state, tree, arrays, offsets = self.pipeline.at_batch_boundary(self._capture)
+                state, tree, arrays, (offsets, generation) = self.pipeline.at_batch_boundary(self._capture)
             except Exception:  # noqa: BLE001 - counted; the previous checkpoint stays valid
                 self._failed("capture", reason)
                 return False
@@ -146,7 +146,7 @@ class Checkpointer:
             if self.observer is not None and state is not None:
                 with self.errors.guard("checkpoint:observer"):
                     self.observer.written(state, offsets)
-            self.offsets.mark_durable(offsets)
+            self.offsets.mark_durable(offsets, generation)
             self._last_success = time.time()
             self._size_bytes = float(written.size_bytes)
         self.duration.observe(elapsed)
@@ -169,7 +169,7 @@ class Checkpointer:
         )
         logger.debug("checkpoint failure", exc_info=True)
 
-    def _capture(self) -> tuple[dict[str, Any] | None, Any, list[Any], Offsets]:
+    def _capture(self) -> tuple[dict[str, Any] | None, Any, list[Any], tuple[Offsets, int]]:
         """Everything a restart needs, flattened (arrays copied) so the live state can move on; and,
         for an observer only, the state itself (its arrays are copies too: nothing live leaks out)."""
         registry = self.registry.state_dict()
@@ -181,7 +181,7 @@ class Checkpointer:
             "invalid": [[s, r, n] for (s, r), n in self.pipeline.invalid.snapshot().items()],
             "interactions": self.pipeline.interactions.snapshot(),
         }
-        offsets = self.offsets.applied()
+        offsets, generation = self.offsets.capture()
         state = {
             "created_at": time.time(),
             "source": self.source.name,
@@ -200,7 +200,7 @@ class Checkpointer:
             state["scale_out"] = self.observer.tag()
         arrays: list[Any] = []
         tree = ckpt.flatten(state, arrays)
-        return (state if self.observer is not None else None), tree, arrays, offsets
+        return (state if self.observer is not None else None), tree, arrays, (offsets, generation)
 
     def _group_id(self) -> str | None:
         return self.settings.kafka.group_id if self.settings.source == "kafka" else None

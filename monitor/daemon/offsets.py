@@ -9,6 +9,10 @@ offset included" (Kafka's committed position is that plus one):
 
 With checkpointing on, only durable offsets are committed, so the group is never ahead of what a
 restart can restore; without it, applied offsets are. One lock guards all three.
+
+A checkpoint marks durable the offsets it captured, after its write: a partition whose position was
+reset in between (:meth:`OffsetTracker.reset`) keeps its new offsets, so the old, larger one (past
+the end of a recreated topic's log) is neither made durable again nor committed.
 """
 
 from __future__ import annotations
@@ -27,12 +31,19 @@ class OffsetTracker:
         self._applied: Offsets = {}
         self._durable: Offsets = {}
         self._committed: Offsets = {}
+        self._resets = 0  # resets so far: a capture's generation
+        self._reset_at: dict[Partition, int] = {}  # the generation of each partition's last reset
         self._lock = threading.Lock()
 
     def applied(self) -> Offsets:
         """The last offset per partition that the in-memory state reflects."""
         with self._lock:
             return dict(self._applied)
+
+    def capture(self) -> tuple[Offsets, int]:
+        """The applied offsets and their generation, for :meth:`mark_durable` once they are on disk."""
+        with self._lock:
+            return dict(self._applied), self._resets
 
     def durable(self) -> Offsets:
         """The last offset per partition that the newest checkpoint reflects."""
@@ -52,8 +63,11 @@ class OffsetTracker:
         with self._lock:
             _advance(self._applied, positions)
 
-    def mark_durable(self, offsets: Mapping[Partition, int]) -> None:
+    def mark_durable(self, offsets: Mapping[Partition, int], generation: int | None = None) -> None:
+        """``offsets`` are on disk; those captured (:meth:`capture`) before their partition's reset are stale."""
         with self._lock:
+            if generation is not None:
+                offsets = {key: o for key, o in offsets.items() if self._reset_at.get(key, -1) <= generation}
             _advance(self._durable, offsets)
 
     def mark_assigned(self, positions: Mapping[Partition, int]) -> None:
@@ -68,7 +82,9 @@ class OffsetTracker:
         everything before ``positions`` counts as applied and durable, the old values are dropped
         (unlike every other update, this may move an offset back) and the next commit carries them."""
         with self._lock:
+            self._resets += 1
             for key, position in positions.items():
+                self._reset_at[key] = self._resets
                 self._applied[key] = position - 1
                 self._durable[key] = position - 1
                 self._committed.pop(key, None)

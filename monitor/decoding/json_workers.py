@@ -229,9 +229,14 @@ def serve(args: dict[str, Any]) -> None:
         ends = np.cumsum(lengths, dtype=np.int64)
         values = [payload[int(end - length) : int(end)] for end, length in zip(ends, lengths, strict=True)]
         answer = pickle.dumps(collector.collect(values), protocol=pickle.HIGHEST_PROTOCOL)
-        stdout.write(struct.pack("<Q", len(answer)))
-        stdout.write(answer)
-        stdout.flush()
+        try:
+            stdout.write(struct.pack("<Q", len(answer)))
+            stdout.write(answer)
+            stdout.flush()
+        except BrokenPipeError:  # the daemon is gone (killed, or it gave up on this worker): nobody to answer
+            # stdout still holds unwritten bytes: point it at /dev/null so the exit's flush raises nothing
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return
 
 
 if __name__ == "__main__":

@@ -232,21 +232,26 @@ def test_checkpoint_size_and_time_at_dimension_768(tmp_path: Path) -> None:
                 )
             ]
         )
-    started = time.perf_counter()
+    # CPU seconds of this thread, not wall time: what the encoding costs, whatever else the machine runs
+    started, cpu = time.perf_counter(), time.thread_time()
     assert monitor.checkpointer.checkpoint()
-    elapsed = time.perf_counter() - started
+    elapsed, cpu_elapsed = time.perf_counter() - started, time.thread_time() - cpu
     size = ckpt.CheckpointStore(tmp_path).current.stat().st_size
-    started = time.perf_counter()
     restored = make_monitor(
         tmp_path, Clock(clock.now), window={"seconds": 900, "subwindows": 10, "reservoir_size": 10_000}
     )
+    started, cpu = time.perf_counter(), time.thread_time()
     assert restored.checkpointer.restore()
-    restore_elapsed = time.perf_counter() - started
-    print(f"\ncheckpoint d=768: {size / 1e6:.1f} MB written in {elapsed:.2f} s, restored in {restore_elapsed:.2f} s")
+    restore_elapsed, restore_cpu = time.perf_counter() - started, time.thread_time() - cpu
+    print(f"\ncheckpoint d=768: {size / 1e6:.1f} MB written in {elapsed:.2f} s ({cpu_elapsed:.2f} s CPU), "
+          f"restored in {restore_elapsed:.2f} s ({restore_cpu:.2f} s CPU)")
     # 10 packed Gram triangles (768*769/2 float64) + 10,000 float32 reservoir rows, plus small change
     payload = 10 * (768 * 769 // 2) * 8 + 10_000 * 768 * 4
     assert payload < size < 1.05 * payload + 1_000_000
-    assert elapsed < 10 and restore_elapsed < 10
+    # 0.37 s and 0.28 s CPU measured at load average 20 on 2 cores (wall: 1.0-1.3 s and 0.8 s, and 5.4 s
+    # when the restored monitor's construction was timed too, against a 10 s wall bound); encoding the same
+    # 7.1 million values as JSON text takes 6.9 s CPU to write and 4.1 s to read back
+    assert cpu_elapsed < 3 and restore_cpu < 3
     assert restored.registry.get("big", "documents").records_total == 10_000
     monitor.stop()
     restored.stop()

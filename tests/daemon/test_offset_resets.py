@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import pytest
 from kafka.admin import KafkaAdminClient
 
 from monitor.config import load_settings
+from monitor.daemon import failpoints
 from monitor.daemon.service import Monitor
 from monitor.storage.checkpoint_format import CheckpointStore, flatten, read_file
 from tests.support import daemons
@@ -164,3 +166,44 @@ def test_a_crafted_checkpoint_offset_is_never_committed_and_the_position_resets(
     assert re.search(r"cannot resume at offset 1000000000001: it is past the log's end .* its end 100; a fetch "
                      r"there found the log ending at 100\)\. Resuming at offset 100 \(auto_offset_reset=latest\)",
                      error), error
+
+
+def test_a_checkpoint_taken_before_a_reset_does_not_bring_the_old_offset_back(
+    broker: Broker, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint captured at the old position (999) and written while the position is reset
+    must not mark 999 durable afterwards: that offset would then be committed on the new, shorter
+    log (1000 past its end of 600) and stay there. The race, deterministic: the checkpoint write is
+    held at its fail point until the reset is done. It made the running-daemon test above fail 1
+    run in 7 at load average 18-20 on 2 cores (the group stuck at 1000, not 600)."""
+    topic, group = "emb-recreated-held", "recreated-held"
+    broker.create_topics(topic)
+    produce(broker, topic, 1000, seed=7)
+    held, entered, release = threading.Event(), threading.Event(), threading.Event()
+    reach = failpoints.reach
+
+    def gate(name: str) -> None:
+        if name == "checkpoint-write" and held.is_set():
+            held.clear()
+            entered.set()
+            release.wait(timeout=60)
+        reach(name)
+
+    monkeypatch.setattr(failpoints, "reach", gate)
+    seen: list[int | None] = []
+    with daemons.monitor(settings(broker, topic, group, state_dir)) as monitor:
+        wait_until(lambda: counted(monitor) == 1000, timeout=60, message="the first topic counted")
+        wait_until(lambda: broker.committed(group, topic) == 1000, timeout=20, message="its offsets committed")
+        held.set()
+        wait_until(entered.is_set, timeout=20, message="a checkpoint of offset 999 held before its write")
+        try:
+            recreate(broker, topic)
+            produce(broker, topic, 600, seed=8)
+            wait_until(lambda: sum(resets(monitor).values()) == 1, timeout=60, message="the position reset")
+        finally:
+            release.set()
+        wait_until(lambda: counted(monitor) == 1600, timeout=60, message="the recreated topic's records counted")
+        wait_until(lambda: seen.append(broker.committed(group, topic)) or seen[-1] == 600, timeout=20,
+                   message="the new log's end committed", on_timeout=lambda: f"committed: {seen[-5:]}")
+        assert monitor.offsets.durable() == {(topic, 0): 599}
+    assert all(offset is not None and offset <= 600 for offset in seen), seen

@@ -39,3 +39,18 @@ def test_restore_sets_applied_and_durable_together() -> None:
     offsets.mark_applied({A: 100})
     offsets.restore({A: 40})
     assert offsets.applied() == offsets.durable() == {A: 40} and offsets.all_durable()
+
+
+def test_a_capture_taken_before_a_reset_does_not_make_the_old_offset_durable() -> None:
+    """A checkpoint captured at 999, written while the partition is reset to 0 (a recreated topic),
+    leaves the reset partition's new offsets alone and still marks the other partitions durable."""
+    offsets = OffsetTracker(durable_commits=True)
+    offsets.mark_applied({A: 999, B: 50})
+    captured, generation = offsets.capture()
+    offsets.reset({A: 0})
+    offsets.mark_durable(captured, generation)
+    assert offsets.durable() == {A: -1, B: 50} and offsets.to_commit() == {A: -1, B: 50}
+    offsets.mark_applied({A: 599})
+    captured, generation = offsets.capture()  # taken after the reset: it counts
+    offsets.mark_durable(captured, generation)
+    assert offsets.durable() == {A: 599, B: 50}
