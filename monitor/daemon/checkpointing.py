@@ -143,10 +143,13 @@ class Checkpointer:
                 self._failed("write", reason)
                 return False
             elapsed = time.perf_counter() - started
+            # a partition reset while this was written (a recreated topic): its captured offset is not
+            # in its log any more, so neither the durable mark nor a replica's manifest may carry it
+            offsets = self.offsets.still_current(offsets, generation)
             if self.observer is not None and state is not None:
                 with self.errors.guard("checkpoint:observer"):
                     self.observer.written(state, offsets)
-            self.offsets.mark_durable(offsets, generation)
+            self.offsets.mark_durable(offsets)
             self._last_success = time.time()
             self._size_bytes = float(written.size_bytes)
         self.duration.observe(elapsed)

@@ -63,11 +63,17 @@ class OffsetTracker:
         with self._lock:
             _advance(self._applied, positions)
 
+    def still_current(self, offsets: Mapping[Partition, int], generation: int) -> Offsets:
+        """``offsets`` captured (:meth:`capture`) at ``generation``, less the partitions reset since:
+        their logs no longer hold those offsets."""
+        with self._lock:
+            return {key: o for key, o in offsets.items() if self._reset_at.get(key, -1) <= generation}
+
     def mark_durable(self, offsets: Mapping[Partition, int], generation: int | None = None) -> None:
         """``offsets`` are on disk; those captured (:meth:`capture`) before their partition's reset are stale."""
+        if generation is not None:
+            offsets = self.still_current(offsets, generation)
         with self._lock:
-            if generation is not None:
-                offsets = {key: o for key, o in offsets.items() if self._reset_at.get(key, -1) <= generation}
             _advance(self._durable, offsets)
 
     def mark_assigned(self, positions: Mapping[Partition, int]) -> None:

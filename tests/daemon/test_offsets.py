@@ -54,3 +54,17 @@ def test_a_capture_taken_before_a_reset_does_not_make_the_old_offset_durable() -
     captured, generation = offsets.capture()  # taken after the reset: it counts
     offsets.mark_durable(captured, generation)
     assert offsets.durable() == {A: 599, B: 50}
+
+
+def test_what_a_checkpoint_written_across_a_reset_may_still_claim() -> None:
+    """A replica publishes the offsets its checkpoint reflects (daemon/checkpointing.py hands them to
+    its observer): a partition reset while that checkpoint was written is left out of them, the
+    others kept, and offsets captured after the reset are all current."""
+    offsets = OffsetTracker(durable_commits=True)
+    offsets.mark_applied({A: 999, B: 50})
+    captured, generation = offsets.capture()
+    offsets.reset({A: 0})
+    assert offsets.still_current(captured, generation) == {B: 50}
+    offsets.mark_applied({A: 10})
+    captured, generation = offsets.capture()
+    assert offsets.still_current(captured, generation) == {A: 10, B: 50}
