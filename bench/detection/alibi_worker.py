@@ -5,7 +5,8 @@
   default decision: ``is_drift``.
 - ``alibi MMDDriftOnline`` / ``alibi LSDDDriftOnline``: the online forms, calibrated by their own
   bootstrap to an expected run time (ERT) of 100 cycles of records, the matched false-alarm rate of
-  the batch table (window of 20 records; 1.2 × ERT bootstraps, the fewest its quantile estimate accepts). They see the stream one record at a time
+  the batch table (window of 20 records; 1.2 × ERT bootstraps, the fewest its quantile estimate
+  accepts). They see the stream one record at a time
   from ``window`` records before the change (their calibration holds from the first record: no warm-up).
 
 Run: ``.venv-alibi/bin/python -m bench.detection.alibi_worker PLAN OUT [methods...]``.

@@ -11,7 +11,7 @@
   error's alert band at 3 standard deviations of the reference chunks'), chunks of n/5 rows; the
   score is the largest chunk error of the window, the default decision any chunk's alert.
 - DriftLens 0.1.2 (per-batch and per-label Fréchet distances in PCA spaces): the baseline on one
-  half of the reference, its threshold from 20 windows of n rows drawn with replacement from the
+  half of the reference, its threshold from 10 windows of n rows drawn with replacement from the
   other half in its class proportions (the top 1% of their distances, as in its examples). Its
   labels are a nearest-centroid classifier's predictions (fitted on the reference's classes):
   DriftLens watches a classifier's output. The per-label distances (each standardised by its
@@ -130,7 +130,7 @@ def driftlens_method(plan: protocol.Plan) -> tuple[Any, Any]:
     return fit, decide
 
 
-THRESHOLD_WINDOWS = 20  # its threshold estimation costs ~0.3 s of CPU per window of 1,000 rows, at every fit
+THRESHOLD_WINDOWS = 10  # its threshold estimation costs ~0.3 s of CPU per window of 1,000 rows, at every fit
 DRIFTLENS_NULLS = 100  # null replicates for DriftLens (each needs a fit): 100, not 200
 
 METHODS = ("Evidently model", "Evidently mmd", "Evidently ratio", "Evidently distance", "NannyML", "DriftLens")
