@@ -89,10 +89,12 @@ def main() -> None:
             if name in BATCH:
                 fit, decide = batch_method(kind)
                 results.append(protocol.run_batch(plan, name, fit, decide, lambda s, d: all(d.values()),
-                                                  protocol.cost_rows(plan)))
+                                                  protocol.cost_rows(plan),
+                                                  progress=lambda partial: protocol.write(out, [*results, partial])))
             else:
                 make, step = online_method(kind, ert)
-                result = protocol.run_online(plan, name, make, step, warm=ONLINE_WINDOW)
+                result = protocol.run_online(plan, name, make, step, warm=ONLINE_WINDOW,
+                                             progress=lambda partial: protocol.write(out, [*results, partial]))
                 result["ert"] = ert
                 results.append(result)
         except Exception as error:  # one detector failing must not lose the others' results

@@ -152,7 +152,8 @@ def main() -> None:
                 explain = True
             results.append(protocol.run_batch(plan, name, fit, decide, lambda s, d: all(d.values()),
                                               protocol.cost_rows(plan), explain=explain,
-                                              null_limit=DRIFTLENS_NULLS if name == "DriftLens" else None))
+                                              null_limit=DRIFTLENS_NULLS if name == "DriftLens" else None,
+                                              progress=lambda partial: protocol.write(out, [*results, partial])))
         except Exception as error:  # one peer failing must not lose the others' results
             logging.getLogger(__name__).exception("%s failed", name)
             results.append({"method": name, "kind": "batch", "error": f"{type(error).__name__}: {error}"})

@@ -122,7 +122,8 @@ def run_batch(plan: Plan, name: str, fit: Callable[..., Any], decide: Callable[.
               stop_when: Callable[[float, dict[str, bool]], bool],
               cost: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
               explain: bool = False, null_limit: int | None = None,
-              log: Callable[[str], None] = print) -> dict[str, Any]:
+              log: Callable[[str], None] = print, progress: Callable[[dict[str, Any]], None] | None = None,
+              ) -> dict[str, Any]:
     """Every case of the plan through one batch method: ``fit(reference, seed, ids) -> state`` (``ids``:
     the reference rows' ids in the plan, for a method that reads their classes) and
     ``decide(state, window, seed) -> (score, decisions[, info])`` (with ``explain``, also given the
@@ -173,8 +174,10 @@ def run_batch(plan: Plan, name: str, fit: Callable[..., Any], decide: Callable[.
         out["cases"][case] = records
         if info["null"]:
             thresholds[case] = matched_threshold([rec[0]["score"] for rec in records])
+        out["thresholds"] = thresholds
         log(f"  {name}: {case} ({len(records)} replicates) at {time.perf_counter() - started:.0f}s")
-    out["thresholds"] = thresholds
+        if progress is not None:  # what is done so far survives a run stopped early
+            progress(out)
     for label, (rows, ids) in (cost or {}).items():
         half = len(rows) // 2
         state = fit(rows[:half], 0, ids[:half])
@@ -192,7 +195,8 @@ def run_batch(plan: Plan, name: str, fit: Callable[..., Any], decide: Callable[.
 
 def run_online(plan: Plan, name: str, make: Callable[[np.ndarray, int], Any],
                step: Callable[[Any, np.ndarray], int | None], warm: int | None = None,
-               log: Callable[[str], None] = print) -> dict[str, Any]:
+               log: Callable[[str], None] = print, progress: Callable[[dict[str, Any]], None] | None = None,
+               ) -> dict[str, Any]:
     """Every online case of the plan through an online method: ``make(reference, seed) -> detector``,
     ``step(detector, rows) -> index of the first alarm in rows or None`` (the detector resets itself
     after an alarm). Null streams: alarms over the stream after its warm-up; shift streams: records from
@@ -239,6 +243,8 @@ def run_online(plan: Plan, name: str, make: Callable[[np.ndarray, int], Any],
         out["cases"][case] = records
         out["cost"].setdefault("seconds_per_record", {})[case] = seconds / max(seen, 1)
         log(f"  {name}: {case} ({len(records)} replicates) at {time.perf_counter() - started:.0f}s")
+        if progress is not None:
+            progress(out)
     return out
 
 

@@ -94,7 +94,7 @@ def build(corpus: Corpus, rows: dict[str, np.ndarray], path: Path, *, n: int = 1
                        "injected": [injected_class(shift, r) for r in range(reps)]}
 
     add("null", n, null_replicates, 1, True, ["batch"], "null")
-    for delta in DELTAS:
+    for delta in sorted(DELTAS, key=lambda d: (d < 0.05, -d)):  # 30, 20, 10, 5, then 2 and 1 (a run cut short)
         name = f"share{round(delta * 100)}"  # δ of 1% and 2% are missed by most: every cycle of the horizon
         reps = small_replicates if small_replicates and delta < 0.05 else replicates
         add(name, n, reps, horizon, False, ["batch", "online"], name)

@@ -134,10 +134,12 @@ def main() -> None:
         if name in BATCH:
             fit, decide = suite_method(plan, BATCH[name])
             results.append(protocol.run_batch(plan, name, fit, decide, lambda s, d: all(d.values()),
-                                              protocol.cost_rows(plan), explain=name == "embedding-monitor"))
+                                              protocol.cost_rows(plan), explain=name == "embedding-monitor",
+                                              progress=lambda partial: protocol.write(out, [*results, partial])))
         else:
             make, step = online_method(name)
-            results.append(protocol.run_online(plan, name, make, step))
+            results.append(protocol.run_online(plan, name, make, step,
+                                               progress=lambda partial: protocol.write(out, [*results, partial])))
         protocol.write(out, results)
 
 
