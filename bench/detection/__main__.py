@@ -141,7 +141,12 @@ def main(argv: list[str] | None = None) -> int:
         (folder / "seconds").unlink(missing_ok=True)
         found = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.json"))
                  if p.name != "results.json"]
-        (folder / "results.json").write_text(json.dumps([r for rs in found for r in rs]), encoding="utf-8")
+        merged = [r for rs in found for r in rs]
+        done = {r["method"] for r in merged}
+        cut = (time.time() - plan.stat().st_mtime) / 60
+        merged += [{"method": m, "kind": "batch", "error": f"its null replicates had not finished when the run was "
+                    f"cut at {cut:.0f} min"} for _, methods in WORKERS.values() for m in methods if m not in done]
+        (folder / "results.json").write_text(json.dumps(merged), encoding="utf-8")
     results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
     if (folder / "seconds").exists():
         seconds = float((folder / "seconds").read_text(encoding="utf-8"))

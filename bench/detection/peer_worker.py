@@ -96,6 +96,10 @@ def driftlens_method(plan: protocol.Plan) -> tuple[Any, Any]:
         state: dict[str, Any] = {"classes": classes, "centres": centres}
         half = len(reference) // 2
         base, held = reference[:half], reference[half:]
+        predicted_base = predict(state, base)
+        values, counts = np.unique(predicted_base, return_counts=True)  # DriftLens fits a PCA per label
+        kept = np.isin(state["classes"], values[counts >= 3])
+        state.update(classes=state["classes"][kept], centres=state["centres"][kept])
         predicted_base, predicted_held = predict(state, base), predict(state, held)
         label_list = [int(c) for c in classes]
         smallest = min(int((predicted_base == c).sum()) for c in label_list)
@@ -118,7 +122,11 @@ def driftlens_method(plan: protocol.Plan) -> tuple[Any, Any]:
 
     def decide(state: Any, window: np.ndarray, seed: int, ids: np.ndarray | None = None,
                injected: list[int] | None = None) -> tuple[float, dict[str, bool], dict[str, Any]]:
-        distances = state["lens"].compute_window_distribution_distances(window, predict(state, window))
+        labels = predict(state, window)
+        try:
+            distances = state["lens"].compute_window_distribution_distances(window, labels)
+        except (np.linalg.LinAlgError, ValueError):  # a label with fewer than 3 rows in the window (or none)
+            distances = guarded_distances(state["lens"], window, labels)
         score = float(distances["per-batch"])
         info: dict[str, Any] = {}
         if injected is not None:
@@ -132,6 +140,32 @@ def driftlens_method(plan: protocol.Plan) -> tuple[Any, Any]:
 
 THRESHOLD_WINDOWS = 10  # its threshold estimation costs ~0.3 s of CPU per window of 1,000 rows, at every fit
 DRIFTLENS_NULLS = 100  # null replicates for DriftLens (each needs a fit): 100, not 200
+
+def guarded_distances(lens: Any, window: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
+    """DriftLens's own per-batch and per-label Fréchet distances (``DriftLens._compute_frechet_distribution_distances``,
+    through its baseline and distance functions), skipping the labels with fewer than 3 rows in the window, where
+    it raises (an empty PCA input, or a covariance whose square root fails): their distance is reported as 0."""
+    from driftlens import _frechet_drift_distance as fdd
+
+    baseline = lens.baseline
+    reduced = baseline.get_batch_PCA_model().transform(window)
+    out: dict[str, Any] = {"per-batch": fdd.frechet_distance(
+        baseline.get_batch_mean_vector(), fdd.get_mean(reduced), baseline.get_batch_covariance_matrix(),
+        fdd.get_covariance(reduced)), "per-label": {}}
+    for label in lens.label_list:
+        rows = window[labels == label]
+        distance = 0.0
+        if len(rows) >= 3:
+            part = baseline.get_PCA_model_by_label(label).transform(rows)
+            try:
+                distance = fdd.frechet_distance(
+                    baseline.get_mean_vector_by_label(label), fdd.get_mean(part),
+                    baseline.get_covariance_matrix_by_label(label), fdd.get_covariance(part))
+            except (np.linalg.LinAlgError, ValueError):
+                distance = 0.0
+        out["per-label"][str(label)] = distance
+    return out
+
 
 METHODS = ("Evidently model", "Evidently mmd", "Evidently ratio", "Evidently distance", "NannyML", "DriftLens")
 
