@@ -141,8 +141,16 @@ def main(argv: list[str] | None = None) -> int:
         (folder / "seconds").unlink(missing_ok=True)
         found = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.json"))
                  if p.name != "results.json"]
-        merged = [r for rs in found for r in rs]
-        done = {r["method"] for r in merged}
+        by_method: dict[str, dict[str, object]] = {}
+        for result in (r for rs in found for r in rs):  # a method's cost timed in a run of its own joins its cases
+            entry = by_method.setdefault(result["method"], {})
+            for key, value in result.items():
+                if isinstance(value, dict) and isinstance(entry.get(key), dict):
+                    entry[key] = {**entry[key], **value}  # type: ignore[dict-item]
+                elif key != "error" or "cases" not in entry:
+                    entry[key] = value
+        merged = list(by_method.values())
+        done = set(by_method)
         cut = (time.time() - plan.stat().st_mtime) / 60
         merged += [{"method": m, "kind": "batch", "error": f"its null replicates had not finished when the run was "
                     f"cut at {cut:.0f} min"} for _, methods in WORKERS.values() for m in methods if m not in done]

@@ -96,11 +96,14 @@ def driftlens_method(plan: protocol.Plan) -> tuple[Any, Any]:
         state: dict[str, Any] = {"classes": classes, "centres": centres}
         half = len(reference) // 2
         base, held = reference[:half], reference[half:]
-        predicted_base = predict(state, base)
-        values, counts = np.unique(predicted_base, return_counts=True)  # DriftLens fits a PCA per label
-        kept = np.isin(state["classes"], values[counts >= 3])
-        state.update(classes=state["classes"][kept], centres=state["centres"][kept])
-        predicted_base, predicted_held = predict(state, base), predict(state, held)
+        for _ in range(10):  # DriftLens fits a PCA per label: keep the labels predicted 3 times or more
+            predicted_base = predict(state, base)
+            values, counts = np.unique(predicted_base, return_counts=True)
+            kept = np.isin(state["classes"], values[counts >= 3])
+            if kept.all():
+                break
+            state.update(classes=state["classes"][kept], centres=state["centres"][kept])
+        predicted_held = predict(state, held)
         label_list = [int(c) for c in classes]
         smallest = min(int((predicted_base == c).sum()) for c in label_list)
         batch_pc = int(min(150, half - 1, reference.shape[1]))
