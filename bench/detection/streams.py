@@ -1,0 +1,111 @@
+"""The plan: the cases, their replicates' reference samples and record streams (:mod:`.protocol`).
+
+Base traffic: the seen classes in equal shares (MiniLM, mean pooling). The shifts, from the change on:
+
+- ``share<δ>``: one seen class's share raised by δ (the others shrink in proportion); the class is
+  the replicate's (replicate ``r`` injects seen class ``r mod 16``), so every class is injected;
+- ``unseen``: 10% of the records come from the four classes the reference never had;
+- ``swap``: the same traffic embedded by another model (multilingual-e5-small);
+- ``pooling``: the same model with CLS pooling instead of mean pooling;
+- ``norm``: the same model without its final normalisation (norms 2-7 instead of 1);
+- ``null``: nothing changes.
+
+The sample-size grid repeats ``null`` and ``share10`` at other ``n``; ``online_null`` is one long null
+stream per replicate for the online methods' false alarms.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.detection.corpus import SEEN, UNSEEN, VARIANTS, Corpus
+from bench.detection.protocol import FILL, WARM
+
+DELTAS = (0.01, 0.02, 0.05, 0.10, 0.20, 0.30)
+UNSEEN_SHARE = 0.10
+
+
+class Traffic:
+    """Draws row ids (``variant * N + i``) of base or shifted traffic."""
+
+    def __init__(self, corpus: Corpus) -> None:
+        self.count = len(corpus.texts)
+        self.by_class = {name: corpus.members(name) for name in corpus.classes}
+        self.seen = np.concatenate([self.by_class[c] for c in SEEN])
+        self.unseen = np.concatenate([self.by_class[c] for c in UNSEEN])
+
+    def base(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        return self.seen[rng.integers(0, len(self.seen), size)]
+
+    def shifted(self, rng: np.random.Generator, size: int, case: str, replicate: int) -> np.ndarray:
+        if case.startswith("share"):
+            delta = int(case[len("share"):].split("_")[0]) / 100
+            injected = SEEN[replicate % len(SEEN)]
+            extra = rng.random(size) < delta / (1 - 1 / len(SEEN))  # raises the class's share by delta
+            rows = self.base(rng, size)
+            members = self.by_class[injected]
+            rows[extra] = members[rng.integers(0, len(members), int(extra.sum()))]
+            return rows
+        if case == "unseen":
+            rows = self.base(rng, size)
+            new = rng.random(size) < UNSEEN_SHARE
+            rows[new] = self.unseen[rng.integers(0, len(self.unseen), int(new.sum()))]
+            return rows
+        variant = {"swap": "e5", "pooling": "cls", "norm": "raw"}.get(case)
+        if variant is not None:
+            return VARIANTS.index(variant) * self.count + self.base(rng, size)
+        if case.startswith("null") or case == "online_null":
+            return self.base(rng, size)
+        raise ValueError(f"unknown case {case}")
+
+
+def injected_class(case: str, replicate: int) -> str | None:
+    return SEEN[replicate % len(SEEN)] if case.startswith("share") else None
+
+
+def build(corpus: Corpus, rows: dict[str, np.ndarray], path: Path, *, n: int = 1000, replicates: int = 10,
+          small_replicates: int | None = None,
+          null_replicates: int = 200, horizon: int = 6, grid: tuple[int, ...] = (100, 300, 3000),
+          grid_replicates: int = 10, grid_null: int = 100, online_null: int = 4, online_null_cycles: int = 100,
+          cost_n: int = 1000, seed: int = 0, only: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Writes the plan to ``path`` and returns its meta. ``only``: just these cases (a variant no case uses
+    may be missing from ``rows``)."""
+    traffic = Traffic(corpus)
+    rng = np.random.default_rng(seed)
+    arrays: dict[str, np.ndarray] = {}
+    cases: dict[str, dict[str, Any]] = {}
+
+    def add(name: str, size: int, reps: int, after: int, null: bool, runs: list[str], shift: str) -> None:
+        if only is not None and name not in only:
+            return
+        per = size // FILL
+        references, streams = [], []
+        for r in range(reps):
+            references.append(traffic.base(rng, size))
+            before = traffic.base(rng, WARM * per)
+            streams.append(np.concatenate([before, traffic.shifted(rng, after * per, shift, r)]))
+        arrays[f"{name}/reference"] = np.stack(references)
+        arrays[f"{name}/stream"] = np.stack(streams)
+        cases[name] = {"n": size, "horizon": after, "null": null, "runs": runs, "shift": shift,
+                       "injected": [injected_class(shift, r) for r in range(reps)]}
+
+    add("null", n, null_replicates, 1, True, ["batch"], "null")
+    for delta in sorted(DELTAS, key=lambda d: (d < 0.05, -d)):  # 30, 20, 10, 5, then 2 and 1 (a run cut short)
+        name = f"share{round(delta * 100)}"  # δ of 1% and 2% are missed by most: every cycle of the horizon
+        reps = small_replicates if small_replicates and delta < 0.05 else replicates
+        add(name, n, reps, horizon, False, ["batch", "online"], name)
+    for shift in ("unseen", "swap", "pooling", "norm"):
+        add(shift, n, replicates, horizon, False, ["batch", "online"], shift)
+    add("online_null", n, online_null, online_null_cycles, True, ["online"], "online_null")
+    for size in grid:
+        add(f"null_n{size}", size, grid_null, 1, True, ["batch"], "null")
+        add(f"share10_n{size}", size, grid_replicates, FILL, False, ["batch"], "share10")
+    stacked = np.concatenate([rows.get(v, rows["mean"]) for v in VARIANTS]).astype(np.float32)
+    meta = {"classes": list(corpus.classes), "seen": list(SEEN), "unseen": list(UNSEEN), "variants": list(VARIANTS),
+            "n": n, "cost_n": cost_n, "fill": FILL, "warm": WARM, "cases": cases}
+    np.savez(path, rows=stacked, labels=corpus.labels, meta=json.dumps(meta), **arrays)
+    return meta

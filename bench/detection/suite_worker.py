@@ -1,0 +1,147 @@
+"""embedding-monitor's own methods, and river on the centroid-cosine series (the project's venv).
+
+- ``embedding-monitor``: the drift suite (MMD, KS, centroid, classifier; Holm) with a false alarm a
+  week (``false_alarm_every: 7d``) at a 60 s cycle: the held-out null the 5 s and 60 s cycles use.
+  Score: ``-log10(k · min p)`` (the Bonferroni-adjusted smallest p-value; the verdict fires when it
+  exceeds ``-log10(cycle alpha)``), decided at the 5 s and the 60 s cycle's alpha. With the
+  reference's regions, so each decision also carries the explanation (point 5).
+- ``embedding-monitor 900s``: the same at a 900 s cycle (its alpha is reached by permutations).
+- ``embedding-monitor online``: the daemon's online detectors (ADWIN and Page-Hinkley on the
+  standardised cosine and norm signals, mini-batches of 64).
+- ``river ADWIN`` / ``river Page-Hinkley``: river's detectors with their default parameters on each
+  record's cosine to the reference centroid.
+
+Run: ``python -m bench.detection.suite_worker PLAN OUT [methods...]``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from bench.detection import protocol
+from monitor.drift.attribution.regions import Regions, fit_regions
+from monitor.drift.online.detectors import OnlineDriftMonitor
+from monitor.drift.online.signals import SignalBaseline
+from monitor.drift.settings import DriftSettings
+from monitor.drift.twosample.suite import DriftReport, run_drift_suite
+
+BUDGET = "7d"
+
+
+def settings_for(interval: float, n: int) -> DriftSettings:
+    return DriftSettings(interval_seconds=interval, false_alarm_every=BUDGET, window_sample_size=n,
+                         reference_sample_size=n, threads=1)
+
+
+def score_of(report: DriftReport) -> float:
+    family = report.family_size
+    smallest = min((r.p_value for r in report.results), default=1.0)
+    return -math.log10(max(smallest * family, 1e-300))
+
+
+def explanation(report: DriftReport, regions: Regions | None, window: np.ndarray, labels: np.ndarray,
+                injected: list[int]) -> dict[str, Any]:
+    """What the explanation said, scored against the injected classes (``labels`` of the window rows)."""
+    explained = report.regions
+    if explained is None or regions is None:
+        return {}
+    assigned, _ = regions.assign(np.asarray(window, dtype=np.float64))
+    hit = np.isin(labels, injected)
+
+    def purity(region: int) -> float:
+        members = assigned == region
+        return float(hit[members].mean()) if members.any() else 0.0
+
+    named = [r.region for r in explained.regions if r.shifted and r.change > 0]
+    first = explained.ranked()[0].region if report.detected else None
+    return {
+        "named": named,
+        "named_purity": [purity(r) for r in named],
+        "first": first,
+        "first_purity": purity(first) if first is not None else 0.0,
+        "novel_share": explained.novel_share,
+        "novel_reference_share": explained.novel_reference_share,
+        "novel_shifted": explained.novel_shifted,
+        "k": regions.k,
+    }
+
+
+def suite_method(plan: protocol.Plan, interval: float) -> tuple[Any, Any]:
+    alphas = {f"{i:g}s": settings_for(i, 1000).cycle_alpha for i in ((5.0, 60.0) if interval == 60 else (interval,))}
+
+    def fit(reference: np.ndarray, seed: int, ids: np.ndarray | None = None) -> Any:
+        regions = fit_regions(reference, seed=seed) if interval == 60 else None
+        return settings_for(interval, len(reference)), reference, regions
+
+    def decide(state: Any, window: np.ndarray, seed: int, ids: np.ndarray | None = None,
+               injected: list[int] | None = None) -> tuple[float, dict[str, bool], dict[str, Any]]:
+        settings, reference, regions = state
+        explain = regions if ids is not None else None
+        report = run_drift_suite(window, reference, settings, seed=seed, regions=explain)
+        score = score_of(report)
+        decided = {name: score >= -math.log10(alpha) for name, alpha in alphas.items()}
+        info: dict[str, Any] = {"tests": {r.test: r.p_value for r in report.results}}
+        if explain is not None and ids is not None:
+            info["explanation"] = explanation(report, regions, window, plan.label_of(ids), injected or [])
+        return score, decided, info
+
+    return fit, decide
+
+
+def online_method(name: str) -> tuple[Any, Any]:
+    if name == "embedding-monitor online":
+        def make(reference: np.ndarray, seed: int) -> Any:
+            return OnlineDriftMonitor(SignalBaseline.from_reference(reference))
+
+        def step(monitor: Any, rows: np.ndarray) -> int | None:
+            before = monitor.records_seen
+            changes = monitor.update(rows, now=0.0)
+            return min(c.record_index for c in changes) - before if changes else None
+
+        return make, step
+    from river import drift
+
+    kind = {"river ADWIN": drift.ADWIN, "river Page-Hinkley": drift.PageHinkley}[name]
+
+    def make_river(reference: np.ndarray, seed: int) -> Any:
+        centre = reference.mean(axis=0, dtype=np.float64)
+        return kind(), centre / np.linalg.norm(centre)
+
+    def step_river(state: Any, rows: np.ndarray) -> int | None:
+        detector, unit = state
+        cosines = (rows @ unit) / np.linalg.norm(rows, axis=1)
+        for i, value in enumerate(cosines.tolist()):
+            detector.update(value)
+            if detector.drift_detected:
+                return i
+        return None
+
+    return make_river, step_river
+
+
+BATCH = {"embedding-monitor": 60.0, "embedding-monitor 900s": 900.0}
+ONLINE = ("embedding-monitor online", "river ADWIN", "river Page-Hinkley")
+
+
+def main() -> None:
+    plan, out, methods = protocol.main_args()
+    methods = methods or [*BATCH, *ONLINE]
+    results = []
+    for name in methods:
+        if name in BATCH:
+            fit, decide = suite_method(plan, BATCH[name])
+            results.append(protocol.run_batch(plan, name, fit, decide, lambda s, d: all(d.values()),
+                                              protocol.cost_rows(plan), explain=name == "embedding-monitor",
+                                              progress=lambda partial: protocol.write(out, [*results, partial])))
+        else:
+            make, step = online_method(name)
+            results.append(protocol.run_online(plan, name, make, step,
+                                               progress=lambda partial: protocol.write(out, [*results, partial])))
+        protocol.write(out, results)
+
+
+if __name__ == "__main__":
+    main()
