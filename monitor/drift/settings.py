@@ -112,7 +112,7 @@ class RegionSettings(_Section):
     """
 
     enabled: bool = True
-    max_regions: int = Field(16, ge=2, le=16, description="k is min(this, held-out reference rows / 30)")
+    max_regions: int = Field(16, ge=2, le=16, description="k is min(this, held-out reference rows / 50)")
     exemplars: int = Field(3, ge=0, le=10, description="ids shown per region (nearest the centre)")
     fdr_q: float = Field(
         0.05, gt=0, lt=1,

@@ -37,12 +37,7 @@ from typing import Any
 
 import numpy as np
 
-# Held-out reference rows per region: k = min(max_regions, held-out rows / 30). At 50, a 1,000-row reference
-# (500 held out) got 10 regions for traffic of 16 topics, and a raised topic shared its regions with
-# others: on WordNet glosses (bench/detection) the region ranked first held >= 60% of the injected class
-# in 3 of 6 replicates at a 20% rise, 0 of 6 at 10%; with 16 regions, 5 of 6 and 2 of 6. The share test
-# stays exact at any k (Fisher's, conditional on the region's total); 30 rows keep its counts testable.
-MIN_ROWS_PER_REGION = 30
+MIN_ROWS_PER_REGION = 50  # held-out reference rows per region: k = min(max_regions, held-out rows / 50)
 NOVEL_QUANTILE = 0.99
 _ITERATIONS = 100
 # The .npz members of regions: (name, number of dimensions, dtype kinds: monitor/storage/archives.py)
@@ -129,7 +124,7 @@ def nearest(rows: np.ndarray, centres: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 def region_count(held_out_rows: int, max_regions: int) -> int:
-    """k for a held-out half of ``held_out_rows`` rows: about 30 rows per region, at most ``max_regions``."""
+    """k for a held-out half of ``held_out_rows`` rows: about 50 rows per region, at most ``max_regions``."""
     return min(max_regions, held_out_rows // MIN_ROWS_PER_REGION)
 
 
