@@ -52,6 +52,9 @@ NOT_FROM_SYNTHETIC = {
     "embmon_alignment": "needs records sharing a pair_id",
     # the serving probe needs an embedding endpoint: tests/serving/test_alert.py runs against a real one
     **{name: "serving probe only" for name, spec in METRICS.items() if spec.area == "serving"},
+    # the index probes need a vector store holding the catalog: tests/index/test_daemon.py runs a daemon
+    # with them on a real pgvector and LanceDB
+    **{name: "index probe only" for name, spec in METRICS.items() if spec.area == "index"},
     # a single daemon exports none of these; tests/test_prometheus_live_scaleout.py runs their
     # queries against replicas and a reducer
     **{name: "scale-out roles only" for name in SCALE_OUT_METRICS},
