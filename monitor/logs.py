@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -32,6 +33,7 @@ class RateLimitedLog:
 
     def __init__(self, logger: logging.Logger, interval: float = 10.0, clock: Callable[[], float] = time.monotonic):
         self._logger = logger
+        self.logger = logger  # where the traceback of a rate-limited failure goes (at debug: each_guarded)
         self._interval = interval
         self._clock = clock
         self._last: dict[str, float] = {}
@@ -55,3 +57,15 @@ class RateLimitedLog:
         else:
             self._logger.warning(msg, *args)
         return True
+
+
+def each_guarded(targets: Iterable[Any], hook: str, args: tuple[Any, ...], log: RateLimitedLog, kind: str) -> None:
+    """``target.<hook>(*args)`` for each target (each has a ``name``): one that raises is logged through
+    ``log`` (its traceback at debug) and the others still run, since a hook on the ingest thread must
+    not starve the rest (the retrieval and index probes' ``on_embeddings`` and ``on_interaction``)."""
+    for target in targets:
+        try:
+            getattr(target, hook)(*args)
+        except Exception:
+            log.warning(f"hook:{target.name}", "%s %s: %s failed", kind, target.name, hook)
+            log.logger.debug("%s %s %s", kind, target.name, hook, exc_info=True)

@@ -40,7 +40,7 @@ from monitor.index.connectors.base import ConnectorError
 from monitor.index.export import OUTCOMES, IndexSnapshot, families
 from monitor.index.probe import IndexProbe, IndexResult
 from monitor.index.settings import IndexProbeSpec
-from monitor.logs import RateLimitedLog
+from monitor.logs import RateLimitedLog, each_guarded
 
 logger = logging.getLogger(__name__)
 
@@ -85,20 +85,10 @@ class IndexComponent(Component):
 
     # ------------------------------------------------------------------ hooks (ingest thread)
     def on_embeddings(self, batch: EmbeddingBatch, now: float) -> None:
-        for probe in self.probes.values():
-            try:
-                probe.on_embeddings(batch, now)
-            except Exception:  # one probe's hook must not starve the others
-                self._log.warning(f"hook:{probe.name}", "index probe %s: on_embeddings failed", probe.name)
-                logger.debug("index probe %s on_embeddings", probe.name, exc_info=True)
+        each_guarded(self.probes.values(), "on_embeddings", (batch, now), self._log, "index probe")
 
     def on_interaction(self, event: InteractionEvent, now: float) -> None:
-        for probe in self.probes.values():
-            try:
-                probe.on_interaction(event, now)
-            except Exception:
-                self._log.warning(f"hook:{probe.name}", "index probe %s: on_interaction failed", probe.name)
-                logger.debug("index probe %s on_interaction", probe.name, exc_info=True)
+        each_guarded(self.probes.values(), "on_interaction", (event, now), self._log, "index probe")
 
     # ------------------------------------------------------------------ scheduling
     def jobs(self) -> list[ScheduledJob]:

@@ -30,7 +30,7 @@ from prometheus_client.metrics_core import Metric
 from monitor.component import Component, MonitorContext, ScheduledJob
 from monitor.decoding.records import EmbeddingBatch, InteractionEvent
 from monitor.errors import ConfigError
-from monitor.logs import RateLimitedLog
+from monitor.logs import RateLimitedLog, each_guarded
 from monitor.retrieval.probes.base import Probe, ProbeResult
 from monitor.retrieval.probes.deadline import ProbeDeadline, ProbeTimeout
 from monitor.retrieval.probes.export import OUTCOMES, ProbeSnapshot, families
@@ -89,20 +89,10 @@ class ProbeComponent(Component):
 
     # ------------------------------------------------------------------ hooks (ingest thread)
     def on_embeddings(self, batch: EmbeddingBatch, now: float) -> None:
-        for probe in self.probes.values():
-            try:
-                probe.on_embeddings(batch, now)
-            except Exception:  # one probe's hook must not starve the others
-                self._log.warning(f"hook:{probe.name}", "probe %s: on_embeddings failed", probe.name)
-                logger.debug("probe %s on_embeddings", probe.name, exc_info=True)
+        each_guarded(self.probes.values(), "on_embeddings", (batch, now), self._log, "probe")
 
     def on_interaction(self, event: InteractionEvent, now: float) -> None:
-        for probe in self.probes.values():
-            try:
-                probe.on_interaction(event, now)
-            except Exception:
-                self._log.warning(f"hook:{probe.name}", "probe %s: on_interaction failed", probe.name)
-                logger.debug("probe %s on_interaction", probe.name, exc_info=True)
+        each_guarded(self.probes.values(), "on_interaction", (event, now), self._log, "probe")
 
     # ------------------------------------------------------------------ scheduling
     def jobs(self) -> list[ScheduledJob]:

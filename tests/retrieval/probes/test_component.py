@@ -273,3 +273,27 @@ def test_a_crafted_probe_state_is_refused_whole_and_the_probes_start_empty(
     assert len(restored.probes["ann"].cache) == 0  # type: ignore[attr-defined]
     assert restored.probes["clicks"].catalog.get("m") is None  # type: ignore[attr-defined]
     assert value(collect(restored), "embmon_probe_runs_total", probe="ann", outcome="success") == 0
+
+
+def test_a_probe_hook_that_raises_is_logged_once_and_the_others_still_run(caplog: pytest.LogCaptureFixture) -> None:
+    """The retrieval and index probes call their hooks through logs.each_guarded on the ingest thread."""
+    import logging
+
+    from monitor.logs import RateLimitedLog, each_guarded
+
+    class Hook:
+        def __init__(self, name: str, fails: bool):
+            self.name, self.fails, self.calls = name, fails, 0
+
+        def on_embeddings(self, batch: object, now: float) -> None:
+            self.calls += 1
+            if self.fails:
+                raise ValueError("boom")
+
+    hooks = [Hook("a", True), Hook("b", False)]
+    log = RateLimitedLog(logging.getLogger("test.hooks"), interval=60.0)
+    with caplog.at_level(logging.WARNING, logger="test.hooks"):
+        for _ in range(3):
+            each_guarded(hooks, "on_embeddings", (None, 0.0), log, "probe")
+    assert [h.calls for h in hooks] == [3, 3]
+    assert [r.getMessage() for r in caplog.records] == ["probe a: on_embeddings failed"]
