@@ -96,15 +96,16 @@ def driftlens_method(plan: protocol.Plan) -> tuple[Any, Any]:
         state: dict[str, Any] = {"classes": classes, "centres": centres}
         half = len(reference) // 2
         base, held = reference[:half], reference[half:]
-        for _ in range(10):  # DriftLens fits a PCA per label: keep the labels predicted 3 times or more
-            predicted_base = predict(state, base)
-            values, counts = np.unique(predicted_base, return_counts=True)
-            kept = np.isin(state["classes"], values[counts >= 3])
+        for _ in range(10):  # DriftLens fits a PCA per label, in the baseline and in every threshold window:
+            # keep the labels predicted 3 times or more in both halves
+            predicted_base, predicted_held = predict(state, base), predict(state, held)
+            kept = np.array([min(int((predicted_base == c).sum()), int((predicted_held == c).sum())) >= 3
+                             for c in state["classes"]])
             if kept.all():
                 break
             state.update(classes=state["classes"][kept], centres=state["centres"][kept])
-        predicted_held = predict(state, held)
-        label_list = [int(c) for c in classes]
+        predicted_base, predicted_held = predict(state, base), predict(state, held)
+        label_list = [int(c) for c in state["classes"]]  # the labels kept above
         smallest = min(int((predicted_base == c).sum()) for c in label_list)
         batch_pc = int(min(150, half - 1, reference.shape[1]))
         label_pc = int(max(1, min(75, smallest - 1)))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import resource
 import sys
 import threading
@@ -104,6 +105,15 @@ def _rss() -> int:
         return 0
 
 
+def phase() -> str:
+    """Which part a worker runs (``EMBMON_DETECTION_PHASE``): ``cases`` (the streams, every method at
+    once), ``cost`` (the timed decisions, one method at a time on an otherwise idle machine) or ``all``."""
+    value = os.environ.get("EMBMON_DETECTION_PHASE", "all")
+    if value not in ("all", "cases", "cost"):
+        raise ValueError(f"EMBMON_DETECTION_PHASE must be all, cases or cost; got {value!r}")
+    return value
+
+
 MATCHED = 0.01  # the matched per-decision false-alarm rate: the (1 - MATCHED) quantile of a method's null scores
 
 
@@ -136,7 +146,7 @@ def run_batch(plan: Plan, name: str, fit: Callable[..., Any], decide: Callable[.
     started = time.perf_counter()
     thresholds: dict[str, float] = {}
     for case, info in plan.cases.items():
-        if "batch" not in info["runs"]:
+        if "batch" not in info["runs"] or phase() == "cost":
             continue
         records = []
         replicates = len(info["reference"])
@@ -178,9 +188,11 @@ def run_batch(plan: Plan, name: str, fit: Callable[..., Any], decide: Callable[.
         log(f"  {name}: {case} ({len(records)} replicates) at {time.perf_counter() - started:.0f}s")
         if progress is not None:  # what is done so far survives a run stopped early
             progress(out)
-    for label, (rows, ids) in (cost or {}).items():
+    for label, (rows, ids) in (cost or {}).items() if phase() != "cases" else ():
         half = len(rows) // 2
+        t0 = time.perf_counter()
         state = fit(rows[:half], 0, ids[:half])
+        fit_seconds = time.perf_counter() - t0
         seconds, grown = [], []
         for i in range(3):
             with PeakMemory() as memory:
@@ -188,7 +200,8 @@ def run_batch(plan: Plan, name: str, fit: Callable[..., Any], decide: Callable[.
                 decide(state, rows[half:], i)
                 seconds.append(time.perf_counter() - t0)
             grown.append(memory.grown)
-        out["cost"][label] = {"seconds": float(np.median(seconds)), "peak_bytes": int(max(grown))}
+        out["cost"][label] = {"seconds": float(np.median(seconds)), "peak_bytes": int(max(grown)),
+                              "fit_seconds": fit_seconds}
         log(f"  {name}: cost {label} {out['cost'][label]}")
     return out
 
@@ -196,15 +209,33 @@ def run_batch(plan: Plan, name: str, fit: Callable[..., Any], decide: Callable[.
 def run_online(plan: Plan, name: str, make: Callable[[np.ndarray, int], Any],
                step: Callable[[Any, np.ndarray], int | None], warm: int | None = None,
                log: Callable[[str], None] = print, progress: Callable[[dict[str, Any]], None] | None = None,
-               ) -> dict[str, Any]:
+               replicate_limit: int | None = None) -> dict[str, Any]:
     """Every online case of the plan through an online method: ``make(reference, seed) -> detector``,
     ``step(detector, rows) -> index of the first alarm in rows or None`` (the detector resets itself
     after an alarm). Null streams: alarms over the stream after its warm-up; shift streams: records from
     the change to the first alarm after it (an alarm during the warm-up restarts the detector).
-    ``warm``: records before the change to feed (default: the whole warm-up)."""
+    ``warm``: records before the change to feed (default: the whole warm-up). ``replicate_limit``: at
+    most this many replicates per case (a detector whose calibration per reference is slow). In the
+    ``cost`` phase: the fit on n reference rows and the seconds per record over ``COST_RECORDS``
+    records, timed alone."""
     out: dict[str, Any] = {"method": name, "kind": "online", "cases": {}, "cost": {}}
     started = time.perf_counter()
     block = 50
+    if phase() == "cost":
+        rows, _ = cost_rows(plan)["d384"]
+        half = len(rows) // 2
+        t0 = time.perf_counter()
+        detector = make(rows[:half], 0)
+        fit_seconds = time.perf_counter() - t0
+        fed, t0 = 0, time.perf_counter()
+        while fed < COST_RECORDS:
+            for start in range(0, len(rows) - half, block):
+                if step(detector, rows[half + start : half + start + block]) is not None:
+                    detector = make(rows[:half], 0)  # an alarm: restart, as a detector would
+            fed += len(rows) - half
+        out["cost"]["online"] = {"seconds_per_record": (time.perf_counter() - t0) / fed, "fit_seconds": fit_seconds}
+        log(f"  {name}: cost {out['cost']['online']}")
+        return out
     for case, info in plan.cases.items():
         if "online" not in info["runs"]:
             continue
@@ -212,7 +243,8 @@ def run_online(plan: Plan, name: str, make: Callable[[np.ndarray, int], Any],
         records = []
         seconds = 0.0
         seen = 0
-        for r in range(len(info["reference"])):
+        replicates = len(info["reference"])
+        for r in range(replicates if replicate_limit is None else min(replicates, replicate_limit)):
             detector = make(plan.rows[info["reference"][r]], r)
             skip = 0 if warm is None else max(WARM * per - warm, 0)
             stream = plan.rows[info["stream"][r][skip:]]
@@ -253,6 +285,9 @@ def _finite(value: float) -> float:
     if math.isnan(value):
         return -math.inf
     return value
+
+
+COST_RECORDS = 5000  # records an online method's cost is timed over
 
 
 def cost_rows(plan: Plan) -> dict[str, tuple[np.ndarray, np.ndarray]]:

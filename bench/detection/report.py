@@ -29,7 +29,6 @@ from bench.detection.protocol import FILL
 
 SHARES = ("share1", "share2", "share5", "share10", "share20", "share30")
 OTHERS = ("unseen", "swap", "pooling", "norm")
-GRID = (100, 300, 500, 1000)
 MATCHED = "matched"
 
 
@@ -116,7 +115,16 @@ def fmt_cost(cost: dict[str, Any], label: str) -> str:
     entry = cost.get(label)
     if not entry:
         return "–"
-    return f"{1000 * entry['seconds']:,.0f} ms, {entry['peak_bytes'] / 2**20:,.0f} MiB"
+    return f"{fmt_seconds(entry['seconds'])}, {entry['peak_bytes'] / 2**20:,.0f} MiB"
+
+
+def fmt_seconds(seconds: float) -> str:
+    return f"{1000 * seconds:,.0f} ms" if seconds >= 0.01 else f"{1000 * seconds:.1f} ms"
+
+
+def fmt_fit(cost: dict[str, Any], label: str) -> str:
+    entry = cost.get(label) or {}
+    return fmt_seconds(entry["fit_seconds"]) if "fit_seconds" in entry else "–"
 
 
 def default_point(result: dict[str, Any]) -> str:
@@ -147,13 +155,14 @@ def tables(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     out.append(f"**False alarms on null replicates** (n = {meta['n']}; each tool's own decision rule; the "
                "suite at a false alarm a week: α = 8.3e-6 per 5 s cycle, 9.9e-5 per 60 s cycle, "
                "1.5e-3 per 900 s cycle)\n")
-    others = [n for n in GRID if n != int(meta["n"])]
+    grid = sorted({int(meta["n"]), *map(int, meta.get("grid", ()))})
+    others = [n for n in grid if n != int(meta["n"])]
     out.append("| method (decision) | false alarms (share; ARL₀ cycles [95% lower bound]) | "
                + " | ".join(f"at n = {n}" for n in others) + " |")
     out.append("|---" * (len(others) + 2) + "|")
     for label, result, point in rows_for(batch):
-        grid = [fmt_rate(*null_rate(result, f"null_n{n}", point)) for n in others]
-        out.append(f"| {label} | {fmt_rate(*null_rate(result, 'null', point))} | " + " | ".join(grid) + " |")
+        at_n = [fmt_rate(*null_rate(result, f"null_n{n}", point)) for n in others]
+        out.append(f"| {label} | {fmt_rate(*null_rate(result, 'null', point))} | " + " | ".join(at_n) + " |")
     for result in online:
         alarms, cycles = online_null(result, per_cycle)
         arl = "∞" if alarms == 0 else f"{cycles / alarms:,.0f}"
@@ -202,11 +211,11 @@ def tables(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
 
     out.append("**Sample-size grid** (δ = 10%, matched rate 1% from the grid's own null replicates): power "
                "(detected by k ≤ 4) and mean delay\n")
-    out.append("| method | " + " | ".join(f"n = {n}" for n in GRID) + " |")
-    out.append("|---" * (len(GRID) + 1) + "|")
+    out.append("| method | " + " | ".join(f"n = {n}" for n in grid) + " |")
+    out.append("|---" * (len(grid) + 1) + "|")
     for result in batch:
         cells = []
-        for n in GRID:
+        for n in grid:
             case = "share10" if n == int(meta["n"]) else f"share10_n{n}"
             d = delays(result, case, MATCHED)
             s = summary(d)
@@ -215,18 +224,22 @@ def tables(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     out.append("")
 
     out.append("**Cost per decision** (median of 3 decisions on n = {n} window rows against n reference rows, "
-               "after the fit; the peak resident memory the decision added), all workers in one run on the "
-               "same 2-core machine\n".format(n=meta["cost_n"]))
-    out.append("| method | d = 384 | d = 768 |")
-    out.append("|---|---|---|")
-    for result in batch:
-        out.append(f"| {result['method']} | {fmt_cost(result['cost'], 'd384')} | {fmt_cost(result['cost'], 'd768')} |")
+               "after the fit; the peak resident memory the decision added; the fit once per reference), each "
+               "method timed alone, one after another, on the idle 2-core machine (one thread each)\n"
+               .format(n=meta["cost_n"]))
+    out.append("| method | d = 384 | d = 768 | fit, d = 384 |")
+    out.append("|---|---|---|---|")
+    for result in sorted(batch, key=lambda r: (r["cost"].get("d384") or {}).get("seconds", math.inf)):
+        out.append(f"| {result['method']} | {fmt_cost(result['cost'], 'd384')} | {fmt_cost(result['cost'], 'd768')} "
+                   f"| {fmt_fit(result['cost'], 'd384')} |")
     for result in online:
+        timed = result["cost"].get("online") or {}
         per = result["cost"].get("seconds_per_record", {})
-        if per:
-            mean = float(np.mean(list(per.values())))
+        mean = timed.get("seconds_per_record", float(np.mean(list(per.values()))) if per else math.nan)
+        if math.isfinite(mean):
             out.append(f"| {result['method']} (online) | {1e6 * mean:,.1f} µs per record "
-                       f"({1000 * mean * per_cycle:,.1f} ms per cycle of {per_cycle}) | |")
+                       f"({fmt_seconds(mean * per_cycle)} per cycle of {per_cycle}) | | "
+                       f"{fmt_fit(result['cost'], 'online')} |")
     out.append("")
 
     if failed:
@@ -241,7 +254,7 @@ def case_label(case: str) -> str:
 def explanation_rows(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     """Point 5: does the explanation name the injected class, at the suite's first verdict or the next cycle?"""
     out = ["| case | suite: verdicts | named the injected class | by a region | by the novel share | "
-           "DriftLens: blamed the injected class |", "|---|---|---|---|---|---|"]
+           "DriftLens (matched rate): blamed the injected class |", "|---|---|---|---|---|---|"]
     suite = next((r for r in results if r.get("method") == "embedding-monitor" and "cases" in r), None)
     lens = next((r for r in results if r.get("method") == "DriftLens" and "cases" in r), None)
     for case in (*SHARES, "unseen"):
@@ -256,23 +269,61 @@ def explanation_rows(results: list[dict[str, Any]], meta: dict[str, Any]) -> str
             verdicts += 1
             region_hit = novel_hit = False
             for r in records[first:first + 2]:
-                e = r.get("info", {}).get("explanation") or {}
-                purities = list(e.get("named_purity", [])) + [e.get("first_purity", 0.0)]
-                region_hit |= any(p >= 0.6 for p in purities)
-                novel_hit |= bool(e.get("novel_shifted")) and (
-                    e.get("novel_share", 0) - e.get("novel_reference_share", 0) >= delta / 2)
+                hit = names_injected(r.get("info", {}).get("explanation") or {}, delta)
+                region_hit |= hit[0]
+                novel_hit |= hit[1]
             by_region += region_hit
             by_novel += novel_hit
             named += region_hit or novel_hit
         blamed = "–"
-        if lens is not None and case in lens["cases"]:
+        if lens is not None and case in lens["cases"]:  # at the matched rate: its own threshold never fires here
+            threshold = lens.get("thresholds", {}).get("null", math.inf)
             hits = [next((r.get("info", {}).get("explanation", {}).get("named") for r in recs
-                          if r["decided"].get("default")), None) for recs in lens["cases"][case]]
+                          if decided(r, MATCHED, threshold)), None) for recs in lens["cases"][case]]
             fired = [h for h in hits if h is not None]
             blamed = f"{sum(fired)}/{len(fired)} of its detections"
         out.append(f"| {case_label(case)} | {verdicts}/{len(suite['cases'][case])} | {named}/{verdicts} | "
                    f"{by_region} | {by_novel} | {blamed} |")
     return "\n".join(out)
+
+
+def names_injected(explained: dict[str, Any], delta: float) -> tuple[bool, bool]:
+    """(by a region, by the novel share): does this explanation name the injected class (point 5's rule)?"""
+    purities = list(explained.get("named_purity", [])) + [explained.get("first_purity", 0.0)]
+    novel = bool(explained.get("novel_shifted")) and (
+        explained.get("novel_share", 0.0) - explained.get("novel_reference_share", 0.0) >= delta / 2)
+    return any(p >= 0.6 for p in purities), novel
+
+
+def explain_at_defaults_rows(results: list[dict[str, Any]]) -> str:
+    """Point 5 at the daemon's default sizes, per cap on the number of regions (suite_worker.explain_at_defaults)."""
+    found = next((r for r in results if r.get("kind") == "explain" and r.get("cases")), None)
+    if found is None:
+        return ""
+    caps = found["caps"]
+    reference, window = found["sizes"]
+    out = [f"**What moved at the daemon's default sizes** ({reference:,} reference rows with their regions, a "
+           f"{window:,}-row window wholly after the change, the suite at a 60 s cycle with its defaults; one "
+           "replicate per seen class): the verdicts, and how often the explanation named the injected class, as "
+           "the daemon shows it (behind the verdict) and ungated (the ranking and the regions Benjamini-Hochberg "
+           "names, whatever the verdict), with `drift.regions.max_regions` at "
+           + " and ".join(map(str, caps)) + " (k regions)\n",
+           "| case | verdicts | " + " | ".join(f"named, {c} regions (behind the verdict; ungated)" for c in caps)
+           + " | classes never named (ungated, largest cap) |",
+           "|---" * (len(caps) + 3) + "|"]
+    for case, records in found["cases"].items():
+        delta = 0.10 if case == "unseen" else int(case[len("share"):]) / 100
+        cells = []
+        for cap in caps:
+            gated = sum(any(names_injected(r[f"gated{cap}"], delta)) for r in records)
+            ungated = sum(any(names_injected(r[f"ungated{cap}"], delta)) for r in records)
+            k = sorted({r[f"ungated{cap}"].get("k") for r in records})
+            cells.append(f"{gated}/{len(records)}; {ungated}/{len(records)} (k = {', '.join(map(str, k))})")
+        missed = [r["class"] for r in records if not any(names_injected(r[f"ungated{caps[-1]}"], delta))]
+        missed_text = ", ".join(f"`{c}`" for c in missed) if case != "unseen" else f"{len(missed)} of {len(records)}"
+        out.append(f"| {case_label(case)} | {sum(r['detected'] for r in records)}/{len(records)} | "
+                   + " | ".join(cells) + f" | {missed_text} |")
+    return "\n".join(out) + "\n"
 
 
 def plot(results: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None:

@@ -38,6 +38,16 @@ class Traffic:
         self.seen = np.concatenate([self.by_class[c] for c in SEEN])
         self.unseen = np.concatenate([self.by_class[c] for c in UNSEEN])
 
+    @classmethod
+    def from_plan(cls, plan: Any) -> Traffic:
+        """The same traffic from a plan's labels (a worker has the plan, not the corpus)."""
+        traffic = cls.__new__(cls)
+        traffic.count = len(plan.labels)
+        traffic.by_class = {name: np.flatnonzero(plan.labels == i) for i, name in enumerate(plan.classes)}
+        traffic.seen = np.concatenate([traffic.by_class[c] for c in SEEN])
+        traffic.unseen = np.concatenate([traffic.by_class[c] for c in UNSEEN])
+        return traffic
+
     def base(self, rng: np.random.Generator, size: int) -> np.ndarray:
         return self.seen[rng.integers(0, len(self.seen), size)]
 

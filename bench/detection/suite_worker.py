@@ -10,6 +10,7 @@
   standardised cosine and norm signals, mini-batches of 64).
 - ``river ADWIN`` / ``river Page-Hinkley``: river's detectors with their default parameters on each
   record's cosine to the reference centroid.
+- ``embedding-monitor explain``: what moved, at the daemon's default sizes (:func:`explain_at_defaults`).
 
 Run: ``python -m bench.detection.suite_worker PLAN OUT [methods...]``.
 """
@@ -17,11 +18,13 @@ Run: ``python -m bench.detection.suite_worker PLAN OUT [methods...]``.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from bench.detection import protocol
+from monitor.drift.attribution.region_shares import RegionReport
 from monitor.drift.attribution.regions import Regions, fit_regions
 from monitor.drift.online.detectors import OnlineDriftMonitor
 from monitor.drift.online.signals import SignalBaseline
@@ -122,16 +125,68 @@ def online_method(name: str) -> tuple[Any, Any]:
     return make_river, step_river
 
 
+EXPLAIN_CASES = ("share10", "share20", "share30", "unseen")
+EXPLAIN_REFERENCE, EXPLAIN_WINDOW = 4000, 2000  # the daemon's stored reference sample and window sample
+
+
+def explain_at_defaults(plan: protocol.Plan, caps: tuple[int, ...] = (16, 32), seed: int = 31) -> dict[str, Any]:
+    """Point 5 at the daemon's default sizes: per case and replicate (one per seen class, each injected
+    once), a 4,000-row reference of base traffic with its regions (at each ``caps`` value of
+    ``drift.regions.max_regions``) and a 2,000-row window wholly after the change, through the suite
+    at a 60 s cycle with its default settings. Records the verdict and, per cap, the explanation
+    scored as :func:`explanation` does (gated by the verdict, as the daemon shows it) and ungated
+    (the ranking and the regions Benjamini-Hochberg names, whatever the verdict)."""
+    from bench.detection.streams import Traffic
+
+    traffic = Traffic.from_plan(plan)
+    rng = np.random.default_rng(seed)
+    settings = DriftSettings(interval_seconds=60.0, false_alarm_every=BUDGET, threads=1)
+    out: dict[str, Any] = {"method": "embedding-monitor explain", "kind": "explain", "cases": {},
+                           "sizes": [EXPLAIN_REFERENCE, EXPLAIN_WINDOW], "caps": list(caps)}
+    if protocol.phase() == "cost":
+        return out
+    for case in EXPLAIN_CASES:
+        records = []
+        for r in range(len(plan.seen)):
+            reference = plan.rows[traffic.base(rng, EXPLAIN_REFERENCE)]
+            ids = traffic.shifted(rng, EXPLAIN_WINDOW, case, r)
+            window = plan.rows[ids]
+            injected = ([plan.classes.index(plan.seen[r])] if case.startswith("share") else
+                        [plan.classes.index(c) for c in plan.meta["unseen"]])
+            record: dict[str, Any] = {"class": plan.classes[injected[0]] if case.startswith("share") else "unseen"}
+            for cap in caps:
+                regions = fit_regions(reference, max_regions=cap, seed=r)
+                report = run_drift_suite(window, reference, settings, seed=r, regions=regions)
+                record["detected"] = report.detected
+                record[f"gated{cap}"] = explanation(report, regions, window, plan.label_of(ids), injected)
+                ungated = replace(report, detected=True, regions=_ungated(report.regions))
+                record[f"ungated{cap}"] = explanation(ungated, regions, window, plan.label_of(ids), injected)
+            records.append(record)
+        out["cases"][case] = records
+        print(f"  explain: {case} done", flush=True)
+    return out
+
+
+def _ungated(explained: RegionReport | None) -> RegionReport | None:
+    """The explanation as if the verdict had fired: each region named by its own adjusted p-value."""
+    if explained is None:
+        return None
+    return replace(explained, verdict=True, regions=tuple(
+        replace(shift, shifted=shift.p_adjusted <= explained.alpha) for shift in explained.regions))
+
+
 BATCH = {"embedding-monitor": 60.0, "embedding-monitor 900s": 900.0}
 ONLINE = ("embedding-monitor online", "river ADWIN", "river Page-Hinkley")
 
 
 def main() -> None:
     plan, out, methods = protocol.main_args()
-    methods = methods or [*BATCH, *ONLINE]
+    methods = methods or [*BATCH, *ONLINE, "embedding-monitor explain"]
     results = []
     for name in methods:
-        if name in BATCH:
+        if name == "embedding-monitor explain":
+            results.append(explain_at_defaults(plan))
+        elif name in BATCH:
             fit, decide = suite_method(plan, BATCH[name])
             results.append(protocol.run_batch(plan, name, fit, decide, lambda s, d: all(d.values()),
                                               protocol.cost_rows(plan), explain=name == "embedding-monitor",

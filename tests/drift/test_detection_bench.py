@@ -66,3 +66,29 @@ def test_online_methods_run_on_the_same_streams(plan: protocol.Plan, method: str
     records = result["cases"]["pooling"]
     assert len(records) == 2 and all(r["records"] == 2 * N // protocol.FILL for r in records)
     assert result["cost"]["seconds_per_record"]["pooling"] > 0
+
+
+def test_the_cost_phase_times_each_decision_and_fit_and_runs_no_case(
+    plan: protocol.Plan, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("EMBMON_DETECTION_PHASE", "cost")  # the bench's second phase: one method at a time
+    fit, decide = suite_worker.suite_method(plan, 900.0)
+    result = protocol.run_batch(plan, "embedding-monitor 900s", fit, decide, lambda s, d: True,
+                                protocol.cost_rows(plan), log=print)
+    assert result["cases"] == {} and set(result["cost"]) == {"d384", "d768"}
+    assert all(entry["seconds"] > 0 and entry["fit_seconds"] >= 0 for entry in result["cost"].values())
+    make, step = suite_worker.online_method("river ADWIN")
+    online = protocol.run_online(plan, "river ADWIN", make, step, log=print)
+    assert online["cases"] == {} and online["cost"]["online"]["seconds_per_record"] > 0
+    monkeypatch.setenv("EMBMON_DETECTION_PHASE", "both")
+    with pytest.raises(ValueError, match="EMBMON_DETECTION_PHASE"):
+        protocol.phase()
+
+
+def test_point_fives_rule_names_a_class_by_a_pure_region_or_by_the_novel_share() -> None:
+    assert report.names_injected({"named_purity": [0.2, 0.7], "first_purity": 0.1}, 0.10) == (True, False)
+    assert report.names_injected({"first_purity": 0.6}, 0.10) == (True, False)
+    novel = {"first_purity": 0.59, "novel_shifted": True, "novel_share": 0.07, "novel_reference_share": 0.01}
+    assert report.names_injected(novel, 0.10) == (False, True)  # up by 6 points: more than half of δ
+    assert report.names_injected(dict(novel, novel_share=0.05), 0.10) == (False, False)
+    assert report.names_injected(dict(novel, novel_shifted=False), 0.10) == (False, False)  # not named by its test

@@ -36,8 +36,8 @@ def test_kmeans_is_seeded_and_finds_separated_blobs() -> None:
     assert nearest_axis == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize(("rows", "k"), [(150, None), (200, 2), (1000, 10), (4000, 16)])
-def test_about_fifty_held_out_rows_per_region_and_at_most_sixteen(rows: int, k: int | None) -> None:
+@pytest.mark.parametrize(("rows", "k"), [(150, None), (200, 2), (1000, 10), (4000, 32), (8000, 32)])
+def test_about_fifty_held_out_rows_per_region_and_at_most_thirty_two(rows: int, k: int | None) -> None:
     rng = np.random.default_rng(1)
     regions = fit_regions(rng.normal(size=(rows, 8)), seed=0)
     if k is None:

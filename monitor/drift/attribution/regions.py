@@ -1,6 +1,6 @@
 """A small partition of the reference's space, so a drift verdict can say *where* the data moved.
 
-k-means on the reference sample gives k ≤ 16 regions (topics, in practice). Each drift cycle
+k-means on the reference sample gives k ≤ 32 regions (topics, in practice). Each drift cycle
 then compares the share of window rows in each region with the reference's share
 (:mod:`monitor.drift.attribution.region_shares`) and counts the window rows that lie farther from every
 region than the reference's own rows almost ever do (the *novel* share: a topic the reference
@@ -160,7 +160,7 @@ def fit_regions(
     sample: np.ndarray,
     ids: Sequence[str | None] | None = None,
     *,
-    max_regions: int = 16,
+    max_regions: int = 32,
     exemplars: int = 3,
     seed: int = 0,
 ) -> Regions | None:
