@@ -29,7 +29,8 @@ WORKERS = {  # module: (virtualenv ("" = this interpreter), its methods: one pro
     "bench.detection.suite_worker": ("", ("embedding-monitor", "embedding-monitor 900s", "embedding-monitor online",
                                           "river ADWIN", "river Page-Hinkley", "embedding-monitor explain")),
     "bench.detection.peer_worker": (".venv-peers", ("Evidently model", "Evidently mmd", "Evidently ratio",
-                                                    "Evidently distance", "NannyML", "DriftLens")),
+                                                    "Evidently distance", "NannyML", "DriftLens",
+                                                    "Evidently distance at a week")),
     "bench.detection.alibi_worker": (".venv-alibi", ("alibi MMDDrift", "alibi LSDDDrift", "alibi MMDDriftOnline",
                                                      "alibi LSDDDriftOnline")),
 }
@@ -168,8 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         run_workers(plan, folder, "cost", concurrent=1)  # each method timed alone: the ratios are fair
         (folder / "seconds").write_text(f"{cases_done:.0f} {time.perf_counter() - started - cases_done:.0f}",
                                         encoding="utf-8")
-    if args.report_only:
-        (folder / "seconds").unlink(missing_ok=True)
+    stamp = folder / "seconds"
+    if args.report_only and stamp.exists() and any(p.stat().st_mtime > stamp.stat().st_mtime + 1
+                                                   for p in folder.glob("*.json") if p.name != "results.json"):
+        stamp.unlink()  # a method rerun by hand since the run: its time is no longer the run's
     (folder / "results.json").write_text(json.dumps(collect(folder, plan)), encoding="utf-8")
     results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
     if (folder / "seconds").exists():
