@@ -90,6 +90,10 @@ def run_workers(plan: Path, folder: Path, phase: str = "cases", concurrent: int 
             log.close()  # type: ignore[attr-defined]
             if out.exists():
                 results += json.loads(out.read_text(encoding="utf-8"))
+            elif phase == "cost":  # the cases stand; the cost table says why this one has no cost
+                why = f"worker exited {process.returncode}" + (" (SIGKILL: out of memory?)" if process.returncode == -9
+                                                               else "")
+                out.write_text(json.dumps([{"method": method, "cost_error": why}]), encoding="utf-8")
             else:
                 results.append({"method": method, "kind": "batch", "error": f"worker exited {process.returncode}"})
             print(f"finished {method} ({phase}, exit {process.returncode})", flush=True)
@@ -116,17 +120,20 @@ def collect(folder: Path, plan: Path) -> list[dict[str, object]]:
     return merged
 
 
-def write_docs(results: list[dict[str, object]], meta: dict[str, object], seconds: float) -> None:
+def write_docs(results: list[dict[str, object]], meta: dict[str, object], seconds: float,
+               phases: tuple[float, ...] = ()) -> None:
     docs = ROOT / "docs" / "benchmarks.md"
     text = docs.read_text(encoding="utf-8")
     body = "\n".join([
         BEGIN,
-        f"Run: `python -m bench.detection` on the 2-core development machine, {seconds / 60:.0f} min "
-        f"(n = {meta['n']}, {meta['replicates']} replicates per shift case ({meta.get('small_replicates')} at "
-        f"δ < 5%), {meta['null_replicates']} null replicates (DriftLens 100); grid n = "
+        f"Run: `python -m bench.detection` on the 2-core development machine, {seconds / 60:.0f} min"
+        + (f" ({phases[0] / 60:.0f} min of cases, every method at once; {phases[1] / 60:.0f} min of cost, one "
+           "method at a time)" if len(phases) == 2 else "")
+        + f"; n = {meta['n']}, {meta['replicates']} replicates per shift case ({meta.get('small_replicates')} at "
+        f"δ < 5%; alibi's online detectors 5), {meta['null_replicates']} null replicates (DriftLens 100); grid n = "
         f"{', '.join(map(str, meta['grid']))} with {meta['grid_replicates']} shift and {meta['grid_null']} null "
         "replicates; online null streams of "
-        f"{meta['online_null']} × {meta['online_null_cycles']} cycles).\n",
+        f"{meta['online_null']} × {meta['online_null_cycles']} cycles.\n",
         report.tables(results, meta),  # type: ignore[arg-type]
         "**What moved** (point 5): of the suite's verdicts at a 60 s cycle, how many named the injected class by "
         "the verdict's second cycle (a region ranked first or named holding ≥ 60% of the injected class, or "
@@ -175,8 +182,10 @@ def main(argv: list[str] | None = None) -> int:
         stamp.unlink()  # a method rerun by hand since the run: its time is no longer the run's
     (folder / "results.json").write_text(json.dumps(collect(folder, plan)), encoding="utf-8")
     results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+    phases: tuple[float, ...] = ()
     if (folder / "seconds").exists():
-        seconds = sum(map(float, (folder / "seconds").read_text(encoding="utf-8").split()))
+        phases = tuple(map(float, (folder / "seconds").read_text(encoding="utf-8").split()))
+        seconds = sum(phases)
     else:  # methods rerun by hand: from the plan to the last result
         seconds = max(p.stat().st_mtime for p in folder.glob("*.json")) - plan.stat().st_mtime
     import numpy as np
@@ -188,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         print(report.explanation_rows(results, meta))
         print(report.explain_at_defaults_rows(results))
         return 0
-    write_docs(results, meta, seconds)
+    write_docs(results, meta, seconds, phases)
     report.plot(results, meta, ROOT / "docs" / "detection_delay.png")
     print(report.tables(results, meta))
     print(report.explanation_rows(results, meta))

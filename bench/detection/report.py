@@ -244,9 +244,12 @@ def tables(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         per = result["cost"].get("seconds_per_record", {})
         mean = timed.get("seconds_per_record", float(np.mean(list(per.values()))) if per else math.nan)
         if math.isfinite(mean):
+            timed_where = "" if timed else " (timed in the cases, the machine shared)"
             out.append(f"| {result['method']} (online) | {1e6 * mean:,.1f} µs per record "
-                       f"({fmt_seconds(mean * per_cycle)} per cycle of {per_cycle}) | | "
-                       f"{fmt_fit(result['cost'], 'online')} |")
+                       f"({fmt_seconds(mean * per_cycle)} per cycle of {per_cycle}){timed_where} | | "
+                       f"{fmt_fit(result['cost'], 'online') if timed else result.get('cost_error', '–')} |")
+    out.extend(f"| {r['method']} | {r['cost_error']} | | |" for r in results
+               if "cost_error" in r and r.get("kind") != "online")
     out.append("")
 
     if failed:

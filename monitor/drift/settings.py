@@ -114,7 +114,8 @@ class RegionSettings(_Section):
     enabled: bool = True
     max_regions: int = Field(
         32, ge=2, le=64,
-        description="k is min(this, held-out reference rows / 50): 32 for the default 4,000-row stored sample; more regions name a narrower topic (docs/drift.md, 'What moved'), each adds 3 series per stream",
+        description="k is min(this, held-out reference rows / 50): 32 for the default 4,000-row stored sample; "
+        "more regions name a narrower topic (docs/drift.md, 'What moved'), each adds 3 series per stream",
     )
     exemplars: int = Field(3, ge=0, le=10, description="ids shown per region (nearest the centre)")
     fdr_q: float = Field(
