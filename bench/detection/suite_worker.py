@@ -154,7 +154,8 @@ def explain_at_defaults(plan: protocol.Plan, caps: tuple[int, ...] = (16, 32), s
             injected = ([plan.classes.index(plan.seen[r])] if case.startswith("share") else
                         [plan.classes.index(c) for c in plan.meta["unseen"]])
             record: dict[str, Any] = {"class": plan.classes[injected[0]] if case.startswith("share") else "unseen"}
-            for cap in caps:
+            for cap in caps:  # the whole cycle per cap: the explanation as the daemon computes it (its
+                # reference subsample and seeds), at the price of the same verdict computed twice
                 regions = fit_regions(reference, max_regions=cap, seed=r)
                 report = run_drift_suite(window, reference, settings, seed=r, regions=regions)
                 record["detected"] = report.detected
