@@ -50,6 +50,7 @@ Reason = Literal[
     "unsupported", "other",
 ]
 MAX_ID_CHARS = 512
+MAX_SCOPE_VALUES = 100_000
 
 
 class ConnectorError(Exception):
@@ -101,6 +102,12 @@ class Connector:
 
     def count(self) -> int:
         raise NotImplementedError
+
+    def scope_counts(self, field_name: str) -> dict[str, int]:
+        """Rows per value of the filter column ``field_name`` (values as ``str``), at most
+        :data:`MAX_SCOPE_VALUES` of them: the denominator of a scope's fill rate. Engines that
+        cannot count raise ``unsupported`` (the probe then screens without fill rates)."""
+        raise ConnectorError("unsupported", f"{self.engine}: no count per scope")
 
     def texts(self, ids: Sequence[str]) -> dict[str, str]:
         """The stored text of ``ids`` (census re-embedding); engines without a text column raise."""
@@ -213,6 +220,20 @@ def parse_vector_rows(rows: Iterable[Any], dim: int | None, limit: int) -> list[
         out.append((ident, vector))
         if len(out) > limit:
             raise ConnectorError("bad_result", f"more than {limit} rows")
+    return out
+
+
+def parse_scope_counts(rows: Iterable[Any]) -> dict[str, int]:
+    """``(value, count)`` rows of a count per scope, at most :data:`MAX_SCOPE_VALUES`; a NULL value is skipped."""
+    out: dict[str, int] = {}
+    for row in rows:
+        if not isinstance(row, (tuple, list)) or len(row) != 2:
+            raise ConnectorError("bad_result", "a scope count row is not (value, count)")
+        if row[0] is None:
+            continue
+        out[str(row[0])] = out.get(str(row[0]), 0) + parse_count(row[1])
+        if len(out) > MAX_SCOPE_VALUES:
+            raise ConnectorError("bad_result", f"more than {MAX_SCOPE_VALUES} scope values")
     return out
 
 

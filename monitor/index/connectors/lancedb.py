@@ -27,6 +27,7 @@ from monitor.index.connectors.base import (
     parse_count,
     parse_id,
     parse_rows,
+    parse_scope_counts,
     parse_vector_rows,
 )
 from monitor.index.settings import LanceDbSettings
@@ -188,6 +189,19 @@ class LanceDbConnector(Connector):
             raise
         except Exception as exc:  # noqa: BLE001 - the engine's own exceptions, classified
             raise classify(exc) from None
+
+    def scope_counts(self, field_name: str) -> dict[str, int]:
+        if field_name not in self.filter_columns:
+            raise ConnectorError("unsupported", f"scope field {field_name!r} is not in filter_columns")
+        import pyarrow.compute as pc
+
+        total = self.count()
+        if total == 0:
+            return {}
+        table = self._open()
+        column = self._run(lambda: table.search().select([field_name]).limit(total)).column(field_name)
+        counts = pc.value_counts(column).to_pylist()
+        return parse_scope_counts((c["values"], c["counts"]) for c in counts)
 
     def sample(self, n: int) -> list[tuple[str, np.ndarray]]:
         total = self.count()

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from monitor.index.connectors.base import (
+    MAX_SCOPE_VALUES,
     Answer,
     Connector,
     ConnectorError,
@@ -29,6 +30,7 @@ from monitor.index.connectors.base import (
     parse_count,
     parse_id,
     parse_rows,
+    parse_scope_counts,
     parse_vector_rows,
 )
 from monitor.index.settings import PgvectorSettings
@@ -242,6 +244,15 @@ class PgvectorConnector(Connector):
             return estimate
         rows = self._execute(f"SELECT count(*) FROM {self._table}", (), settings=False)
         return parse_count(rows[0][0] if rows else None)
+
+    def scope_counts(self, field_name: str) -> dict[str, int]:
+        if field_name not in self.filter_columns:
+            raise ConnectorError("unsupported", f"scope field {field_name!r} is not in filter_columns")
+        self._connection()
+        column = quote(field_name)
+        rows = self._execute(f"SELECT {column}::text, count(*) FROM {self._table} GROUP BY 1 LIMIT %s",
+                             [MAX_SCOPE_VALUES + 1], settings=False)
+        return parse_scope_counts(rows)
 
     def sample(self, n: int) -> list[tuple[str, np.ndarray]]:
         if n <= 0:
