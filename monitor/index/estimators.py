@@ -118,6 +118,7 @@ class RecallSummary:
     scopes_hidden: int = 0  # scopes seen in the cycle, neither named nor in ``other``'s... folded count
     flagged: tuple[str, ...] = ()  # named scopes significantly worse than the rest (upper bound below)
     loss: Mapping[str, float] = field(default_factory=dict)  # part -> recall lost (filter, quantization, graph)
+    spent: Mapping[str, int] = field(default_factory=dict)  # named scope (and other) -> exact queries this cycle
 
     def row(self, scope: str = ALL) -> ScopeRow | None:
         for r in self.rows:
@@ -126,7 +127,7 @@ class RecallSummary:
         return None
 
 
-def _row(scope: str, items: Sequence[QueryOutcome], resamples: int, confidence: float, seed: int) -> ScopeRow:
+def row_of(scope: str, items: Sequence[QueryOutcome], resamples: int, confidence: float, seed: int) -> ScopeRow:
     recall = np.array([o.recall for o in items], dtype=np.float64)
     ci = bootstrap_ci({"recall": recall}, resamples=resamples, confidence=confidence, seed=seed)["recall"]
     ratios = np.array([o.distance_ratio for o in items], dtype=np.float64)
@@ -160,7 +161,7 @@ def summarise(
     uniform = [o for o in outcomes if o.uniform]
     if not uniform:
         return RecallSummary()
-    overall = _row(ALL, uniform, resamples, confidence, seed)
+    overall = row_of(ALL, uniform, resamples, confidence, seed)
     rows = [overall]
     by_scope: dict[str, list[QueryOutcome]] = {}
     for o in outcomes:
@@ -169,7 +170,7 @@ def summarise(
     ranked = []
     for scope, items in by_scope.items():
         if len(items) >= min_scope_queries:
-            ranked.append(_row(scope, items, resamples, confidence, seed))
+            ranked.append(row_of(scope, items, resamples, confidence, seed))
     ranked.sort(key=lambda r: (r.recall.upper, r.recall.mean, r.scope))
     shown = ranked[:worst]
     flagged = tuple(
@@ -177,7 +178,7 @@ def summarise(
     )
     rest = [o for o in outcomes if o.scope != NONE and o.scope not in {r.scope for r in shown}]
     if rest:
-        rows.append(_row(OTHER, rest, resamples, confidence, seed))
+        rows.append(row_of(OTHER, rest, resamples, confidence, seed))
     rows.extend(shown)
     hidden = len(by_scope) - len(shown)
     return RecallSummary(tuple(rows), hidden, flagged, recall_loss(outcomes))

@@ -33,6 +33,7 @@ from monitor.deadline import Deadline
 from monitor.decoding.records import EmbeddingBatch, InteractionEvent
 from monitor.index.connectors.base import Answer, Connector, ConnectorError
 from monitor.index.estimators import (
+    NONE,
     Interval,
     QueryOutcome,
     RecallSummary,
@@ -43,12 +44,14 @@ from monitor.index.estimators import (
     wilson,
 )
 from monitor.index.sampling import IdSketch, ProbeQuery, draw, id_hash, read_golden
+from monitor.index.scopes import ScopeEvidence, next_scope, scope_summary, screen_plan
 from monitor.index.settings import IndexProbeSpec
 from monitor.retrieval.probes.base import EventBuffer
 
 logger = logging.getLogger(__name__)
 
 DUPLICATE_DISTANCE = 1e-6
+CONFIDENCE = 0.95
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,8 @@ class IndexProbe:
         self.rng = np.random.default_rng(seed)
         self.encoder = encoder
         self.dim: int | None = None
+        self.evidence = ScopeEvidence(spec.queries.window_seconds, spec.interval_seconds, spec.queries.max_scopes)
+        self._active: set[str] = set()  # the scopes of the last cycle's queries
 
     # ------------------------------------------------------------------ hooks
     def on_interaction(self, event: InteractionEvent, now: float) -> None:
@@ -121,6 +126,26 @@ class IndexProbe:
         # answer and (for a filtered query) the unfiltered exact twin
         per_query = 1 + (1 if spec.attribution and self.connector.supports_quantized else 0) + (
             1 if spec.attribution and any(q.filter for q in queries) else 0)
+        if spec.queries.scope_field is not None:
+            outcomes, skipped, partial, spent = self._scoped_cycle(queries, per_query, ledger, deadline, now)
+            summary = scope_summary(outcomes, self.evidence, now, sorted(self._active), worst=spec.worst_scopes,
+                                    margin=spec.flag_margin, spent=spent)
+        else:
+            outcomes, skipped, partial = self._uniform_cycle(queries, per_query, ledger, deadline)
+            summary = summarise(outcomes, worst=spec.worst_scopes)
+        census = None
+        if spec.census.enabled and not deadline.expired():
+            census = self._census(now, ledger, deadline)
+        return IndexResult(
+            model=spec.model, k=spec.k, recall=summary, census=census, queries=len(outcomes),
+            skipped=dict(skipped), exact_searches=ledger.exact, searches=ledger.searches,
+            rows_read=ledger.rows, cpu_seconds=time.thread_time() - cpu0, partial=partial,
+        )
+
+    def _uniform_cycle(self, queries: list[ProbeQuery], per_query: int, ledger: _Ledger,
+                       deadline: Deadline) -> tuple[list[QueryOutcome], Counter[str], bool]:
+        """Without scopes: a uniform draw of the queries, each served and searched exactly."""
+        spec = self.spec
         picked = draw(queries, max(1, spec.budget.exact_searches // per_query),
                       spec.queries.scope_field, spec.queries.min_per_scope, self.rng)
         outcomes: list[QueryOutcome] = []
@@ -147,15 +172,125 @@ class IndexProbe:
                 skipped["empty_scope"] += 1
             else:
                 outcomes.append(result)
-        summary = summarise(outcomes, worst=spec.worst_scopes)
-        census = None
-        if spec.census.enabled and not deadline.expired():
-            census = self._census(now, ledger, deadline)
-        return IndexResult(
-            model=spec.model, k=spec.k, recall=summary, census=census, queries=len(outcomes),
-            skipped=dict(skipped), exact_searches=ledger.exact, searches=ledger.searches,
-            rows_read=ledger.rows, cpu_seconds=time.thread_time() - cpu0, partial=partial,
-        )
+        return outcomes, skipped, partial
+
+    def _scope_counts(self) -> dict[str, int] | None:
+        """Rows per scope value (the fill rate's denominator), read once a cycle; None when the engine cannot."""
+        field_name = self.spec.queries.scope_field
+        counter = getattr(self.connector, "scope_counts", None)
+        if field_name is None or counter is None:
+            return None
+        try:
+            return dict(counter(field_name))
+        except ConnectorError as exc:
+            if exc.reason != "unsupported":
+                raise
+            return None
+
+    def _scoped_cycle(self, queries: list[ProbeQuery], per_query: int, ledger: _Ledger, deadline: Deadline,
+                      now: float) -> tuple[list[QueryOutcome], Counter[str], bool, dict[str, int]]:
+        """With scopes: screen by fill rate, a uniform exact share, then the adaptive share (docs/index.md)."""
+        spec = self.spec
+        field_name = spec.queries.scope_field
+        k = spec.k
+        allowed: frozenset[str] = getattr(self.connector, "filter_columns", frozenset())
+        skipped: Counter[str] = Counter()
+        outcomes: list[QueryOutcome] = []
+        spent: Counter[str] = Counter()
+        scopes = [q.scope(field_name) for q in queries]
+        by_scope: dict[str, list[int]] = {}
+        for i, scope in enumerate(scopes):
+            if scope != NONE:
+                by_scope.setdefault(scope, []).append(i)
+        self._active = set(by_scope)
+        n = len(queries)
+        if n == 0:
+            return outcomes, skipped, False, {}
+        counts = self._scope_counts()
+        budget = spec.budget.exact_searches
+        uniform_queries = max(1, int(budget * spec.budget.uniform_share) // per_query)
+        uniform = self.rng.choice(n, size=min(n, uniform_queries), replace=False).tolist()
+        last_seen = self.evidence.last_seen()
+        plan = screen_plan(by_scope, uniform, max(spec.budget.screen, len(uniform)), spec.queries.min_per_scope,
+                           last_seen, n, self.rng)
+        served: dict[int, Answer] = {}
+        usable = [all(key in allowed for key, _ in q.filter) for q in queries]
+        for i in plan:
+            if deadline.expired():
+                return outcomes, skipped, True, dict(spent)
+            if not usable[i]:
+                skipped["unsupported_filter"] += 1
+                continue
+            try:
+                answer = self._search(ledger, queries[i], "served")
+            except ConnectorError as exc:
+                if exc.reason != "dimension":
+                    raise
+                skipped["dimension"] += 1
+                usable[i] = False
+                continue
+            served[i] = answer
+            scope = scopes[i]
+            if scope != NONE:
+                self.evidence.touch(scope, now)
+                rows = None if counts is None else counts.get(scope, 0)
+                if rows:  # a scope holding no row has no fill rate
+                    expected = min(k, rows)
+                    self.evidence.add_fill(scope, len(answer) / expected, len(answer) < expected, now)
+        done: set[int] = set()
+
+        def probe(i: int, is_uniform: bool) -> QueryOutcome | None:
+            done.add(i)
+            if not usable[i]:
+                return None
+            try:
+                result = self._probe_query(queries[i], is_uniform, ledger, served.get(i))
+            except ConnectorError as exc:
+                if exc.reason != "dimension":
+                    raise
+                skipped["dimension"] += 1
+                return None
+            if result is None:
+                skipped["empty_scope"] += 1
+                return None
+            outcomes.append(result)
+            if result.scope != NONE:
+                spent[result.scope] += 1
+                self.evidence.add_exact(result.scope, [result.recall], [result.epsilon_recall],
+                                        [result.distance_ratio], now,
+                                        under=[result.under_return] if counts is None else None)
+            return result
+
+        for i in uniform:
+            if deadline.expired():
+                return outcomes, skipped, True, dict(spent)
+            if ledger.exact >= budget:
+                break
+            probe(i, True)
+        names = sorted(by_scope)
+        traffic = np.array([len(by_scope[s]) for s in names], dtype=np.float64)
+        left = {s: [i for i in by_scope[s] if i not in done and usable[i]] for s in names}
+        for members in left.values():  # screened queries first: their served answer is known
+            members.sort(key=lambda i: (i not in served, int(self.rng.integers(1 << 30))))
+        while ledger.exact < budget:
+            if deadline.expired():
+                return outcomes, skipped, True, dict(spent)
+            bounds = self.evidence.bounds(now, 1.0 - CONFIDENCE, names)
+            position = {s: j for j, s in enumerate(bounds.scopes)}
+            available = np.zeros(len(bounds.scopes), dtype=bool)
+            weights = np.zeros(len(bounds.scopes))
+            for j, s in enumerate(names):
+                if s in position:
+                    available[position[s]] = bool(left[s])
+                    weights[position[s]] = traffic[j]
+            choice = next_scope(bounds, available, weights, spec.worst_scopes)
+            if choice is None:
+                break
+            scope = bounds.scopes[choice]
+            i = left[scope].pop(0)
+            if probe(i, False) is None and not self.evidence.bounds(now, 1.0 - CONFIDENCE, [scope]).n.any():
+                left[scope] = []  # an empty scope: nothing to learn this cycle
+        return outcomes, skipped, False, dict(spent)
 
     def _search(self, ledger: _Ledger, query: ProbeQuery, mode: Any, filtered: bool = True,
                 k: int | None = None) -> Answer:
@@ -185,11 +320,13 @@ class IndexProbe:
         return outcome(served.ids, self._true_distances(ledger, query, served, exact), exact.ids, exact.distances,
                        self.spec.k, self.spec.epsilon, scope=scope, uniform=uniform)
 
-    def _probe_query(self, query: ProbeQuery, uniform: bool, ledger: _Ledger) -> QueryOutcome | None:
-        served = self._search(ledger, query, "served")
+    def _probe_query(self, query: ProbeQuery, uniform: bool, ledger: _Ledger,
+                     served: Answer | None = None) -> QueryOutcome | None:
+        """One query's outcome; the attribution searches for uniform draws only (the loss is over them)."""
+        served = served if served is not None else self._search(ledger, query, "served")
         exact = self._search(ledger, query, "exact")
         result = self._recall_of(ledger, query, served, exact, uniform)
-        if result is None or not self.spec.attribution:
+        if result is None or not self.spec.attribution or not uniform:
             return result
         extra: dict[str, Any] = {}
         budget = self.spec.budget.exact_searches

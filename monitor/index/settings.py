@@ -170,6 +170,20 @@ class BudgetSettings(Section):
 
     exact_searches: int = Field(200, ge=1, le=100_000, description="exact (brute-force) searches per cycle")
     census_rows: int = Field(2000, ge=0, le=100_000, description="stored rows the census reads per cycle")
+    served_searches: int | None = Field(
+        None, ge=0, le=100_000,
+        description="with scopes: production (served) searches per cycle that screen the scopes by fill rate; "
+        "None: 4 x exact_searches",
+    )
+    uniform_share: float = Field(
+        0.5, gt=0, le=1,
+        description="with scopes: share of exact_searches drawn uniformly (the overall estimate); the rest "
+        "goes adaptively to the scopes whose interval is low and wide",
+    )
+
+    @property
+    def screen(self) -> int:
+        return self.exact_searches * 4 if self.served_searches is None else self.served_searches
 
 
 class QuerySettings(Section):
@@ -183,7 +197,13 @@ class QuerySettings(Section):
         None, description="the filter key whose value is the scope label (tenant, collection); None: no scopes"
     )
     min_per_scope: int = Field(
-        5, ge=0, le=1000, description="queries drawn from each scope seen, before the uniform draw (small scopes)"
+        5, ge=0, le=1000,
+        description="queries screened (served search, fill rate) from each scope per cycle, least recently "
+        "seen scopes first, within half the screen",
+    )
+    max_scopes: int = Field(
+        10_000, ge=1, le=100_000,
+        description="scope values whose evidence is kept over window_seconds (the least recently seen is evicted)",
     )
 
     @field_validator("golden_file")
@@ -233,6 +253,10 @@ class IndexProbeSpec(Section):
         True, description="spend exact searches on the loss parts (filter: unfiltered twins; quantization)"
     )
     worst_scopes: int = Field(5, ge=1, le=50, description="scopes exported by name; the rest fold into 'other'")
+    flag_margin: float = Field(
+        0.1, ge=0, le=1,
+        description="a scope is flagged when its recall's upper bound is this far below the overall lower bound",
+    )
     backoff_max_seconds: float = Field(600.0, gt=0, le=86400)
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
     queries: QuerySettings = Field(default_factory=QuerySettings)

@@ -114,7 +114,10 @@ def test_a_one_percent_tenant_that_under_returns_is_flagged_at_the_first_cycle(p
     result = probe.run(Deadline.after(120), now=0.0)
     summary = result.recall
     small = summary.row("small")
-    assert small is not None and small.under_return >= 0.5 and small.recall.upper < 0.5
+    # 8 queries of the small tenant in the pool: its interval is a confidence sequence (valid at
+    # every cycle at once), so still wide after one cycle; the under-return flags it
+    assert small is not None and small.under_return >= 0.5 and small.recall.mean < 0.2 and small.recall.upper < 0.9
+    assert small.recall.lower <= small.recall.mean <= small.recall.upper
     assert "small" in summary.flagged
     named = [r.scope for r in summary.rows if r.scope not in ("all", "other")]
     assert named[0] == "small"  # the worst, named first
