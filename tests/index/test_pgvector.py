@@ -109,6 +109,22 @@ def test_exact_search_is_the_engines_brute_force_under_the_same_filter(small_pg:
 
 
 @pytest.mark.slow
+def test_exact_search_stays_exact_after_many_served_searches(pg: dict[str, Any]) -> None:
+    """The served and exact searches share one SQL text: a prepared statement's cached generic plan
+    would ignore the exact search's SET LOCAL enable_indexscan = off and serve it from the index."""
+    connector = PgvectorConnector(spec_for(pg["uri"]).pgvector)  # type: ignore[arg-type]
+    rows, mask = pg["rows"], pg["tenants"] == "small"
+    ids = np.array(pg["ids"])[mask]
+    for q in queries(pg, 15, seed=11):
+        served = connector.search(q.vector, K, (("tenant", "small"),), "served")
+        exact = connector.search(q.vector, K, (("tenant", "small"),), "exact")
+        expected = ids[np.argsort(1.0 - rows[mask] @ q.vector, kind="stable")[:K]]
+        assert list(exact.ids) == list(expected)
+        assert len(served) < K  # the post-filtered index scan under-returns: the two plans differ
+    connector.close()
+
+
+@pytest.mark.slow
 def test_a_one_percent_tenant_that_under_returns_is_flagged_at_the_first_cycle(pg: dict[str, Any]) -> None:
     probe = probe_with(spec_for(pg["uri"]), pg)
     result = probe.run(Deadline.after(120), now=0.0)

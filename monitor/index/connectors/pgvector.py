@@ -145,7 +145,10 @@ class PgvectorConnector(Connector):
                 if settings:
                     for name, value in local:
                         cur.execute(f"SET LOCAL {name} = {value}")
-                cur.execute(sql, params)  # statements are built from checked identifiers, values bound
+                # never prepared: psycopg prepares a statement run 5 times, and PostgreSQL's cached
+                # generic plan ignores a later SET LOCAL enable_indexscan = off, so the served and the
+                # exact search (the same SQL text) would share the served plan: an "exact" index scan
+                cur.execute(sql, params, prepare=False)  # built from checked identifiers, values bound
                 return list(cur.fetchall())
         except psycopg.Error as exc:
             error = classify(exc)
