@@ -337,9 +337,187 @@ def part_ingest(args: argparse.Namespace) -> None:
     broker.stop()
 
 
+# ---------------------------------------------------------------------- worst scope among many
+def scoped_world(scopes: int, rows: int, dim: int, broken_rows: float,
+                 seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Clustered unit vectors, one topical scope per cluster (``scopes - 1`` of them) and a ``misc``
+    scope of ``broken_rows`` of the rows drawn at random across clusters: (vectors, scope of each
+    row, cluster centres)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(scopes - 1, dim))
+    cluster = rng.integers(0, scopes - 1, rows)
+    vectors = centres[cluster] + 0.6 * rng.normal(size=(rows, dim))
+    vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+    labels = np.array([f"s{c}" for c in cluster], dtype=object)
+    labels[rng.random(rows) < broken_rows] = "misc"
+    return vectors, labels, centres
+
+
+def zipf_traffic(centres: np.ndarray, queries: int, broken_share: float, exponent: float,
+                 seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``queries`` query vectors and their scope: Zipf over the topical scopes, ``broken_share`` on misc
+    (a misc query is near a random cluster, as misc rows are)."""
+    rng = np.random.default_rng(seed + 1)
+    topical = len(centres)
+    weights = 1.0 / np.arange(1, topical + 1) ** exponent
+    weights = rng.permutation(weights / weights.sum())
+    cluster = rng.choice(topical, size=queries, p=weights)
+    vectors = centres[cluster] + 0.6 * rng.normal(size=(queries, centres.shape[1]))
+    vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+    labels = np.array([f"s{c}" for c in cluster], dtype=object)
+    labels[rng.choice(queries, size=round(broken_share * queries), replace=False)] = "misc"
+    return vectors, labels
+
+
+def truth_by_scope(connector: Any, docs: np.ndarray, doc_labels: np.ndarray, ids: np.ndarray, pool: np.ndarray,
+                   labels: np.ndarray) -> dict[str, float]:
+    """Each scope's true mean recall@K over its pool queries: served (the engine) against numpy's exact top K."""
+    per_scope: dict[str, list[float]] = {}
+    masks = {s: doc_labels == s for s in set(labels.tolist())}
+    for q, s in zip(pool, labels, strict=True):
+        mask = masks[s]
+        scores = docs[mask] @ q
+        n = min(K, int(mask.sum()))
+        if n == 0:
+            continue
+        exact = set(ids[mask][np.argsort(-scores, kind="stable")[:n]].tolist())
+        served = connector.search(q, K, (("tenant", str(s)),), "served")
+        per_scope.setdefault(str(s), []).append(len(exact & set(served.ids)) / n)
+    return {s: float(np.mean(v)) for s, v in per_scope.items()}
+
+
+def run_worst(name: str, make_connector: Any, probe_spec: IndexProbeSpec, pool: np.ndarray, labels: np.ndarray,
+              truth: dict[str, float], cycles: int, per_cycle: int, seed: int,
+              args_verbose: bool = True) -> dict[str, Any]:
+    """``cycles`` probe cycles, each over a fresh draw of ``per_cycle`` queries of the pool."""
+    rng = np.random.default_rng(seed)
+    connector = make_connector()
+    probe = IndexProbe(probe_spec, connector, seed=seed)
+    interval = probe_spec.interval_seconds
+    first_named = first_flagged = None
+    flags_total, covered, named_total, errors, shares, walls, exact_total = 0, 0, 0, [], [], [], 0
+    cycles_all_covered = 0
+    false_flags: set[str] = set()
+    for cycle in range(cycles):
+        now = cycle * interval
+        for i in rng.integers(0, len(pool), per_cycle).tolist():
+            probe.buffer.add(ProbeQuery(pool[i], (("tenant", str(labels[i])),)), now)
+        started = time.perf_counter()
+        result = probe.run(Deadline.after(600), now=now)
+        walls.append(time.perf_counter() - started)
+        summary = result.recall
+        named = [r for r in summary.rows if r.scope not in ("all", "other")]
+        flagged = set(summary.flagged)
+        flags_total += len(flagged)
+        false_flags |= {s for s in flagged if s != "misc"}
+        if named and named[0].scope == "misc" and "misc" in flagged and first_named is None:
+            first_named = cycle + 1
+        if "misc" in flagged and first_flagged is None:
+            first_flagged = cycle + 1
+        spent = sum(summary.spent.values())
+        shares.append(summary.spent.get("misc", 0) / spent if spent else 0.0)
+        exact_total += result.exact_searches
+        all_covered = True
+        for r in named:
+            t = truth.get(r.scope)
+            if t is None:
+                continue
+            named_total += 1
+            ok = r.recall.lower - 1e-9 <= t <= r.recall.upper + 1e-9
+            covered += ok
+            all_covered &= ok
+            if math.isfinite(r.recall.mean):
+                errors.append(abs(r.recall.mean - t))
+        cycles_all_covered += all_covered
+        if args_verbose:
+            print(f"    cycle {cycle + 1}: flagged {sorted(flagged)}; named " + ", ".join(
+                f"{r.scope} {r.recall.mean:.2f} [{r.recall.lower:.2f}, {r.recall.upper:.2f}] n={r.queries} "
+                f"under {r.under_return:.2f} (true {truth.get(r.scope, math.nan):.2f})" for r in named)
+                + f"; all {summary.rows[0].recall.lower:.3f}; spent {dict(summary.spent)}; {walls[-1]:.1f} s")
+    connector.close()
+    return {
+        "name": name, "named_first": first_named, "flagged": first_flagged, "flags": flags_total,
+        "false_flags": sorted(false_flags), "misc_share": float(np.mean(shares)),
+        "coverage": covered / max(1, named_total), "cycles_covered": cycles_all_covered / cycles,
+        "mean_err": float(np.mean(errors)) if errors else math.nan,
+        "max_err": float(np.max(errors)) if errors else math.nan, "wall": float(np.mean(walls)),
+        "exact": exact_total / cycles, "evicted": probe.evidence.evicted, "tracked": len(probe.evidence),
+        "hidden": summary.scopes_hidden,
+    }
+
+
+def part_worst(args: argparse.Namespace) -> None:
+    """The worst scope among many, on pgvector HNSW (iterative scan off: post-filtering) and LanceDB."""
+    print(f"\n== worst scope: {args.worst_rows:,} rows d={args.worst_dim}, Zipf traffic, a misc scope of "
+          f"{args.broken_rows:.1%} of the rows, exact_searches {args.worst_budget} ==")
+    out = []
+    with vs.postgres() as uri:
+        for scopes, share, cycles, iterative in args.worst_runs:
+            docs, doc_labels, centres = scoped_world(scopes, args.worst_rows, args.worst_dim, args.broken_rows,
+                                                     args.seed)
+            ids = np.array([f"d{i}" for i in range(len(docs))])
+            table = f"scoped_{scopes}"
+            if (scopes, args.seed) not in getattr(part_worst, "_loaded", set()):
+                started = time.perf_counter()
+                vs.load_pg(uri, table, ids.tolist(), docs, doc_labels.tolist(), index="hnsw", m=8,
+                           ef_construction=32)
+                part_worst._loaded = {*getattr(part_worst, "_loaded", set()), (scopes, args.seed)}  # type: ignore[attr-defined]
+                print(f"  loaded {table}: {time.perf_counter() - started:.0f} s")
+            pool, labels = zipf_traffic(centres, args.worst_pool, share, args.zipf, args.seed)
+            s = spec(uri, table, ef_search=40, iterative_scan="relaxed_order" if iterative else None,
+                     budget={"exact_searches": args.worst_budget},
+                     queries={"scope_field": "tenant", "buffer": 20_000, "window_seconds": 3600})
+
+            def make(s: IndexProbeSpec = s) -> PgvectorConnector:
+                return PgvectorConnector(s.pgvector)  # type: ignore[arg-type]
+
+            connector = make()
+            started = time.perf_counter()
+            truth = truth_by_scope(connector, docs, doc_labels, ids, pool, labels)
+            connector.close()
+            kind = "clean (iterative scan)" if iterative else "broken (post-filter)"
+            print(f"  truth over the {len(pool):,}-query pool ({time.perf_counter() - started:.0f} s): misc recall "
+                  f"{truth.get('misc', math.nan):.3f}; median scope {np.median(list(truth.values())):.3f}; scopes "
+                  f"below 0.5: {sum(v < 0.5 for v in truth.values())}; misc traffic {np.mean(labels == 'misc'):.3f}")
+            r = run_worst(f"pgvector {scopes} scopes {kind} misc {share:.0%}", make, s, pool, labels, truth, cycles,
+                          args.worst_per_cycle, args.seed)
+            out.append(r)
+            print(f"  {r}")
+    if args.worst_lance:
+        with tempfile.TemporaryDirectory() as tmp:
+            scopes, share, cycles = 50, 0.03, args.worst_lance
+            docs, doc_labels, centres = scoped_world(scopes, args.worst_rows, args.worst_dim, args.broken_rows,
+                                                     args.seed)
+            ids = np.array([f"d{i}" for i in range(len(docs))])
+            vs.load_lance(tmp, "docs", ids.tolist(), docs, doc_labels.tolist(), partitions=32, sub_vectors=8)
+            pool, labels = zipf_traffic(centres, args.worst_pool, share, args.zipf, args.seed)
+            from monitor.index.connectors.lancedb import LanceDbConnector
+
+            for prefilter in (False, True):
+                s = IndexProbeSpec.model_validate({
+                    "name": "bench", "model": "minilm", "engine": "lancedb", "k": K,
+                    "budget": {"exact_searches": args.worst_budget}, "census": {"enabled": False},
+                    "queries": {"scope_field": "tenant", "buffer": 20_000, "window_seconds": 3600},
+                    "lancedb": {"uri": tmp, "table": "docs", "filter_columns": ["tenant"], "nprobes": 4,
+                                "refine_factor": 2, "prefilter": prefilter}})
+
+                def make_lance(s: IndexProbeSpec = s) -> LanceDbConnector:
+                    return LanceDbConnector(s.lancedb)  # type: ignore[arg-type]
+
+                connector = make_lance()
+                truth = truth_by_scope(connector, docs, doc_labels, ids, pool, labels)
+                low = sum(v < 0.5 for v in truth.values())
+                print(f"  lancedb prefilter={prefilter}: misc recall {truth.get('misc', math.nan):.3f}; median scope "
+                      f"{np.median(list(truth.values())):.3f}; scopes below 0.5: {low}")
+                r = run_worst(f"lancedb IVF-PQ prefilter={prefilter} 50 scopes misc 3%", make_lance, s, pool,
+                              labels, truth, cycles, args.worst_per_cycle, args.seed)
+                out.append(r)
+                print(f"  {r}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", action="append", choices=("recall", "scope", "stale", "hooks", "ingest"))
+    parser.add_argument("--part", action="append", choices=("recall", "scope", "stale", "hooks", "ingest", "worst"))
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "embmon-bench-index")
     parser.add_argument("--ef", type=int, action="append", help="ef_search values to scan (recall part)")
     parser.add_argument("--cycles", type=int, default=6, help="real probe cycles per setting")
@@ -355,11 +533,24 @@ def main() -> None:
     parser.add_argument("--ingest-interval", type=float, default=30.0,
                         help="the probe's interval in the ingest part (1 s: a cycle always running)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--worst-rows", type=int, default=20_000)
+    parser.add_argument("--worst-dim", type=int, default=64)
+    parser.add_argument("--broken-rows", type=float, default=0.005, help="the misc scope's share of the rows")
+    parser.add_argument("--worst-pool", type=int, default=4000, help="distinct queries of the traffic")
+    parser.add_argument("--worst-per-cycle", type=int, default=1000, help="queries arriving per cycle")
+    parser.add_argument("--worst-budget", type=int, default=300)
+    parser.add_argument("--zipf", type=float, default=1.1)
+    parser.add_argument("--worst-run", dest="worst_runs", type=str, action="append",
+                        help="SCOPES:MISC_SHARE:CYCLES:clean|broken (default 50:0.03:5:broken, 1000:0.03:8:broken, "
+                        "50:0.03:50:clean)")
+    parser.add_argument("--worst-lance", type=int, default=5, help="LanceDB cycles per prefilter setting (0: none)")
     args = parser.parse_args()
+    runs = args.worst_runs or ["50:0.03:5:broken", "1000:0.03:8:broken", "50:0.03:50:clean"]
+    args.worst_runs = [(int(a), float(b), int(c), d == "clean") for a, b, c, d in (r.split(":") for r in runs)]
     args.ef = args.ef or [10, 12, 16, 20, 24, 32, 48, 64, 96, 128]
     args.targets = args.targets or [0.6, 0.8, 0.95]
-    parts = args.part or ["recall", "scope", "stale", "hooks", "ingest"]
-    if set(parts) - {"ingest", "hooks"}:
+    parts = args.part or ["recall", "scope", "stale", "hooks", "ingest", "worst"]
+    if set(parts) - {"ingest", "hooks", "worst"}:
         texts = sentences(DOCS + POOL)
         vectors = cached(args.cache, "minilm", texts, minilm)
         docs, pool = vectors[:DOCS], vectors[DOCS:]
@@ -372,6 +563,8 @@ def main() -> None:
                 part_scope(uri, docs, ids, pool, args)
             if "stale" in parts:
                 part_stale(uri, docs, ids, texts[:DOCS], args)
+    if "worst" in parts:
+        part_worst(args)
     if "hooks" in parts:
         part_hooks(args)
     if "ingest" in parts:

@@ -41,7 +41,7 @@ from monitor.index.estimators import (
 )
 
 SLOTS = 16
-MIN_UNDER = 3
+UNDER_FLOOR = 0.1
 # the sums kept per scope and slot
 N_EXACT, S_RECALL, S_EPS, N_RATIO, S_RATIO, N_FILL, S_FILL, N_UNDER, S_UNDER = range(9)
 STATS = 9
@@ -106,6 +106,7 @@ class Bounds:
     recall: np.ndarray  # their mean recall (NaN without any)
     lower: np.ndarray  # recall confidence sequence, lower (0 without exact outcomes)
     upper: np.ndarray  # min(recall's upper, fill rate's upper)
+    recall_upper: np.ndarray  # the recall confidence sequence's own upper bound (1 without exact outcomes)
     fill: np.ndarray  # mean fill rate (NaN without any)
     fill_n: np.ndarray
     under: np.ndarray  # mean under-return (NaN without any)
@@ -251,6 +252,7 @@ class ScopeEvidence:
         under_lower, _ = kl_bounds(np.nan_to_num(under), under_n, log_term(under_n, level))
         return Bounds(
             scopes=tuple(names), n=n, recall=recall, lower=lower, upper=np.minimum(upper, fill_upper),
+            recall_upper=upper,
             fill=fill, fill_n=fill_n, under=under, under_lower=under_lower, under_n=under_n,
             epsilon_recall=eps, distance_ratio=ratio,
         )
@@ -260,24 +262,25 @@ def next_scope(bounds: Bounds, available: np.ndarray, traffic: np.ndarray, m: in
     """The scope (an index into ``bounds``) the next adaptive exact search should go to, or None.
 
     The current worst set J is the ``m`` available scopes of lowest point estimate (the recall mean,
-    else the fill rate, an upper bound of it, else 1); h is the member of J with the highest upper
-    bound, l the outsider with the lowest lower bound (ties: the lower point estimate, then more
-    traffic). The draw goes to whichever of h and l has the wider interval: the pair whose
-    overlap keeps the worst set uncertain. ``traffic`` is each scope's query count in the window.
+    else the fill rate, an upper bound of it, else 1); h is the member of J whose recall interval
+    (from exact outcomes alone) is widest, l the outsider with the lowest lower bound (ties: the
+    lower point estimate, then more traffic). The draw goes to whichever of h and l has the wider
+    recall interval: the pair whose overlap keeps the worst set uncertain, and the named scopes'
+    recall estimated, not only bounded by their fill rate. ``traffic`` is each scope's query count.
     """
     idx = np.flatnonzero(available)
     if idx.size == 0:
         return None
     point = np.where(np.isfinite(bounds.recall), bounds.recall,
                      np.where(np.isfinite(bounds.fill), bounds.fill, 1.0))[idx]
-    width = (bounds.upper - bounds.lower)[idx]
-    order = np.lexsort((-traffic[idx], point))
+    width = (bounds.recall_upper - bounds.lower)[idx]
+    busy = traffic[idx]
+    order = np.lexsort((-busy, point))
     worst, rest = order[:m], order[m:]
-    h = worst[np.lexsort((-traffic[idx][worst], -width[worst], -bounds.upper[idx][worst]))[0]]
+    h = worst[np.lexsort((-busy[worst], point[worst], -width[worst]))[0]]
     if rest.size == 0:
         return int(idx[h])
-    lows = bounds.lower[idx][rest]
-    l_ = rest[np.lexsort((-traffic[idx][rest], point[rest], lows))[0]]
+    l_ = rest[np.lexsort((-busy[rest], point[rest], bounds.lower[idx][rest]))[0]]
     return int(idx[h] if width[h] >= width[l_] else idx[l_])
 
 
@@ -326,11 +329,12 @@ def scope_summary(outcomes: Sequence[QueryOutcome], evidence: ScopeEvidence, now
     Every scope with evidence in the window or queries in the cycle's pool is a candidate. A
     scope is **flagged** when, with the bounds made simultaneous over the candidates
     (Bonferroni), its recall's upper bound is ``margin`` below the overall lower bound, or its
-    under-return's lower bound is above one half, or at least half of at least ``MIN_UNDER`` of
-    its served answers under-returned (a defect of the engine, not noise: a healthy engine returns
-    min(k, rows) rows). The ``worst`` named are the flagged ones (lowest point estimate first),
-    then the lowest upper bounds (the most confidently bad first); ``other`` pools the uniform draws of
-    the rest (an unbiased estimate of their traffic's recall); the rest are counted as hidden.
+    under-return's lower bound is above one half, or at least half of its served answers
+    under-returned and its under-return's own lower bound is above ``UNDER_FLOOR`` (a defect of
+    the engine, not noise: a healthy engine returns min(k, rows) rows). The ``worst`` named are the
+    flagged ones (lowest point estimate first), then the lowest upper bounds (the most confidently
+    bad first); ``other`` pools the uniform draws of the rest (an unbiased estimate of their
+    traffic's recall); the rest are counted as hidden.
     """
     uniform = [o for o in outcomes if o.uniform]
     if not uniform:
@@ -347,8 +351,9 @@ def scope_summary(outcomes: Sequence[QueryOutcome], evidence: ScopeEvidence, now
         scope for scope, upper, under_lower in zip(family.scopes, family.upper, family.under_lower, strict=True)
         if upper < overall.recall.lower - margin - 1e-9 or under_lower > 0.5
     }
-    # most of at least MIN_UNDER queries under-returned: the engine had the rows and did not serve them
-    flagged_set |= {b.scopes[i] for i in rows_of if b.under_n[i] >= MIN_UNDER and b.under[i] >= 0.5}
+    # most of its served answers under-returned, and certainly more than UNDER_FLOOR of them: the
+    # engine had the rows and did not serve them
+    flagged_set |= {b.scopes[i] for i in rows_of if b.under[i] >= 0.5 and b.under_lower[i] > UNDER_FLOOR}
     point = np.where(np.isfinite(b.recall), b.recall, np.where(np.isfinite(b.fill), b.fill, 1.0))
 
     def rank(i: int) -> tuple[bool, float, float, str]:
