@@ -44,7 +44,7 @@ from monitor.index.estimators import (
     wilson,
 )
 from monitor.index.sampling import IdSketch, ProbeQuery, draw, id_hash, read_golden
-from monitor.index.scopes import ScopeEvidence, next_scope, scope_summary, screen_plan
+from monitor.index.scopes import ScopeEvidence, next_scopes, scope_summary, screen_plan
 from monitor.index.settings import IndexProbeSpec
 from monitor.retrieval.probes.base import EventBuffer
 
@@ -283,13 +283,16 @@ class IndexProbe:
                 if s in position:
                     available[position[s]] = bool(left[s])
                     weights[position[s]] = traffic[j]
-            choice = next_scope(bounds, available, weights, spec.worst_scopes)
-            if choice is None:
+            choices = next_scopes(bounds, available, weights, spec.worst_scopes)
+            if not choices:
                 break
-            scope = bounds.scopes[choice]
-            i = left[scope].pop(0)
-            if probe(i, False) is None and not self.evidence.bounds(now, 1.0 - CONFIDENCE, [scope]).n.any():
-                left[scope] = []  # an empty scope: nothing to learn this cycle
+            for choice in choices:
+                scope = bounds.scopes[choice]
+                if ledger.exact >= budget or not left[scope]:
+                    continue
+                i = left[scope].pop(0)
+                if probe(i, False) is None and not self.evidence.bounds(now, 1.0 - CONFIDENCE, [scope]).n.any():
+                    left[scope] = []  # an empty scope: nothing to learn this cycle
         return outcomes, skipped, False, dict(spent)
 
     def _search(self, ledger: _Ledger, query: ProbeQuery, mode: Any, filtered: bool = True,

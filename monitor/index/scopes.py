@@ -10,10 +10,9 @@ Three parts (docs/index.md, "Many scopes", states the guarantees):
   rate of served searches) in time slots covering ``window_seconds``: bounded memory (a fixed
   array of ``max_scopes`` × :data:`SLOTS` × :data:`STATS` numbers), the least recently seen scope
   evicted when a new one arrives at capacity;
-* :func:`next_scope`: the adaptive share of the exact budget, one draw at a time, by LUCB for the
-  ``m`` worst scopes (Kalyanakrishnan et al., 2012, turned to the bottom m): the member of the
-  current worst set whose upper bound is highest, or the outsider whose lower bound is lowest,
-  whichever interval is wider.
+* :func:`next_scopes`: the adaptive share of the exact budget, two draws at a time, by LUCB for
+  the ``m`` worst scopes (Kalyanakrishnan et al., 2012, turned to the bottom m): the member of the
+  current worst set whose interval is widest, and the outsider whose lower bound is lowest.
 
 A served answer's **fill rate** is |S| / min(k, rows in the scope); since recall = |S ∩ E| / |E|
 with |E| = min(k, rows), a query's recall is at most its fill rate, so the fill rate's upper
@@ -258,19 +257,19 @@ class ScopeEvidence:
         )
 
 
-def next_scope(bounds: Bounds, available: np.ndarray, traffic: np.ndarray, m: int) -> int | None:
-    """The scope (an index into ``bounds``) the next adaptive exact search should go to, or None.
+def next_scopes(bounds: Bounds, available: np.ndarray, traffic: np.ndarray, m: int) -> list[int]:
+    """The scopes (indices into ``bounds``) the next adaptive exact searches go to: LUCB's pair.
 
     The current worst set J is the ``m`` available scopes of lowest point estimate (the recall mean,
     else the fill rate, an upper bound of it, else 1); h is the member of J whose recall interval
     (from exact outcomes alone) is widest, l the outsider with the lowest lower bound (ties: the
-    lower point estimate, then more traffic). The draw goes to whichever of h and l has the wider
-    recall interval: the pair whose overlap keeps the worst set uncertain, and the named scopes'
-    recall estimated, not only bounded by their fill rate. ``traffic`` is each scope's query count.
+    lower point estimate, then more traffic). Both are drawn, h first: the pair whose overlap keeps
+    the worst set uncertain, and the named scopes' recall estimated, not only bounded by their fill
+    rate. ``traffic`` is each scope's query count. Empty when nothing is available.
     """
     idx = np.flatnonzero(available)
     if idx.size == 0:
-        return None
+        return []
     point = np.where(np.isfinite(bounds.recall), bounds.recall,
                      np.where(np.isfinite(bounds.fill), bounds.fill, 1.0))[idx]
     width = (bounds.recall_upper - bounds.lower)[idx]
@@ -279,9 +278,9 @@ def next_scope(bounds: Bounds, available: np.ndarray, traffic: np.ndarray, m: in
     worst, rest = order[:m], order[m:]
     h = worst[np.lexsort((-busy[worst], point[worst], -width[worst]))[0]]
     if rest.size == 0:
-        return int(idx[h])
+        return [int(idx[h])]
     l_ = rest[np.lexsort((-busy[rest], point[rest], bounds.lower[idx][rest]))[0]]
-    return int(idx[h] if width[h] >= width[l_] else idx[l_])
+    return [int(idx[h]), int(idx[l_])]
 
 
 def screen_plan(by_scope: dict[str, list[int]], uniform: Sequence[int], size: int, per_scope: int,

@@ -25,7 +25,14 @@ from hypothesis import strategies as st
 from monitor.config import LimitSettings, Settings
 from monitor.decoding.decoder import Decoder
 from monitor.index.component import IndexComponent
-from monitor.index.connectors.base import REASONS, ConnectorError, parse_rows, parse_vector, parse_vector_rows
+from monitor.index.connectors.base import (
+    REASONS,
+    ConnectorError,
+    parse_rows,
+    parse_scope_counts,
+    parse_vector,
+    parse_vector_rows,
+)
 from monitor.index.connectors.qdrant import parse_points, parse_search
 from tests.support import vectorstores as vs
 from tests.support.probes import collect, probe_context
@@ -56,6 +63,17 @@ def test_search_rows_parse_or_raise_a_reason(rows: list[Any], k: int) -> None:
         return
     assert len(answer.ids) <= k and len(set(answer.ids)) == len(answer.ids)
     assert np.all(np.isfinite(answer.distances)) and np.all(np.diff(answer.distances) >= 0)
+
+
+@FUZZ
+@given(rows=st.lists(values, max_size=12))
+def test_scope_counts_parse_or_raise_a_reason(rows: list[Any]) -> None:
+    try:
+        counts = parse_scope_counts(rows)
+    except ConnectorError as exc:
+        assert exc.reason in REASONS
+        return
+    assert all(isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in counts.items())
 
 
 @FUZZ
