@@ -2,12 +2,15 @@
 
 A cycle (:meth:`IndexProbe.run`):
 
-1. draws its queries (:func:`monitor.index.sampling.draw`) from the recent interaction queries of
-   the probe's model and from the golden file, as many as the budget of exact searches allows;
+1. draws its queries from the recent interaction queries of the probe's model and from the golden
+   file: without a scope field a uniform draw (:func:`monitor.index.sampling.draw`), as many as the
+   budget of exact searches allows; with one, a screen of served searches (fill rates), a uniform
+   share and an adaptive share of the exact budget (:mod:`monitor.index.scopes`);
 2. per query: the served search and the exact one with the query's filter; the true distances of
    served ids the exact answer lacks (one fetch); with ``attribution``, the unfiltered twins of a
    filtered query and the exact search in the quantized space where the engine has one;
-3. summarises per scope (:func:`monitor.index.estimators.summarise`);
+3. summarises: per scope from the evidence of the window (:func:`monitor.index.scopes.scope_summary`),
+   or the cycle alone without scopes (:func:`monitor.index.estimators.summarise`);
 4. the census: the stored vectors of the ids the stream sketch holds, against their latest
    stream vector (or a re-embedding of the stored text); random stored rows for degenerate rows
    and orphans; exact ``k + 1`` searches from a few of them for duplicates and hubs.
