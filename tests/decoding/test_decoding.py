@@ -116,10 +116,10 @@ def test_any_finite_timestamp_is_kept_as_given(raw: str, kept: float) -> None:
     assert result.batches[0].timestamps.tolist() == [kept]
 
 
-def test_every_reason_is_documented_in_the_readme() -> None:
+def test_every_reason_is_documented_in_the_usage_manual() -> None:
     from tests.support.paths import REPO
 
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "usage.md").read_text()
     section = text[text.index("### Malformed input") :]
     section = section[: section.index("\n#")]
     assert all(f"`{reason}`" in section for reason in REASONS), [r for r in REASONS if f"`{r}`" not in section]
