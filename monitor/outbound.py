@@ -70,18 +70,18 @@ def check_url(url: str) -> str:
     """``url`` unchanged when it is an absolute http(s) URL with a host and a valid port;
     a ``ValueError`` saying what is wrong otherwise (settings validators call this)."""
     if any(ord(c) < 0x21 or ord(c) == 0x7F for c in url):
-        raise ValueError("the URL holds a space or a control character")
+        raise ValueError("not an http(s) URL: it holds a space or a control character")
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https"):
-        raise ValueError(f"unsupported URL scheme {parts.scheme!r} (http or https)")
+        raise ValueError(f"not an http(s) URL: unsupported scheme {parts.scheme!r}")
     if not parts.hostname:
-        raise ValueError("the URL has no host")
+        raise ValueError("not an http(s) URL: no host")
     try:
         port = parts.port
     except ValueError:
-        raise ValueError("the URL's port is not a number from 0 to 65535") from None
+        raise ValueError("not an http(s) URL: the port is not a number from 1 to 65535") from None
     if port == 0:
-        raise ValueError("the URL's port is 0")
+        raise ValueError("not an http(s) URL: the port is 0")
     if parts.username is not None or parts.password is not None:
         raise ValueError("the URL holds credentials (user:password@); configure them as a header or key file")
     return url

@@ -91,3 +91,7 @@ class HttpRetriever:
     def _count(self, reason: str) -> None:
         with self._lock:
             self.errors[reason] += 1
+
+    def error_counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.errors)
