@@ -11,7 +11,7 @@ request on its own connection (``Connection: close``, no reuse) and holds it to 
 * **size**: the caller says how many body bytes the question can need (``max_body``); at most
   that many are kept, and one more ends the call. The head is held to :data:`MAX_HEAD_BYTES`
   (h11's buffer limit). Reason ``oversized``. :func:`parse_json` then bounds what a body may cost
-  in memory once parsed (its values, not its bytes: ``[],[],…`` costs 30 times its size).
+  in memory once parsed (its values, not its bytes: ``[],[],…`` costs about 26 times its size).
 * **place**: no redirect is followed; a 3xx is reason ``redirect``, so the credentials in the
   headers never leave the configured origin (and an https endpoint never becomes http).
 * **framing**: the answer is read by h11 (the same parser the exporter's server uses); a lying
@@ -179,6 +179,10 @@ def _connect(scheme: str, host: str, port: int, deadline: float, clock: Any,
     try:
         tls = (context or ssl.create_default_context()).wrap_socket(
             sock, server_hostname=host, do_handshake_on_connect=False)
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        sock.close()
+        raise OutboundError("connect", f"TLS with {host} failed: {type(exc).__name__}") from None
+    try:
         tls.setblocking(False)
         while True:  # every wait of the handshake against the one deadline
             try:
@@ -191,13 +195,10 @@ def _connect(scheme: str, host: str, port: int, deadline: float, clock: Any,
             if not ready:
                 raise OutboundError("timeout", "the TLS handshake did not end before the deadline")
     except OutboundError:
-        sock.close()
+        tls.close()
         raise
-    except TimeoutError:
-        sock.close()
-        raise OutboundError("timeout", "the TLS handshake did not end before the deadline") from None
     except (ssl.SSLError, OSError) as exc:
-        sock.close()
+        tls.close()
         raise OutboundError("connect", f"TLS with {host} failed: {type(exc).__name__}") from None
 
 

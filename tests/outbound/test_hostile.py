@@ -169,7 +169,7 @@ def test_a_60_mib_answer_costs_under_50_mb_of_peak_rss() -> None:
 
 
 def test_the_json_budget_stops_what_the_bytes_cap_lets_by() -> None:
-    """An answer inside the byte cap that is all values (``[],`` costs 30 times its size parsed)."""
+    """An answer inside the byte cap that is all values (``[],`` costs about 26 times its size parsed)."""
     raw = b"[" + b"[]," * 10_000 + b"[]]"
     with pytest.raises(outbound.OutboundError) as caught:
         outbound.parse_json(raw, 5000)

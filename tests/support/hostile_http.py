@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -46,12 +47,13 @@ class HostileServer:
     behaviour: Behaviour
     requests: list[Received] = field(default_factory=list)
     port: int = 0
+    tls: ssl.SSLContext | None = None  # serve https with this server-side context
     _stop: threading.Event = field(default_factory=threading.Event)
     _listener: socket.socket | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def start(self) -> HostileServer:
         listener = socket.create_server(("127.0.0.1", 0))
@@ -80,10 +82,15 @@ class HostileServer:
                 return
             threading.Thread(target=self._serve, args=(conn,), name="hostile-conn", daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
-        with conn:
+    def _serve(self, plain: socket.socket) -> None:
+        conn = plain
+        with contextlib.ExitStack() as closing:
+            closing.callback(plain.close)
             conn.settimeout(10)
             try:
+                if self.tls is not None:
+                    conn = self.tls.wrap_socket(plain, server_side=True)
+                    closing.callback(conn.close)
                 data = b""
                 while b"\r\n\r\n" not in data and len(data) < 1 << 20:
                     chunk = conn.recv(65536)
@@ -105,9 +112,16 @@ class HostileServer:
 
 
 @contextlib.contextmanager
-def serving(behaviour: Behaviour) -> Iterator[HostileServer]:
-    with HostileServer(behaviour) as server:
+def serving(behaviour: Behaviour, tls: ssl.SSLContext | None = None) -> Iterator[HostileServer]:
+    with HostileServer(behaviour, tls=tls) as server:
         yield server
+
+
+def silent_listener() -> tuple[socket.socket, str]:
+    """A socket that accepts connections (the kernel's backlog) and never says a word: a TLS
+    handshake or an answer that never comes. Close it when done."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    return listener, f"127.0.0.1:{listener.getsockname()[1]}"
 
 
 def _head(status: int = 200, headers: tuple[tuple[str, str], ...] = (), length: int | None = None) -> bytes:
