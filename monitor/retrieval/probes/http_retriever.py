@@ -65,6 +65,8 @@ class HttpRetriever:
         if body is not None:
             headers.setdefault("Content-Type", "application/json")
         cap = ANSWER_FLOOR_BYTES + k * RESULT_BYTES
+        if deadline.remaining() <= 0:  # the run's time is up: no request, none counted
+            deadline.check()
         try:
             response = outbound.request(
                 url, method=self.settings.method, body=body, headers=headers, max_body=cap,
