@@ -4,7 +4,7 @@ The serving probe's endpoint, the golden probe's search endpoint and the Qdrant-
 are outside the daemon; what they answer is outside bytes. :func:`request` makes one HTTP/1.1
 request on its own connection (``Connection: close``, no reuse) and holds it to four bounds:
 
-* **time**: one monotonic deadline covers the whole call (resolve and connect, TLS handshake,
+* **time**: one monotonic deadline covers the whole call (resolving the name, connect, TLS handshake,
   sending, the head and the whole body). Every socket operation waits at most what is left, so a
   server that drips a byte just inside each read's timeout still ends at the deadline (the standard
   library's ``timeout`` is per read and never would). Reason ``timeout``.
@@ -26,11 +26,13 @@ Standard library and h11 only.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import select
 import socket
 import ssl
+import threading
 import time
 import urllib.parse
 from collections.abc import Mapping
@@ -166,14 +168,56 @@ def _wait(sock: socket.socket, deadline: float, clock: Any) -> None:
     sock.settimeout(_remaining(deadline, clock))
 
 
+def _resolve(host: str, port: int, deadline: float, clock: Any) -> list[Any]:
+    """``getaddrinfo`` within the deadline: the system resolver has no timeout of its own, so a name
+    is resolved in a thread of its own that the call stops waiting for (the thread ends when the
+    resolver gives up). A numeric address needs no thread."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    answer: list[list[Any] | OSError] = []
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            answer.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except OSError as exc:
+            answer.append(exc)
+        done.set()
+
+    threading.Thread(target=work, name="embmon-resolve", daemon=True).start()
+    if not done.wait(_remaining(deadline, clock)):
+        raise OutboundError("timeout", f"{host} was not resolved before the deadline")
+    result = answer[0]
+    if isinstance(result, OSError):
+        raise OutboundError("connect", f"{host} cannot be resolved: {type(result).__name__}")
+    return result
+
+
 def _connect(scheme: str, host: str, port: int, deadline: float, clock: Any,
              context: ssl.SSLContext | None) -> socket.socket:
-    try:
-        sock = socket.create_connection((host, port), timeout=_remaining(deadline, clock))
-    except TimeoutError:
-        raise OutboundError("timeout", f"no connection to {host}:{port} before the deadline") from None
-    except OSError as exc:
-        raise OutboundError("connect", f"no connection to {host}:{port}: {type(exc).__name__}") from None
+    failure: OSError | None = None
+    for family, kind, proto, _, address in _resolve(host, port, deadline, clock):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(_remaining(deadline, clock))
+            sock.connect(address)
+            break
+        except OutboundError:
+            sock.close()
+            raise
+        except TimeoutError:
+            sock.close()
+            raise OutboundError("timeout", f"no connection to {host}:{port} before the deadline") from None
+        except OSError as exc:
+            sock.close()
+            failure = exc
+    else:
+        why = type(failure).__name__ if failure is not None else "no address"
+        raise OutboundError("connect", f"no connection to {host}:{port}: {why}")
     if scheme != "https":
         return sock
     try:

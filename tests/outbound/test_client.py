@@ -4,7 +4,9 @@ the start of its body, and a server that never speaks ends at the deadline."""
 
 from __future__ import annotations
 
+import socket
 import ssl
+import threading
 import time
 from pathlib import Path
 
@@ -73,3 +75,27 @@ def test_a_head_that_drips_inside_the_limit_still_ends_at_the_deadline() -> None
         with pytest.raises(outbound.OutboundError) as caught:
             outbound.request(server.url, timeout=1.0, max_body=10)
     assert caught.value.reason == "timeout" and time.monotonic() - start < 2.5
+
+
+def test_a_name_is_resolved_within_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resolver that never answers (a DNS server that drops queries cannot run here: the system
+    resolver is replaced by one that blocks) still ends the call at its deadline; a name that
+    resolves is called as before."""
+    with hostile.serving(hostile.answer(b"[]")) as server:
+        assert outbound.request(f"http://localhost:{server.port}/", timeout=5, max_body=10).body == b"[]"
+    released = threading.Event()
+    real = socket.getaddrinfo
+
+    def hanging(host: str, *args: object, **kwargs: object) -> object:
+        if host == "hangs.example":
+            released.wait(30)
+        return real(host, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "getaddrinfo", hanging)
+    start = time.monotonic()
+    try:
+        with pytest.raises(outbound.OutboundError) as caught:
+            outbound.request("http://hangs.example/", timeout=0.5, max_body=10)
+    finally:
+        released.set()
+    assert caught.value.reason == "timeout" and time.monotonic() - start < 2.0
