@@ -343,6 +343,10 @@ def _spec_rows() -> Iterable[MetricSpec]:
         ("embmon_probe_last_success_timestamp_seconds", "gauge",
          "When the probe last succeeded (the daemon's start until it first does).", ("probe",), "seconds",
          "monitor.retrieval.probes.component:ProbeComponent._publish"),
+        ("embmon_probe_request_errors_total", "counter",
+         "Requests of a probe's HTTP retriever that failed, by reason (connect, timeout, oversized, redirect, "
+         "protocol, http_error, not_json, bad_response). 0 when healthy.", ("probe", "reason"), "",
+         "monitor.retrieval.probes.http_retriever:HttpRetriever.search"),
         ("embmon_probe_events_dropped_total", "counter",
          "Interaction events evicted from a probe's buffer while still inside its window.", ("probe",), "",
          "monitor.retrieval.probes.base:EventBuffer.add"),
@@ -525,7 +529,7 @@ def _serving_rows() -> Iterable[MetricSpec]:
          ("model",), ""),
         ("embmon_serving_errors_total", "counter",
          "Serving-probe requests that failed, by reason (connect, timeout, rate_limited, auth, http_error, html, "
-         "not_json, bad_response, ragged, oversized, encoder). 0 when healthy.", ("model", "reason"), ""),
+         "not_json, bad_response, ragged, oversized, encoder, redirect). 0 when healthy.", ("model", "reason"), ""),
         ("embmon_serving_invalid_vectors_total", "counter",
          "Vectors the endpoint returned that cannot be used, by reason (empty, zero, non_finite, "
          "wrong_dimension). 0 when healthy.", ("model", "reason"), ""),

@@ -27,6 +27,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
+from monitor.outbound import check_url
 from monitor.retrieval.settings import EncoderSettings
 from monitor.settings_base import Section
 
@@ -155,9 +156,7 @@ class QdrantSettings(_EngineSettings):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("url must be http(s)")
-        return value.rstrip("/")
+        return check_url(value).rstrip("/")
 
     @field_validator("collection")
     @classmethod

@@ -32,7 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("decoding", "storage"),  # bytes -> records; files in the state directory
     # what every step shares and nothing owns (any order among them; no cycles)
     ("monitor", "blocking", "catalog", "deadline", "devices", "errors", "extras", "logs", "multiple_testing",
-     "redaction", "settings_base", "tally"),
+     "outbound", "redaction", "settings_base", "tally"),
 )
 BASE = LAYERS[-1]
 

@@ -43,11 +43,13 @@ REASONS = (
     "dimension",  # the query's dimension is not the index's
     "bad_result",  # the engine answered something we cannot read
     "unsupported",  # the engine cannot do what the settings ask (no quantized exact search, ...)
+    "oversized",  # an HTTP engine's answer larger than what was asked can need
+    "redirect",  # an HTTP engine answered 3xx (never followed: the key stays with the configured origin)
     "other",
 )
 Reason = Literal[
     "unreachable", "timeout", "permission", "missing_table", "missing_column", "dimension", "bad_result",
-    "unsupported", "other",
+    "unsupported", "oversized", "redirect", "other",
 ]
 MAX_ID_CHARS = 512
 
