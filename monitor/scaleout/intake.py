@@ -44,7 +44,7 @@ from monitor.logs import RateLimitedLog
 from monitor.scaleout.partials import PartialError
 from monitor.scaleout.table import MergeTable
 from monitor.sources.base import Partition
-from monitor.sources.reconnect import Backoff, LagReading
+from monitor.sources.kafka.reconnect import Backoff, LagReading
 from monitor.tally import Tally
 
 if TYPE_CHECKING:
@@ -65,8 +65,8 @@ def consumer_config(settings: Settings, group: str | None = None) -> dict[str, A
     (or ``group``, with cooperative assignment: a reducer keeps the partitions it still owns)."""
     from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
 
-    from monitor.sources.kafka_clients import CONSUMER_DEFAULTS
-    from monitor.sources.kafka_internals import read_unreadable_records
+    from monitor.sources.kafka.clients import CONSUMER_DEFAULTS
+    from monitor.sources.kafka.internals import read_unreadable_records
 
     # issue 27: a partials record kafka-python cannot parse (a header key that is not UTF-8) reaches
     # the reader as a record with no key, value or headers, refused like any malformed one, instead of
@@ -109,13 +109,13 @@ def poll_past_unreadable(
     """``consumer.poll``, moving past exactly the record kafka-python cannot parse.
 
     Such a record makes every later poll fail (or spin: ``take_fetch_failure`` in
-    monitor/sources/kafka_internals.py) without moving the partition: the reducer and every
+    monitor/sources/kafka/internals.py) without moving the partition: the reducer and every
     replica reading the manifests would stop there for good. It is returned as an
     :class:`Unreadable` at its offset, and the partition seeks past it. Any other poll error is raised.
     """
     from kafka.errors import CorruptRecordError, KafkaError
 
-    from monitor.sources.kafka_internals import take_fetch_failure
+    from monitor.sources.kafka.internals import take_fetch_failure
 
     raised: KafkaError | None = None
     try:
@@ -344,7 +344,7 @@ class PartialsReader:
 
     def apply(self, polled: dict[Any, list[Any]]) -> None:
         """Apply one poll's records (apply lock held), in partition order."""
-        from monitor.sources.kafka_internals import unreadable_reason  # kafka-python, as the consumer is
+        from monitor.sources.kafka.internals import unreadable_reason  # kafka-python, as the consumer is
 
         interactions: list[RawMessage] = []
         positions: dict[Partition, int] = {}
@@ -451,7 +451,7 @@ class PartialsReader:
         return consumer
 
     def _new_consumer(self, group: str | None) -> KafkaConsumer:
-        from monitor.sources.kafka_clients import new_consumer
+        from monitor.sources.kafka.clients import new_consumer
 
         return new_consumer(consumer_config(self.settings, group))
 

@@ -84,7 +84,7 @@ class Sent:
 
 def producer_config(settings: Settings) -> dict[str, Any]:
     """kafka-python producer settings: the brokers, and the security options of ``kafka.options``."""
-    from monitor.sources.kafka_clients import PRODUCER_DEFAULTS
+    from monitor.sources.kafka.clients import PRODUCER_DEFAULTS
 
     scale = settings.scale_out
     config: dict[str, Any] = {k: v for k, v in settings.kafka.options.items() if k in PRODUCER_DEFAULTS}
@@ -250,7 +250,7 @@ class PartialsPublisher:
             if self._producer_factory is not None:
                 self._producer = self._producer_factory()
             else:
-                from monitor.sources.kafka_clients import new_producer
+                from monitor.sources.kafka.clients import new_producer
 
                 self._producer = new_producer(producer_config(self._settings))
         return self._producer

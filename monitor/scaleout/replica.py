@@ -234,8 +234,8 @@ def group_positions(settings: Settings, partitions: list[Partition]) -> dict[Par
     from kafka import TopicPartition
     from kafka.errors import KafkaError
 
-    from monitor.sources.kafka import KafkaSource
-    from monitor.sources.kafka_clients import new_consumer
+    from monitor.sources.kafka.clients import new_consumer
+    from monitor.sources.kafka.source import KafkaSource
 
     config = KafkaSource(settings.kafka).consumer_config()
     try:

@@ -109,7 +109,7 @@ class ManifestReader:
         from kafka import TopicPartition
 
         from monitor.scaleout.intake import consumer_config, poll_past_unreadable
-        from monitor.sources.kafka_clients import new_consumer
+        from monitor.sources.kafka.clients import new_consumer
 
         topic = self.settings.scale_out.partials_topic
         deadline = time.monotonic() + self.timeout
@@ -235,7 +235,7 @@ class ManifestReader:
         from kafka import TopicPartition
 
         from monitor.scaleout.intake import consumer_config, poll_past_unreadable
-        from monitor.sources.kafka_clients import new_consumer
+        from monitor.sources.kafka.clients import new_consumer
 
         config = consumer_config(self.settings)
         config["client_id"] = f"{self.settings.kafka.client_id}-resume-check-{self.settings.scale_out.replica_id}"

@@ -274,7 +274,7 @@ def test_a_partials_reader_moves_past_a_record_it_cannot_read(broker: Broker, tm
 
     from monitor.scaleout.intake import consumer_config
     from monitor.scaleout.partials import PartialError, parse_record
-    from monitor.sources.kafka_internals import unreadable_reason
+    from monitor.sources.kafka.internals import unreadable_reason
 
     topic = "partials-unreadable"
     broker.create_topics(topic)

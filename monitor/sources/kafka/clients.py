@@ -4,7 +4,7 @@ reader, a replica's look at its group's commits).
 
 One factory for each kind, so a caller holds a ``KafkaConsumer`` or a ``KafkaProducer``, never an
 ``Any``, and the option names each kind takes come from one place (kafka-python's own defaults).
-The librdkafka source builds its consumer in :mod:`monitor.sources.confluent`.
+The librdkafka source builds its consumer in :mod:`monitor.sources.kafka.confluent`.
 """
 
 from __future__ import annotations
