@@ -129,15 +129,16 @@ STREAMS = ("s0", "s1", "s2", "s3")  # two on each partials partition
 DIM, ROWS, BATCHES = 16, 20, 6
 
 
-def produce(broker: Broker, topic: str, seed: int) -> dict[str, int]:
-    """Binary batches of every stream over partitions 0-2 of ``topic``; rows produced per stream."""
+def produce(broker: Broker, topic: str, seed: int, streams: tuple[str, ...] = STREAMS, partitions: int = 3,
+            batches: int = BATCHES) -> dict[str, int]:
+    """Binary batches of every stream over partitions 0 to ``partitions - 1`` of ``topic``; rows produced per stream."""
     rng = np.random.default_rng(seed)
     producer = broker.producer()
-    counts = dict.fromkeys(STREAMS, 0)
-    for i in range(BATCHES):
-        for stream in STREAMS:
-            block = rng.standard_normal((ROWS, DIM)).astype(np.float32) + STREAMS.index(stream)
-            producer.send(topic, block.tobytes(), partition=i % 3,
+    counts = dict.fromkeys(streams, 0)
+    for i in range(batches):
+        for stream in streams:
+            block = rng.standard_normal((ROWS, DIM)).astype(np.float32) + streams.index(stream)
+            producer.send(topic, block.tobytes(), partition=i % partitions,
                           headers=[("model", b"m"), ("dim", str(DIM).encode()), ("stream", stream.encode())])
             counts[stream] += ROWS
     producer.flush()
