@@ -55,3 +55,10 @@ def test_every_kafka_module_is_in_the_kafka_package() -> None:
     outside = {str(path.relative_to(PACKAGE.parent)) for path in sorted(PACKAGE.rglob("*.py"))
                if "sources/kafka/" not in path.as_posix() and any(client_imports(path.read_text()))}
     assert outside == set()
+
+
+def test_librdkafka_clients_are_built_in_two_modules() -> None:
+    """The librdkafka source, and the scale-out roles' clients on librdkafka (``kafka.client: confluent``)."""
+    importers = {path.relative_to(PACKAGE).as_posix() for path in sorted(PACKAGE.rglob("*.py"))
+                 if any(name.partition(".")[0] == "confluent_kafka" for name in client_imports(path.read_text()))}
+    assert importers == {"sources/kafka/confluent.py", "sources/kafka/rdkafka.py"}

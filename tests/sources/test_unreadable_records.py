@@ -265,18 +265,19 @@ def test_fuzzed_headers_and_keys_through_the_broker_many(client: str, broker: Br
 # -- the scale-out readers of the partials topic share kafka-python's record reading ------------------
 
 
-def test_a_partials_reader_moves_past_a_record_it_cannot_read(broker: Broker, tmp_path: Path) -> None:
-    """A reducer's or replica's consumer (``scaleout.intake.consumer_config``) gets the unreadable
-    record as one with no key, value or headers, which the partials parser refuses (counted
-    ``corrupt`` by the merge table), and reads the records after it: before, every poll failed at it
-    and the reducer's partition halted for good (issue 27, part 3)."""
-    from kafka import KafkaConsumer, TopicPartition
-
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+def test_a_partials_reader_moves_past_a_record_it_cannot_read(broker: Broker, tmp_path: Path, client: str) -> None:
+    """A reducer's or replica's consumer (``scaleout.intake.consumer_config``, on the library
+    ``kafka.client`` names) gets the unreadable record as one with no key, value or headers, which
+    the partials parser refuses (counted ``corrupt`` by the merge table), and reads the records
+    after it: before, every poll failed at it and the reducer's partition halted for good (issue 27,
+    part 3)."""
     from monitor.scaleout.intake import consumer_config
     from monitor.scaleout.partials import PartialError, parse_record
+    from monitor.sources.kafka.clients import TopicPartition, new_consumer
     from monitor.sources.kafka.internals import unreadable_reason
 
-    topic = "partials-unreadable"
+    topic = f"partials-unreadable-{client}"
     broker.create_topics(topic)
     producer = broker.producer()
     for i in range(10):
@@ -284,8 +285,9 @@ def test_a_partials_reader_moves_past_a_record_it_cannot_read(broker: Broker, tm
         producer.send(topic, b"v%d" % i, key=b"k%d" % i, headers=headers)
     producer.flush()
     producer.close()
-    settings = load_settings(overrides=kafka_daemon_overrides(broker, "embeddings", "g", tmp_path / "state"))
-    consumer = KafkaConsumer(**consumer_config(settings))
+    settings = load_settings(overrides=kafka_daemon_overrides(broker, "embeddings", "g", tmp_path / "state",
+                                                              client=client))
+    consumer = new_consumer(consumer_config(settings), settings.kafka)
     try:
         consumer.assign([TopicPartition(topic, 0)])
         consumer.seek_to_beginning()

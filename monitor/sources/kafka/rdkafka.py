@@ -241,11 +241,13 @@ class LibrdkafkaConsumer:
         self._seek((tp[0], int(tp[1])), int(offset))
 
     def seek_to_beginning(self, *partitions: Any) -> None:
-        for tp in partitions:
+        """Each of ``partitions`` (none: every assigned one) to the start of its log."""
+        for tp in partitions or self._assigned:
             self._seek((tp[0], int(tp[1])), OFFSET_BEGINNING)
 
     def seek_to_end(self, *partitions: Any) -> None:
-        for tp in partitions:
+        """Each of ``partitions`` (none: every assigned one) to the end of its log."""
+        for tp in partitions or self._assigned:
             self._seek((tp[0], int(tp[1])), OFFSET_END)
 
     def _seek(self, key: tuple[str, int], offset: int) -> None:
