@@ -66,8 +66,9 @@ def test_each_replicas_newest_manifest_incrementally(broker: Broker, tmp_path: P
 
 
 def test_a_recreated_partials_topic_is_read_again_from_its_start(broker: Broker, tmp_path: Path) -> None:
-    """kafka-python only: a librdkafka consumer (confluent-kafka 2.16) assigned a topic that tansu deletes
-    and creates again ends the process (SIGSEGV inside librdkafka)."""
+    """kafka-python only: a librdkafka consumer (confluent-kafka 2.16.1) assigned a topic that tansu
+    deletes and creates again ends the process (SIGSEGV in librdkafka's metadata cache update;
+    docs/operations.md, "Scaled out on librdkafka")."""
     partials = "resume-recreated"
     broker.create_topics(partials)
     reader = ManifestReader(send_three(broker, partials, tmp_path, "kafka-python"), timeout=15)
