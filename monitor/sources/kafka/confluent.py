@@ -57,7 +57,7 @@ _OUT_OF_RANGE = frozenset({KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_
 # still set; called as a method, CPython's specialised call path does not check that, and the error
 # surfaces at some later call (a SystemError that lost the poll). Through ``partial`` the call is
 # checked, so it raises here, inside the per-message guard, and the broken list is dropped.
-_headers: Callable[[Message], Any] = functools.partial(Message.headers)
+message_headers: Callable[[Message], Any] = functools.partial(Message.headers)
 
 
 def librdkafka_config(settings: KafkaSettings) -> dict[str, Any]:
@@ -345,7 +345,7 @@ class ConfluentSource(ConsumerReadings):
             span = polled.get(key)
             polled[key] = (offset if span is None else span[0], offset)
             try:
-                headers = tuple(_headers(message) or ())
+                headers = tuple(message_headers(message) or ())
             except Exception:  # noqa: BLE001 - a header key that is not UTF-8: this record alone
                 append(SourceMessage(None, (), kinds.get(topic, "embeddings"), SourcePosition(topic, partition, offset),
                                      unreadable="bad_header"))

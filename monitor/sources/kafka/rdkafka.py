@@ -39,6 +39,7 @@ from confluent_kafka import TopicPartition as RdPartition
 from kafka import TopicPartition
 from kafka.errors import KafkaError, KafkaTimeoutError
 
+from monitor.sources.kafka.confluent import message_headers
 from monitor.sources.kafka.internals import UnreadableRecord
 from monitor.sources.kafka.options import LIBRDKAFKA_NAMES
 from monitor.sources.settings import KafkaSettings
@@ -152,8 +153,9 @@ class Fetched:
 def _fetched(message: Message) -> Fetched:
     topic, partition, offset = str(message.topic()), int(message.partition() or 0), int(message.offset() or 0)
     try:
-        listed: list[Any] = list(message.headers() or ())
-        headers = [(str(k), bytes(v or b"")) for k, v in listed]
+        # through the checked call (see message_headers): a key that is not UTF-8 raises here, and
+        # its broken list (a NULL key) is never touched
+        headers = [(str(k), bytes(v or b"")) for k, v in (message_headers(message) or ())]
     except Exception:  # noqa: BLE001 - a header key that is not UTF-8: this record alone, counted by the caller
         return Fetched(topic, partition, offset, None, None, UnreadableRecord("bad_header"))
     key, value = message.key(), message.value()
