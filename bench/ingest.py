@@ -168,7 +168,7 @@ def confluent_rate(broker: Broker, topic: str, fmt: str, dim: int, rows: int) ->
     from confluent_kafka import OFFSET_BEGINNING, Consumer
     from confluent_kafka import TopicPartition as CTopicPartition
 
-    from monitor.sources.confluent import POLL_BYTES, librdkafka_config
+    from monitor.sources.kafka.confluent import POLL_BYTES, librdkafka_config
     from monitor.sources.settings import KafkaSettings
 
     # the daemon's librdkafka properties (fetch.queue.backoff.ms 10, a 16 MiB prefetch queue, ...)

@@ -167,21 +167,21 @@ def _spec_rows() -> Iterable[MetricSpec]:
          "When the window metrics of the stream were last recomputed.", MS, "seconds",
          "monitor.daemon.refresh:Refresher.refresh"),
         ("embmon_source_up", "gauge", "1 when the record source is connected and readable.", (), "",
-         "monitor.sources.kafka:KafkaSource.up"),
+         "monitor.sources.kafka.source:KafkaSource.up"),
         ("embmon_source_errors_total", "counter",
          "Failed reads from the record source, by reason (unsupported_codec: a compression library is missing).",
-         ("reason",), "", "monitor.sources.kafka:KafkaSource.poll"),
+         ("reason",), "", "monitor.sources.kafka.source:KafkaSource.poll"),
         ("embmon_consumer_lag_records", "gauge",
          "Records behind the end of the topic, summed over assigned partitions.", ("topic",), "records",
-         "monitor.sources.kafka_policy:records_behind"),
+         "monitor.sources.kafka.policy:records_behind"),
         ("embmon_source_last_progress_timestamp_seconds", "gauge",
          "When the consumer was last caught up on the topic (lag 0) or applied records from it; it falls "
          "behind while records wait and none are applied (a stalled poll or partition).", ("topic",), "seconds",
-         "monitor.sources.reconnect:ConsumerReadings._note_progress"),
+         "monitor.sources.kafka.reconnect:ConsumerReadings._note_progress"),
         ("embmon_source_offset_resets_total", "counter",
          "Partition positions found outside their log and reset by kafka.auto_offset_reset, by reason "
          "(past_end, before_start, topic_recreated, truncated). 0 when healthy.", ("reason",), "",
-         "monitor.sources.kafka_positions:PositionGuard.carry_out"),
+         "monitor.sources.kafka.positions:PositionGuard.carry_out"),
     ]
     for name, kind, help_text, labels, unit, code in ingest:
         yield MetricSpec(name, kind, help_text, labels, unit, "ingest", code)
@@ -252,7 +252,7 @@ def _spec_rows() -> Iterable[MetricSpec]:
          "Time fetching was paused because applying could not keep up.", (), "seconds",
          "monitor.daemon.ingest:IngestPipeline.backpressure_seconds"),
         ("embmon_consumer_lag_timestamp_seconds", "gauge", "When embmon_consumer_lag_records was last measured.",
-         (), "seconds", "monitor.sources.reconnect:LagReading.record"),
+         (), "seconds", "monitor.sources.kafka.reconnect:LagReading.record"),
         ("embmon_http_auth_failures_total", "counter",
          "HTTP requests rejected for missing or wrong credentials, by endpoint kind.", ("endpoint",), "",
          "monitor.server.exporter:HttpServer._deny"),

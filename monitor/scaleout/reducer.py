@@ -52,9 +52,8 @@ from monitor.server.exporter import HttpServer
 from monitor.server.settings import http_limits, http_security
 
 if TYPE_CHECKING:
-    from kafka import KafkaConsumer
-
     from monitor.config import Settings
+    from monitor.sources.kafka.clients import Consumer
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +97,7 @@ class Reducer(Daemon):
         settings: Settings,
         clock: Callable[[], float] = time.time,
         component_factories: list[ComponentFactory] | None = None,
-        consumer_factory: Callable[[], KafkaConsumer] | None = None,
+        consumer_factory: Callable[[], Consumer] | None = None,
     ):
         super().__init__()
         online = settings.drift.online  # the drift component's are off here: the reducer runs its own

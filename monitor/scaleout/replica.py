@@ -231,15 +231,12 @@ class ReplicaRole:
 def group_positions(settings: Settings, partitions: list[Partition]) -> dict[Partition, int | None] | None:
     """The consumer group's committed position per partition (``None``: no commit), or ``None``
     when the broker cannot be asked. A plain consumer that joins no group: OffsetFetch only."""
-    from kafka import TopicPartition
-    from kafka.errors import KafkaError
-
-    from monitor.sources.kafka import KafkaSource
-    from monitor.sources.kafka_clients import new_consumer
+    from monitor.sources.kafka.clients import KafkaError, TopicPartition, new_consumer
+    from monitor.sources.kafka.source import KafkaSource
 
     config = KafkaSource(settings.kafka).consumer_config()
     try:
-        consumer = new_consumer(config)
+        consumer = new_consumer(config, settings.kafka)
     except KafkaError as exc:
         logger.warning("cannot reach Kafka to read the group's committed offsets (%s)", exc)
         return None

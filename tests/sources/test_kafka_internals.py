@@ -1,6 +1,6 @@
 """The kafka-python internals the Kafka source relies on still exist in the installed version.
 
-monitor/sources/kafka_internals.py says why each is needed; an upgrade that moves one must fail
+monitor/sources/kafka/internals.py says why each is needed; an upgrade that moves one must fail
 here, not during a rebalance in production.
 """
 
@@ -60,7 +60,7 @@ def _read(buffer: bytearray) -> list[tuple[int, bytes | None, str | None]]:
     """The records of one batch as the fetcher reads them: its checksum checked, then each record."""
     from kafka.record.default_records import DefaultRecordBatch
 
-    from monitor.sources.kafka_internals import read_unreadable_records, unreadable_reason
+    from monitor.sources.kafka.internals import read_unreadable_records, unreadable_reason
 
     read_unreadable_records()
     batch = DefaultRecordBatch(buffer)

@@ -47,8 +47,8 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError, LogTruncationError, NoOffsetForPartitionError, OffsetOutOfRangeError
 
 from monitor.sources.base import Partition
-from monitor.sources.kafka_internals import current_position, forget_highwater, topic_id
-from monitor.sources.kafka_policy import RESET_EXPLANATIONS
+from monitor.sources.kafka.internals import current_position, forget_highwater, topic_id
+from monitor.sources.kafka.policy import RESET_EXPLANATIONS
 from monitor.tally import Tally
 
 logger = logging.getLogger(__name__)
