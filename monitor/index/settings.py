@@ -66,7 +66,8 @@ def check_order_expression(value: str) -> str:
         raise ValueError("order_expression must use {col}")
     for bad in _FORBIDDEN_IN_EXPRESSION:
         if bad in value:
-            raise ValueError(f"order_expression may not hold {bad!r} (comments, quotes, parameters and ';' are refused)")
+            raise ValueError(f"order_expression may not hold {bad!r} "
+                             "(comments, quotes, parameters and ';' are refused)")
     rest = value.replace("{q}", "").replace("{col}", "")
     if "{" in rest or "}" in rest:
         raise ValueError("order_expression: only {col} and {q} may stand in braces")

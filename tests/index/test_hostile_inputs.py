@@ -252,10 +252,9 @@ def test_a_table_re_created_at_another_dimension_is_measured_at_the_next_cycle(
 
 # ---------------------------------------------------------------------- scope values that are label words
 def test_scope_values_all_other_none_do_not_collide_in_a_real_scrape(stores: dict[str, Any], tmp_path: Path) -> None:
+    import pyarrow as pa
     from prometheus_client import CollectorRegistry, start_http_server
     from prometheus_client.parser import text_string_to_metric_families
-
-    import pyarrow as pa
 
     vectors = stores["vectors"]
     values = ["all", "other", "none", "all_", "t0", "t1", "t2"]
