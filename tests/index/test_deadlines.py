@@ -148,3 +148,27 @@ def test_a_lancedb_store_that_stops_answering_cannot_hold_the_cycle(tmp_path: Pa
     result = c.run_probe("p")
     assert result is not None and result.queries == 10
     c.close()
+
+
+@pytest.mark.slow
+def test_connecting_to_a_database_that_stops_answering_cannot_hold_the_cycle(server: str, tmp_path: Path) -> None:
+    """Frozen before the connection: the start-up message is never answered; connect_timeout (at
+    most the time left to the cutoff) bounds it."""
+    vectors = vs.unit_rows(100, D, seed=3)
+    vs.load_pg_typed(server, "frozen_connect", vectors)
+    timeout = 4.0
+    with FreezableRelay(vs.socket_path(server)) as relay:
+        dsn = f"postgresql://postgres@127.0.0.1:{relay.port}/postgres"
+        c = component("pgvector", {"dsn": dsn, "table": "frozen_connect", "connect_timeout_seconds": 30},
+                      tmp_path, timeout)
+        fill(c, vectors)
+        relay.freeze()
+        elapsed = timed(c)
+        print(f"connect to a frozen database returned after {elapsed:.2f}s (timeout {timeout}s)")
+        assert elapsed < timeout
+        assert {r: n for (_, r), n in c.snapshot.errors.items()} == {"unreachable": 1}
+        relay.thaw()
+        assert c.run_probe("p") is None  # backing off one cycle
+        result = c.run_probe("p")
+        assert result is not None and result.queries == 10
+        c.close()
