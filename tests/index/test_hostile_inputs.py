@@ -44,7 +44,7 @@ D, K = 16, 5
 ROWS = 600
 BAD_FILTERS: list[tuple[tuple[str, Any], ...]] = [
     (("tenant", 5),), (("tenant", True),), (("tenant", 1.5),), (("tenant", "t\x000"),),
-    (("n", "3"),), (("n", 2**40),), (("n", True),), (("flag", 1),), (("flag", "true"),),
+    (("n", "3"),), (("n", 2**40),), (("n", True),), (("n", 2.5),), (("flag", 1),), (("flag", "true"),),
     (("score", 1e300),), (("score", "0.5"),),
 ]
 GOOD_FILTERS: list[tuple[tuple[str, Any], ...]] = [
@@ -131,7 +131,8 @@ def test_typed_filters_search_what_the_engine_holds(engine: str, stores: dict[st
     c = component(engine, stores, tmp_path)
     connector = c.probes["p"].connector
     rows = vs.typed_rows(ROWS)
-    for filter_, matches in [((("n", 3),), lambda r: r[2] == 3), ((("flag", False),), lambda r: not r[3]),
+    for filter_, matches in [((("n", 3),), lambda r: r[2] == 3), ((("n", 3.0),), lambda r: r[2] == 3),
+                             ((("flag", False),), lambda r: not r[3]),
                              ((("score", 0.25),), lambda r: r[4] == 0.25),
                              ((("n", 1), ("tenant", "t1")), lambda r: r[2] == 1 and r[1] == "t1")]:
         answer = connector.search(stores["vectors"][0], 1000, filter_, "exact")

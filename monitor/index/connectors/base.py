@@ -174,10 +174,17 @@ def check_text(key: str, value: str) -> None:
 
 def check_number(key: str, value: Any, kind: str) -> int | float:
     """A filter value for a numeric column of ``kind`` (an :data:`INT_RANGES` key, ``float32``,
-    ``float64`` or ``decimal``); booleans, text and out-of-range numbers are ``bad_filter``."""
+    ``float64`` or ``decimal``); booleans, text, fractions for an integer column and out-of-range
+    numbers are ``bad_filter``.
+
+    >>> check_number("n", 3.0, "int32"), check_number("n", 7, "float32")
+    (3, 7)
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConnectorError("bad_filter", f"filter field {key!r}: a {type(value).__name__} for a {kind} column")
     if kind in INT_RANGES:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # 3.0, as JSON encoders may write 3: the same number, exactly
         low, high = INT_RANGES[kind]
         if not isinstance(value, int) or not low <= value <= high:
             raise ConnectorError("bad_filter", f"filter field {key!r}: {value!r} is not a {kind}")
