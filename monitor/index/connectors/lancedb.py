@@ -100,7 +100,8 @@ def text_ok(value: str) -> bool:
 def classify(exc: BaseException, filtered: bool = False) -> ConnectorError:
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     lowered = message.lower()
-    if filtered and ("filter expression" in lowered or "invalid user input" in lowered):
+    # the engine's words come before the echoed filter (user text): look for them there only
+    if filtered and 0 <= lowered.find("error resolving filter expression") < 40:
         return ConnectorError("bad_filter", message)
     if "was not found" in lowered or "not found" in lowered and "table" in lowered:
         return ConnectorError("missing_table", message)
