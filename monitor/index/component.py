@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 LOG_EVERY = 300.0
 DEADLINE_SHARE = 0.8
-CUTOFF_SHARE = 0.9
+CUTOFF_SHARE = 0.85
 
 
 def build_probe(spec: IndexProbeSpec, seed: int = 0, device: str | None = None) -> IndexProbe:
