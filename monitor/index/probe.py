@@ -12,9 +12,12 @@ A cycle (:meth:`IndexProbe.run`):
    stream vector (or a re-embedding of the stored text); random stored rows for degenerate rows
    and orphans; exact ``k + 1`` searches from a few of them for duplicates and hubs.
 
-A query the engine refuses for a reason of its own (a wrong dimension) is skipped and counted;
-any other engine error ends the cycle (the component counts it and backs off). New work stops
-at the deadline; the queries done by then are summarised (a partial cycle says so).
+A query the engine cannot take (a wrong dimension; a filter value its column cannot hold,
+``bad_filter``) is skipped and counted; any other engine error ends the cycle (the component
+counts it and backs off). New work stops at the deadline; the queries done by then are
+summarised (a partial cycle says so). Engine calls still running at the cutoff (the job's own
+deadline) are given up (``timeout``). A census that fails drops the census only: the cycle's
+recall is published, the census error counted by reason (a cycle with no recall fails).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import numpy as np
 
 from monitor.deadline import Deadline
 from monitor.decoding.records import EmbeddingBatch, InteractionEvent
-from monitor.index.connectors.base import Answer, Connector, ConnectorError
+from monitor.index.connectors.base import QUERY_REASONS, Answer, Connector, ConnectorError
 from monitor.index.estimators import (
     Interval,
     QueryOutcome,
@@ -81,6 +84,7 @@ class IndexResult:
     rows_read: int = 0
     cpu_seconds: float = 0.0
     partial: bool = False
+    census_error: str | None = None  # the reason a census failed (the recall above still stands)
 
 
 class IndexProbe:
@@ -112,7 +116,18 @@ class IndexProbe:
         self.sketch.add(batch.ids, batch.vectors, now)
 
     # ------------------------------------------------------------------ the cycle
-    def run(self, deadline: Deadline, now: float) -> IndexResult:
+    def run(self, deadline: Deadline, now: float, cutoff: Deadline | None = None) -> IndexResult:
+        """One cycle: no new work after ``deadline``; engine calls given up at ``cutoff`` (None: never)."""
+        self.connector.deadline = cutoff
+        if cutoff is not None:  # a call past the cutoff is cancelled, then cut, within 2 % of the time
+            self.connector.grace = min(1.0, max(0.01, 0.02 * cutoff.remaining()))
+        self.connector.refresh()
+        try:
+            return self._run(deadline, now)
+        finally:
+            self.connector.deadline = None
+
+    def _run(self, deadline: Deadline, now: float) -> IndexResult:
         cpu0 = time.thread_time()
         spec = self.spec
         ledger = _Ledger()
@@ -137,24 +152,32 @@ class IndexProbe:
                 skipped["unsupported_filter"] += 1
                 continue
             try:
+                query = ProbeQuery(query.vector, self.connector.admit(query.filter))
                 result = self._probe_query(query, uniform, ledger)
             except ConnectorError as exc:
-                if exc.reason != "dimension":
+                if exc.reason not in QUERY_REASONS:
                     raise
-                skipped["dimension"] += 1
+                skipped[exc.reason] += 1
                 continue
             if result is None:
                 skipped["empty_scope"] += 1
             else:
                 outcomes.append(result)
         summary = summarise(outcomes, worst=spec.worst_scopes)
-        census = None
+        census = census_error = None
         if spec.census.enabled and not deadline.expired():
-            census = self._census(now, ledger, deadline)
+            try:
+                census = self._census(now, ledger, deadline)
+            except ConnectorError as exc:
+                if not outcomes:
+                    raise  # no recall to publish: the engine's failure is the cycle's
+                census_error = exc.reason
+                logger.debug("index probe %s: census dropped (%s: %s)", self.name, exc.reason, exc)
         return IndexResult(
             model=spec.model, k=spec.k, recall=summary, census=census, queries=len(outcomes),
             skipped=dict(skipped), exact_searches=ledger.exact, searches=ledger.searches,
             rows_read=ledger.rows, cpu_seconds=time.thread_time() - cpu0, partial=partial,
+            census_error=census_error,
         )
 
     def _search(self, ledger: _Ledger, query: ProbeQuery, mode: Any, filtered: bool = True,

@@ -32,9 +32,13 @@ from monitor.index.connectors.base import (
     Connector,
     ConnectorError,
     Filter,
+    FilterValue,
     Mode,
     Reason,
+    check_number,
     check_query,
+    check_text,
+    integer_id,
     parse_count,
     parse_distance,
     parse_id,
@@ -64,6 +68,29 @@ def similarity_to_distance(metric: str, score: float) -> float:
     if metric == "dot":
         return -score
     return score
+
+
+def point_id(ident: str) -> int | str:
+    """An id as a point id: ASCII digits within uint64 as an integer (Qdrant's numeric ids), any other
+    id as its string (a UUID, or an engine's string key); never an error.
+
+    >>> point_id("42"), point_id("²36"), point_id("1" * 21)
+    (42, '²36', '111111111111111111111')
+    """
+    number = integer_id(ident, "uint64")
+    return ident if number is None else number
+
+
+def match_value(key: str, value: FilterValue) -> FilterValue:
+    """A filter value as Qdrant's ``match`` takes it (keyword, 64-bit integer, boolean), or ``bad_filter``."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        check_text(key, value)
+        return value
+    if isinstance(value, float):
+        raise ConnectorError("bad_filter", f"filter field {key!r}: match takes no fractional numbers")
+    return check_number(key, value, "int64")
 
 
 def parse_search(doc: Any, metric: str, k: int) -> Answer:
@@ -124,12 +151,16 @@ class QdrantConnector(Connector):
         except ValueError:
             raise ConnectorError("bad_result", "an answer that is not JSON") from None
 
-    def _filter(self, filter_: Filter) -> dict[str, Any] | None:
-        must = []
+    def admit(self, filter_: Filter) -> Filter:
+        out = []
         for key, value in filter_:
             if key not in self.filter_columns:
                 raise ConnectorError("unsupported", f"filter field {key!r} is not in filter_columns")
-            must.append({"key": key, "match": {"value": value}})
+            out.append((key, match_value(key, value)))
+        return tuple(out)
+
+    def _filter(self, filter_: Filter) -> dict[str, Any] | None:
+        must = [{"key": key, "match": {"value": value}} for key, value in self.admit(filter_)]
         return {"must": must} if must else None
 
     def search(self, query: np.ndarray, k: int, filter_: Filter, mode: Mode) -> Answer:
@@ -151,7 +182,7 @@ class QdrantConnector(Connector):
     def fetch(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
         if not ids:
             return {}
-        keys: list[Any] = [int(i) if i.isdigit() else i for i in ids]
+        keys = [point_id(i) for i in ids]
         doc = self._post("/points", {"ids": keys, "with_vector": True, "with_payload": False},
                          rows=len(ids), vectors=True)
         return dict(parse_points(doc, self.dim, len(ids)))
