@@ -31,6 +31,11 @@ from tests.support.probes import probe_context
 from tests.support.relay import FreezableRelay
 from tests.support.waiting import wait_until
 
+# The cycle gives its engine call up at 85 % of the timeout; a loaded machine may deschedule the
+# waiting thread for a while past that. Without the cutoff the cycle never returns (30 s here),
+# so a bound of the timeout plus this slack still tells the two apart.
+SCHEDULING_SLACK = 4.0
+
 D, K = 16, 5
 
 
@@ -98,7 +103,7 @@ def test_a_database_that_stops_answering_mid_statement_cannot_hold_the_cycle(ser
             holder.join()
         cycle.join(timeout=30)
         assert not cycle.is_alive()
-        assert elapsed and elapsed[0] < timeout, elapsed  # back within the job's deadline
+        assert elapsed and elapsed[0] < timeout + SCHEDULING_SLACK, elapsed  # back by the job's deadline
         print(f"frozen-database cycle returned after {elapsed[0]:.2f}s (timeout {timeout}s)")
         assert {r: n for (_, r), n in c.snapshot.errors.items()} == {"timeout": 1}
         relay.thaw()
@@ -108,6 +113,7 @@ def test_a_database_that_stops_answering_mid_statement_cannot_hold_the_cycle(ser
         c.close()
 
 
+@pytest.mark.slow  # 3-6 s idle (LanceDB's import, the given-up call's end), more under load
 def test_a_lancedb_store_that_stops_answering_cannot_hold_the_cycle(tmp_path: Path) -> None:
     vectors = vs.unit_rows(300, D, seed=2)
     vs.load_lance_typed(tmp_path / "lance", "docs", vectors)
@@ -126,7 +132,7 @@ def test_a_lancedb_store_that_stops_answering_cannot_hold_the_cycle(tmp_path: Pa
     assert times, "the cycle is still waiting on the store"
     elapsed = times[0]
     print(f"hung-LanceDB cycle returned after {elapsed:.2f}s (timeout {timeout}s)")
-    assert elapsed < timeout
+    assert elapsed < timeout + SCHEDULING_SLACK
     assert {r: n for (_, r), n in c.snapshot.errors.items()} == {"timeout": 1}
     bounded = c.probes["p"].connector._bounded  # type: ignore[attr-defined]
     assert bounded.given_up == 1
@@ -165,7 +171,7 @@ def test_connecting_to_a_database_that_stops_answering_cannot_hold_the_cycle(ser
         relay.freeze()
         elapsed = timed(c)
         print(f"connect to a frozen database returned after {elapsed:.2f}s (timeout {timeout}s)")
-        assert elapsed < timeout
+        assert elapsed < timeout + SCHEDULING_SLACK
         assert {r: n for (_, r), n in c.snapshot.errors.items()} == {"unreachable": 1}
         relay.thaw()
         assert c.run_probe("p") is None  # backing off one cycle
