@@ -227,6 +227,12 @@ def _spec_rows() -> Iterable[MetricSpec]:
         yield MetricSpec(f"embmon_{short}", "gauge", help_text, MS, unit, "intrinsic", code)
 
     operations: list[tuple[str, Kind, str, tuple[str, ...], str, str]] = [
+        ("embmon_refresh_last_success_timestamp_seconds", "gauge",
+         "When the last refresh of the window metrics ended.", (), "seconds",
+         "monitor.daemon.refresh:Refresher.refresh"),
+        ("embmon_refresh_age_seconds", "gauge",
+         "Seconds since the last refresh of the window metrics ended (since start-up if none).", (), "seconds",
+         "monitor.daemon.export:_refresh_families"),
         ("embmon_checkpoint_last_success_timestamp_seconds", "gauge", "When the last checkpoint was written.",
          (), "seconds", "monitor.daemon.checkpointing:Checkpointer.checkpoint"),
         ("embmon_checkpoint_age_seconds", "gauge",

@@ -170,7 +170,7 @@ class Reducer(Daemon):
             startup.start("http", self.http.start, self.http.stop)
             startup.start("scheduler", self._schedule_jobs, self.jobs.shutdown)
             startup.start("intake", self.intake.start, lambda: self.intake.stop(self.settings.shutdown_timeout_seconds))
-        self._started = True
+        self._mark_started()
         logger.info("embedding-monitor reducer serving http://%s:%d/metrics, merging %s, state in %s",
                     self.settings.http.host, self.http.port, self.settings.scale_out.partials_topic,
                     self.settings.state_dir)

@@ -89,7 +89,8 @@ class ServingComponent(Component):
 
     # ------------------------------------------------------------------ the job
     def jobs(self) -> list[ScheduledJob]:
-        return [ScheduledJob("serving", self.run, self.settings.interval_seconds, self.settings.timeout_seconds)]
+        return [ScheduledJob("serving", self.run, self.settings.interval_seconds, self.settings.timeout_seconds,
+                             outbound=True)]
 
     def run(self, clock: Callable[[], float] | None = None) -> None:
         """One cycle of every endpoint that is not backing off (the scheduled job)."""
