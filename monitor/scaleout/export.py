@@ -88,6 +88,17 @@ class Ownership:
         home = self._probe_homes.get(name)
         return streams is None or home is None or home in streams
 
+    def runs_model(self, model: str) -> bool:
+        """Whether this reducer runs the serving probe of ``model``: the one that exports the model
+        (the owner of its first stream), or, while no stream of it is known, the owner of partition 0."""
+        owned = self._owned_partitions()
+        if owned is None:
+            return True
+        known = sorted(key for key in self._table.stream_partitions() if key[0] == model)
+        if not known:
+            return 0 in owned
+        return self._table.stream_partitions()[known[0]] in owned
+
     def keep(self) -> Callable[[dict[str, str]], bool]:
         """A predicate on a sample's labels: exported here or not."""
         streams = self.streams()

@@ -35,7 +35,7 @@ from monitor.component import Component, MonitorContext
 from monitor.daemon.checkpointing import Checkpointer
 from monitor.daemon.counters import InternalErrors
 from monitor.daemon.export import ComponentCollector, CoreCollector, OperationsCollector
-from monitor.daemon.features import ComponentFactory, default_component_factories
+from monitor.daemon.features import ComponentFactory
 from monitor.daemon.jobs import JobRunner
 from monitor.daemon.lifecycle import StartUp
 from monitor.daemon.refresh import Published, Refresher
@@ -117,7 +117,7 @@ class Reducer(Daemon):
             latest_windows=lambda: self.refresher.published.windows, add_route=self.http.add_route,
         )
         if component_factories is None:  # canaries: compared here, with the arrivals the replicas publish
-            component_factories = for_reducer(default_component_factories(settings))
+            component_factories = for_reducer(settings)
         self.components: list[Component] = [factory(self.context) for factory in component_factories]
         detectors = subwindow_detectors(self.context, self.components, online, settings.scale_out.detectors)
         if detectors is not None:
@@ -154,10 +154,13 @@ class Reducer(Daemon):
         if settings.scale_out.reducer_group is not None:
             core, components = OwnedOnly(core, ownership), OwnedOnly(components, ownership)
             from monitor.retrieval.probes.component import ProbeComponent
+            from monitor.serving.component import ServingComponent
 
             for component in self.components:
                 if isinstance(component, ProbeComponent):  # a probe runs where its window is
                     component.runs_here = ownership.runs_probe
+                elif isinstance(component, ServingComponent):  # an endpoint: by the model's exporter
+                    component.runs_here = ownership.runs_model
         for collector in (core, components, OperationsCollector(self.status),
                           ReducerCollector(self.table, time.time, ownership, lambda: self.intake.rebalances)):
             self.metrics_registry.register(collector)
