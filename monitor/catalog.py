@@ -398,6 +398,10 @@ def _spec_rows() -> Iterable[MetricSpec]:
         ("embmon_partials_last_publish_timestamp_seconds", "gauge",
          "When the replica's newest publication reached the broker.", (), "seconds",
          "monitor.scaleout.publisher:PartialsPublisher.flush"),
+        # replicas and reducers
+        ("embmon_partials_signing_enabled", "gauge",
+         "1 when the partials topic's records are signed and checked (scale_out.partials_key_file set), else 0.",
+         (), "", "monitor.scaleout.export:SigningCollector.collect"),
         # the reducer (scale_out.role reducer)
         ("embmon_reducer_replicas", "gauge", "Replicas whose publications the reducer merges, by state (live, stale).",
          ("state",), "", "monitor.scaleout.table:MergeTable.status"),

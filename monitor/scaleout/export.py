@@ -47,6 +47,18 @@ class PublisherCollector(Collector):
         yield last
 
 
+class SigningCollector(Collector):
+    """Whether this replica or reducer signs and checks the partials topic's records (a key file is set)."""
+
+    def __init__(self, signed: bool):
+        self._signed = signed
+
+    def collect(self) -> Iterable[Metric]:
+        family = catalog.gauge("embmon_partials_signing_enabled")
+        family.add_metric([], 1.0 if self._signed else 0.0)
+        yield family
+
+
 def probe_home(spec: Any) -> tuple[str, str] | None:
     """The (model, stream) whose merged window a probe reads (None: it reads interactions only).
 

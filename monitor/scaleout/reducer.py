@@ -45,8 +45,9 @@ from monitor.decoding.decoder import Decoder
 from monitor.errors import ConfigError
 from monitor.scaleout.canaries import ReducerCanaries, for_reducer
 from monitor.scaleout.detectors import SubwindowDetectors, subwindow_detectors
-from monitor.scaleout.export import OwnedOnly, Ownership, ReducerCollector, probe_home
+from monitor.scaleout.export import OwnedOnly, Ownership, ReducerCollector, SigningCollector, probe_home
 from monitor.scaleout.intake import PartialsReader
+from monitor.scaleout.signing import warn_if_unsigned
 from monitor.scaleout.table import MergeTable
 from monitor.server.exporter import HttpServer
 from monitor.server.settings import http_limits, http_security
@@ -161,7 +162,9 @@ class Reducer(Daemon):
                     component.runs_here = ownership.runs_probe
                 elif isinstance(component, ServingComponent):  # an endpoint: by the model's exporter
                     component.runs_here = ownership.runs_model
+        warn_if_unsigned(settings.scale_out)
         for collector in (core, components, OperationsCollector(self.status),
+                          SigningCollector(settings.scale_out.partials_key_file is not None),
                           ReducerCollector(self.table, time.time, ownership, lambda: self.intake.rebalances)):
             self.metrics_registry.register(collector)
 
