@@ -228,6 +228,12 @@ def _spec_rows() -> Iterable[MetricSpec]:
         yield MetricSpec(f"embmon_{short}", "gauge", help_text, MS, unit, "intrinsic", code)
 
     operations: list[tuple[str, Kind, str, tuple[str, ...], str, str]] = [
+        ("embmon_refresh_last_success_timestamp_seconds", "gauge",
+         "When the last refresh of the window metrics ended.", (), "seconds",
+         "monitor.daemon.refresh:Refresher.refresh"),
+        ("embmon_refresh_age_seconds", "gauge",
+         "Seconds since the last refresh of the window metrics ended (since start-up if none).", (), "seconds",
+         "monitor.daemon.export:_refresh_families"),
         ("embmon_checkpoint_last_success_timestamp_seconds", "gauge", "When the last checkpoint was written.",
          (), "seconds", "monitor.daemon.checkpointing:Checkpointer.checkpoint"),
         ("embmon_checkpoint_age_seconds", "gauge",
@@ -397,6 +403,10 @@ def _spec_rows() -> Iterable[MetricSpec]:
         ("embmon_partials_last_publish_timestamp_seconds", "gauge",
          "When the replica's newest publication reached the broker.", (), "seconds",
          "monitor.scaleout.publisher:PartialsPublisher.flush"),
+        # replicas and reducers
+        ("embmon_partials_signing_enabled", "gauge",
+         "1 when the partials topic's records are signed and checked (scale_out.partials_key_file set), else 0.",
+         (), "", "monitor.scaleout.export:SigningCollector.collect"),
         # the reducer (scale_out.role reducer)
         ("embmon_reducer_replicas", "gauge", "Replicas whose publications the reducer merges, by state (live, stale).",
          ("state",), "", "monitor.scaleout.table:MergeTable.status"),

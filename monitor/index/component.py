@@ -98,7 +98,7 @@ class IndexComponent(Component):
     def jobs(self) -> list[ScheduledJob]:
         return [
             ScheduledJob(f"index:{p.name}", partial(self.run_probe, p.name), p.spec.interval_seconds,
-                         p.spec.timeout_seconds)
+                         p.spec.timeout_seconds, outbound=True)
             for p in self.probes.values()
         ]
 

@@ -39,10 +39,11 @@ from monitor.daemon.rebalance import PartitionHandoff
 from monitor.daemon.service import Monitor
 from monitor.errors import ConfigError
 from monitor.scaleout.canaries import ARRIVALS, replica_component_factories, with_arrivals
-from monitor.scaleout.export import PublisherCollector
+from monitor.scaleout.export import PublisherCollector, SigningCollector
 from monitor.scaleout.marker import CommitIntent, MarkerState, PublishedMarker, commit_happened
 from monitor.scaleout.publisher import PartialsPublisher
 from monitor.scaleout.resume import ManifestReader, published_offsets, resume_after
+from monitor.scaleout.signing import warn_if_unsigned
 from monitor.sources import build_source
 from monitor.sources.base import Offsets, Partition, PartitionListener, Source, SourceMessage
 from monitor.state.registry import StateRegistry
@@ -377,6 +378,7 @@ class Replica(Monitor):
 
     def __init__(self, settings: Settings, *args: Any, **kwargs: Any):
         check_replica_settings(settings)
+        warn_if_unsigned(settings.scale_out)
         self.replica = ReplicaRole(settings)
         super().__init__(settings, *args, **kwargs)
 
@@ -395,7 +397,8 @@ class Replica(Monitor):
         return PublishingHandoff(self.pipeline, self.offsets, self.checkpointer, self.replica)
 
     def _collectors(self) -> list[Collector]:
-        return [PublisherCollector(self.replica.publisher)]
+        return [PublisherCollector(self.replica.publisher),
+                SigningCollector(self.settings.scale_out.partials_key_file is not None)]
 
     def _before_restore(self) -> None:
         self.replica.before_restore()

@@ -98,7 +98,8 @@ class ProbeComponent(Component):
     # ------------------------------------------------------------------ scheduling
     def jobs(self) -> list[ScheduledJob]:
         return [
-            ScheduledJob(f"probe:{p.name}", partial(self._job, p.name), p.interval_seconds, p.timeout_seconds)
+            ScheduledJob(f"probe:{p.name}", partial(self._job, p.name), p.interval_seconds, p.timeout_seconds,
+                         outbound=True)
             for p in self.probes.values()
         ]
 
