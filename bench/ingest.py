@@ -15,8 +15,7 @@ Binary cases run the daemon twice on the same topic: with the default float64 st
 with ``window.gram_precision: float32``. Goals (issue "Ingest at the hardware's limit"): binary
 >= 0.9 of the bare-consumer rate at d = 384 and >= 0.8 at d = 768; JSON >= 25,000 vectors/s at
 d = 384 (one event per message, full-precision floats); refresh <= 70 ms at 10k x 768; RSS <=
-500 MB with 3 models at d = 768. With ``--confluent`` (issue 21, "JSON ingest at the client's
-limit"): the bare loop through librdkafka and the daemon with ``kafka.client: confluent`` too, in
+500 MB with 3 models at d = 768. With ``--confluent``: the bare loop through librdkafka and the daemon with ``kafka.client: confluent`` too, in
 the same run; goals JSON d = 384 daemon >= 0.8 x bare kafka-python (kafka-python source) and >= 1.2 x
 bare kafka-python (librdkafka source), binary d = 384 >= 0.9 x the bare loop of the same client.
 
@@ -361,7 +360,7 @@ def _load_average() -> str:
 
 
 GOALS = {("binary", 384): 0.9, ("binary", 768): 0.8}
-JSON_GOALS = {"kafka-python": 0.8, "confluent": 1.2}  # x the bare kafka-python loop (issue 21)
+JSON_GOALS = {"kafka-python": 0.8, "confluent": 1.2}  # x the bare kafka-python loop
 REFRESH_GOAL_MS = 70
 RSS_GOAL_MB = 500
 

@@ -65,7 +65,7 @@ def consumer_config(settings: Settings, group: str | None = None) -> dict[str, A
     from monitor.sources.kafka.clients import CONSUMER_DEFAULTS, CooperativeStickyAssignor
     from monitor.sources.kafka.internals import read_unreadable_records
 
-    # issue 27: a partials record kafka-python cannot parse (a header key that is not UTF-8) reaches
+    # a partials record kafka-python cannot parse (a header key that is not UTF-8) reaches
     # the reader as a record with no key, value or headers, refused like any malformed one, instead of
     # failing every poll at it for good
     read_unreadable_records()

@@ -1,4 +1,4 @@
-"""Where a replica resumes: the partials topic is the source of truth (issue 20, design (a)).
+"""Where a replica resumes: the partials topic is the source of truth.
 
 A replica publishes a checkpoint's state, then commits its offsets. Killed in between, its
 publication is in the partials topic (the reducer merges it) while the group's committed offsets

@@ -26,7 +26,7 @@ def with_ts(raw: str, template: bytes = EVENT_WITH_TS) -> bytes:
     return template % raw.encode()
 
 
-HUGE = "1" + "0" * 400  # the poison pill of issue 18: float() of it raises OverflowError
+HUGE = "1" + "0" * 400  # a poison pill: float() of it raises OverflowError
 # 2**1024 - 2**970 is where an integer's float() rounds to infinity (OverflowError)
 NOT_FINITE_TS = [HUGE, "-" + HUGE, "NaN", "Infinity", "-Infinity", "1e999", "-1e400", str(2**1024 - 2**970)]
 

@@ -126,7 +126,7 @@ def test_nested_override_drops_unset_flags() -> None:
     }
 
 
-# --- Non-finite and absurd numbers, unreadable files, secrets in errors (issue 22) ---------------
+# --- Non-finite and absurd numbers, unreadable files, secrets in errors ---------------
 
 
 def _sections(model: type[BaseModel] = Settings) -> Iterator[type[BaseModel]]:

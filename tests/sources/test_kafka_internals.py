@@ -43,7 +43,7 @@ def test_the_fetcher_internals_that_take_a_failed_partition_out_exist() -> None:
     assert callable(fetcher.Fetcher.PartitionRecords.drain)
 
 
-# -- records kafka-python cannot parse (issue 27) -------------------------------------------------------
+# -- records kafka-python cannot parse -------------------------------------------------------
 
 
 def _batch(headers_of: list[list[tuple[str, bytes]]], compression: int = 0) -> bytearray:

@@ -1,4 +1,4 @@
-"""Records a Kafka client cannot read (issue 27), through the real tansu broker, with both clients.
+"""Records a Kafka client cannot read, through the real tansu broker, with both clients.
 
 Kafka header keys are bytes and any producer can write one that is not UTF-8. kafka-python raised
 from every poll at such a record and the partition never moved past it (nor on any replica that
@@ -271,8 +271,7 @@ def test_a_partials_reader_moves_past_a_record_it_cannot_read(broker: Broker, tm
     """A reducer's or replica's consumer (``scaleout.intake.consumer_config``, on the library
     ``kafka.client`` names) gets the unreadable record as one with no key, value or headers, which
     the partials parser refuses (counted ``corrupt`` by the merge table), and reads the records
-    after it: before, every poll failed at it and the reducer's partition halted for good (issue 27,
-    part 3)."""
+    after it: before, every poll failed at it and the reducer's partition halted for good."""
     from monitor.scaleout.intake import consumer_config
     from monitor.scaleout.partials import PartialError, parse_record
     from monitor.sources.kafka.clients import TopicPartition, new_consumer

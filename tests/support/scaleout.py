@@ -277,7 +277,7 @@ def reducer(tmp_path: Path, now: list[float], extra: dict[str, Any] | None = Non
     return Reducer(settings, clock=lambda: now[0])
 
 
-# ---------------------------------------------------------------- forged and poisoned records (issue 27)
+# ---------------------------------------------------------------- forged and poisoned records
 PartialsRecord = tuple[bytes, "bytes | None", list[tuple[str, bytes]]]
 
 

@@ -249,7 +249,7 @@ class ConfluentSource(ConsumerReadings):
 
         librdkafka keeps a partition's last high watermark across assignments: after a broker came
         back with an emptied log, the cached one still described the old log, and a position past the
-        new log's end passed as within it (issue 27: 400 of 700 new records counted). A cached
+        new log's end passed as within it (400 of 700 new records counted). A cached
         watermark that has not changed since the assignment is not taken as evidence."""
         for key, position in list(self._unverified.items()):
             if key in fetched:

@@ -28,7 +28,7 @@ Committing on revocation uses the public ``KafkaConsumer.commit_async``, awaited
 codec whose library is missing) from hanging the next poll, and :func:`read_unreadable_records`,
 which turns a record kafka-python cannot parse (a header key that is not UTF-8) into a placeholder
 the source counts and skips: kafka-python would raise from the whole poll at it, every time, and
-the partition would never move past it (issue 27).
+the partition would never move past it.
 ``tests/sources/test_kafka_internals.py`` checks that each internal still exists, so an upgrade
 that moves one fails a test rather than a rebalance.
 """

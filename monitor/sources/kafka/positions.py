@@ -3,7 +3,7 @@
 A resume position (after what the checkpoint reflects, or the group's committed offset) is only
 as good as the log it was taken from. The log may have been deleted and recreated (a new topic
 under the old name: its offsets start again at 0), truncated, or trimmed by retention while the
-daemon was away; a crafted or damaged checkpoint may hold any offset. Issue 22: a daemon resumed
+daemon was away; a crafted or damaged checkpoint may hold any offset. Without these checks a daemon resumed
 past a recreated topic's end, committed that position and never read the new records, with lag 0
 and nothing logged.
 
