@@ -198,7 +198,8 @@ class ReplicaRole:
             if offsets:
                 failpoints.reach("replica-published")  # tests: killed between a publication and its commit
                 if any(o > self._last_commit.get(k, -1) for k, o in offsets.items()):
-                    # tests: the same, at a publication holding records its commit does not (under load a publication may hold nothing new, and then there is no gap to test)
+                    # tests: the same, at a publication holding records its commit does not (under load
+                    # a publication may hold nothing new, and then there is no gap to test)
                     failpoints.reach("replica-published-ahead")
             before = {k: self._last_commit.get(k) for k in offsets}
             self.marker.write(self.replica, self._marked, CommitIntent(sent.epoch, offsets, before))
