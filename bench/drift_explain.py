@@ -1,4 +1,4 @@
-"""Measure the drift explanation (issue 19) on real MiniLM sentence embeddings.
+"""Measure the drift explanation on real MiniLM sentence embeddings.
 
 Cases, each over ``--replicates`` replicates (default 10), with the default 2,000-row window and
 reference samples and the cycle alpha of a 5 s and a 60 s cycle (a fresh false alarm a month):

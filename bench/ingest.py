@@ -12,13 +12,13 @@ and the ratios the goals are stated in:
     .venv/bin/python bench/ingest.py --case json:384 --confluent  # + librdkafka: bare loop and daemon
 
 Binary cases run the daemon twice on the same topic: with the default float64 statistics and
-with ``window.gram_precision: float32``. Goals (issue "Ingest at the hardware's limit"): binary
->= 0.9 of the bare-consumer rate at d = 384 and >= 0.8 at d = 768; JSON >= 25,000 vectors/s at
-d = 384 (one event per message, full-precision floats); refresh <= 70 ms at 10k x 768; RSS <=
-500 MB with 3 models at d = 768. With ``--confluent`` (issue 21, "JSON ingest at the client's
-limit"): the bare loop through librdkafka and the daemon with ``kafka.client: confluent`` too, in
-the same run; goals JSON d = 384 daemon >= 0.8 x bare kafka-python (kafka-python source) and >= 1.2 x
-bare kafka-python (librdkafka source), binary d = 384 >= 0.9 x the bare loop of the same client.
+with ``window.gram_precision: float32``. Goals: binary >= 0.9 of the bare-consumer rate at
+d = 384 and >= 0.8 at d = 768; JSON >= 25,000 vectors/s at d = 384 (one event per message,
+full-precision floats); refresh <= 70 ms at 10k x 768; RSS <= 500 MB with 3 models at d = 768.
+With ``--confluent``: the bare loop through librdkafka and the daemon with ``kafka.client:
+confluent`` too, in the same run; goals JSON d = 384 daemon >= 0.8 x bare kafka-python
+(kafka-python source) and >= 1.2 x bare kafka-python (librdkafka source), binary d = 384 >= 0.9 x
+the bare loop of the same client.
 
 Next to each rate: CPU per row of the consumer (with its JSON workers) and of the broker, and
 "cores busy", their CPU seconds per wall second. The broker shares the two cores; a consumer that
@@ -168,7 +168,7 @@ def confluent_rate(broker: Broker, topic: str, fmt: str, dim: int, rows: int) ->
     from confluent_kafka import OFFSET_BEGINNING, Consumer
     from confluent_kafka import TopicPartition as CTopicPartition
 
-    from monitor.sources.confluent import POLL_BYTES, librdkafka_config
+    from monitor.sources.kafka.confluent import POLL_BYTES, librdkafka_config
     from monitor.sources.settings import KafkaSettings
 
     # the daemon's librdkafka properties (fetch.queue.backoff.ms 10, a 16 MiB prefetch queue, ...)
@@ -361,7 +361,7 @@ def _load_average() -> str:
 
 
 GOALS = {("binary", 384): 0.9, ("binary", 768): 0.8}
-JSON_GOALS = {"kafka-python": 0.8, "confluent": 1.2}  # x the bare kafka-python loop (issue 21)
+JSON_GOALS = {"kafka-python": 0.8, "confluent": 1.2}  # x the bare kafka-python loop
 REFRESH_GOAL_MS = 70
 RSS_GOAL_MB = 500
 

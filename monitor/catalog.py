@@ -117,6 +117,7 @@ _INDEX_CODE = {  # the function that computes each index metric (module:qualname
     "embmon_index_rows": "monitor.index.probe:IndexProbe._census",
     "embmon_index_probe_runs_total": "monitor.index.component:IndexComponent.run_probe",
     "embmon_index_errors_total": "monitor.index.component:IndexComponent._failed",
+    "embmon_index_census_errors_total": "monitor.index.component:IndexComponent._publish",
     "embmon_index_queries_skipped_total": "monitor.index.probe:IndexProbe._probe_query",
     "embmon_index_searches_total": "monitor.index.probe:IndexProbe._search",
     "embmon_index_rows_read_total": "monitor.index.probe:IndexProbe.run",
@@ -167,21 +168,21 @@ def _spec_rows() -> Iterable[MetricSpec]:
          "When the window metrics of the stream were last recomputed.", MS, "seconds",
          "monitor.daemon.refresh:Refresher.refresh"),
         ("embmon_source_up", "gauge", "1 when the record source is connected and readable.", (), "",
-         "monitor.sources.kafka:KafkaSource.up"),
+         "monitor.sources.kafka.source:KafkaSource.up"),
         ("embmon_source_errors_total", "counter",
          "Failed reads from the record source, by reason (unsupported_codec: a compression library is missing).",
-         ("reason",), "", "monitor.sources.kafka:KafkaSource.poll"),
+         ("reason",), "", "monitor.sources.kafka.source:KafkaSource.poll"),
         ("embmon_consumer_lag_records", "gauge",
          "Records behind the end of the topic, summed over assigned partitions.", ("topic",), "records",
-         "monitor.sources.kafka_policy:records_behind"),
+         "monitor.sources.kafka.policy:records_behind"),
         ("embmon_source_last_progress_timestamp_seconds", "gauge",
          "When the consumer was last caught up on the topic (lag 0) or applied records from it; it falls "
          "behind while records wait and none are applied (a stalled poll or partition).", ("topic",), "seconds",
-         "monitor.sources.reconnect:ConsumerReadings._note_progress"),
+         "monitor.sources.kafka.reconnect:ConsumerReadings._note_progress"),
         ("embmon_source_offset_resets_total", "counter",
          "Partition positions found outside their log and reset by kafka.auto_offset_reset, by reason "
          "(past_end, before_start, topic_recreated, truncated). 0 when healthy.", ("reason",), "",
-         "monitor.sources.kafka_positions:PositionGuard.carry_out"),
+         "monitor.sources.kafka.positions:PositionGuard.carry_out"),
     ]
     for name, kind, help_text, labels, unit, code in ingest:
         yield MetricSpec(name, kind, help_text, labels, unit, "ingest", code)
@@ -227,6 +228,12 @@ def _spec_rows() -> Iterable[MetricSpec]:
         yield MetricSpec(f"embmon_{short}", "gauge", help_text, MS, unit, "intrinsic", code)
 
     operations: list[tuple[str, Kind, str, tuple[str, ...], str, str]] = [
+        ("embmon_refresh_last_success_timestamp_seconds", "gauge",
+         "When the last refresh of the window metrics ended.", (), "seconds",
+         "monitor.daemon.refresh:Refresher.refresh"),
+        ("embmon_refresh_age_seconds", "gauge",
+         "Seconds since the last refresh of the window metrics ended (since start-up if none).", (), "seconds",
+         "monitor.daemon.export:_refresh_families"),
         ("embmon_checkpoint_last_success_timestamp_seconds", "gauge", "When the last checkpoint was written.",
          (), "seconds", "monitor.daemon.checkpointing:Checkpointer.checkpoint"),
         ("embmon_checkpoint_age_seconds", "gauge",
@@ -252,7 +259,7 @@ def _spec_rows() -> Iterable[MetricSpec]:
          "Time fetching was paused because applying could not keep up.", (), "seconds",
          "monitor.daemon.ingest:IngestPipeline.backpressure_seconds"),
         ("embmon_consumer_lag_timestamp_seconds", "gauge", "When embmon_consumer_lag_records was last measured.",
-         (), "seconds", "monitor.sources.reconnect:LagReading.record"),
+         (), "seconds", "monitor.sources.kafka.reconnect:LagReading.record"),
         ("embmon_http_auth_failures_total", "counter",
          "HTTP requests rejected for missing or wrong credentials, by endpoint kind.", ("endpoint",), "",
          "monitor.server.exporter:HttpServer._deny"),
@@ -343,6 +350,10 @@ def _spec_rows() -> Iterable[MetricSpec]:
         ("embmon_probe_last_success_timestamp_seconds", "gauge",
          "When the probe last succeeded (the daemon's start until it first does).", ("probe",), "seconds",
          "monitor.retrieval.probes.component:ProbeComponent._publish"),
+        ("embmon_probe_request_errors_total", "counter",
+         "Requests of a probe's HTTP retriever that failed, by reason (connect, timeout, oversized, redirect, "
+         "protocol, http_error, not_json, bad_response). 0 when healthy.", ("probe", "reason"), "",
+         "monitor.retrieval.probes.http_retriever:HttpRetriever.search"),
         ("embmon_probe_events_dropped_total", "counter",
          "Interaction events evicted from a probe's buffer while still inside its window.", ("probe",), "",
          "monitor.retrieval.probes.base:EventBuffer.add"),
@@ -392,6 +403,10 @@ def _spec_rows() -> Iterable[MetricSpec]:
         ("embmon_partials_last_publish_timestamp_seconds", "gauge",
          "When the replica's newest publication reached the broker.", (), "seconds",
          "monitor.scaleout.publisher:PartialsPublisher.flush"),
+        # replicas and reducers
+        ("embmon_partials_signing_enabled", "gauge",
+         "1 when the partials topic's records are signed and checked (scale_out.partials_key_file set), else 0.",
+         (), "", "monitor.scaleout.export:SigningCollector.collect"),
         # the reducer (scale_out.role reducer)
         ("embmon_reducer_replicas", "gauge", "Replicas whose publications the reducer merges, by state (live, stale).",
          ("state",), "", "monitor.scaleout.table:MergeTable.status"),
@@ -482,6 +497,9 @@ def _spec_rows() -> Iterable[MetricSpec]:
          ("probe", "outcome"), ""),
         ("embmon_index_errors_total", "counter", "Index probe failures by reason (see docs/metrics.md).",
          ("probe", "reason"), ""),
+        ("embmon_index_census_errors_total", "counter",
+         "Index censuses dropped by an engine error, by reason (the cycle's recall still published).",
+         ("probe", "reason"), ""),
         ("embmon_index_queries_skipped_total", "counter",
          "Sampled queries the index probe could not use, by reason.", ("probe", "reason"), ""),
         ("embmon_index_searches_total", "counter", "Searches the index probe sent, by kind (served, exact).",
@@ -525,7 +543,7 @@ def _serving_rows() -> Iterable[MetricSpec]:
          ("model",), ""),
         ("embmon_serving_errors_total", "counter",
          "Serving-probe requests that failed, by reason (connect, timeout, rate_limited, auth, http_error, html, "
-         "not_json, bad_response, ragged, oversized, encoder). 0 when healthy.", ("model", "reason"), ""),
+         "not_json, bad_response, ragged, oversized, encoder, redirect). 0 when healthy.", ("model", "reason"), ""),
         ("embmon_serving_invalid_vectors_total", "counter",
          "Vectors the endpoint returned that cannot be used, by reason (empty, zero, non_finite, "
          "wrong_dimension). 0 when healthy.", ("model", "reason"), ""),

@@ -25,12 +25,17 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ScheduledJob:
-    """A periodic job; ``timeout_seconds`` bounds one run (a run over it is counted as timed out)."""
+    """A periodic job; ``timeout_seconds`` bounds one run (a run over it is counted as timed out).
+
+    ``outbound``: the job calls out of the process (a vector store, an index, an embedding endpoint).
+    Such jobs run in a pool of their own, so that one that hangs never delays the refresh, the
+    checkpoints, drift or the canaries (:class:`monitor.daemon.jobs.JobRunner`)."""
 
     name: str
     func: Callable[[], object]  # what it returns is not used
     interval_seconds: float
     timeout_seconds: float | None = None
+    outbound: bool = False
 
 
 @dataclass

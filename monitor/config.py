@@ -50,7 +50,7 @@ class ModelSettings(_Section):
 
 
 class Settings(BaseSettings):
-    """Everything the daemon can be told. See README "Configuration" for the YAML layout."""
+    """Everything the daemon can be told. See docs/usage.md "Configuration" for the YAML layout."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", validate_default=True,

@@ -135,7 +135,7 @@ def write_docs(results: list[dict[str, object]], meta: dict[str, object], second
         "replicates; online null streams of "
         f"{meta['online_null']} × {meta['online_null_cycles']} cycles.\n",
         report.tables(results, meta),  # type: ignore[arg-type]
-        "**What moved** (point 5): of the suite's verdicts at a 60 s cycle, how many named the injected class by "
+        "**What moved**: of the suite's verdicts at a 60 s cycle, how many named the injected class by "
         "the verdict's second cycle (a region ranked first or named holding ≥ 60% of the injected class, or "
         "the novel share up by ≥ δ/2); DriftLens: the class its per-label distance blamed at its first detection at "
         "the matched rate\n",

@@ -298,7 +298,7 @@ def explanation_rows(results: list[dict[str, Any]], meta: dict[str, Any]) -> str
 
 
 def names_injected(explained: dict[str, Any], delta: float) -> tuple[bool, bool]:
-    """(by a region, by the novel share): does this explanation name the injected class (point 5's rule)?"""
+    """(by a region, by the novel share): does this explanation name the injected class?"""
     purities = list(explained.get("named_purity", [])) + [explained.get("first_purity", 0.0)]
     novel = bool(explained.get("novel_shifted")) and (
         explained.get("novel_share", 0.0) - explained.get("novel_reference_share", 0.0) >= delta / 2)

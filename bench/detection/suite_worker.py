@@ -4,7 +4,7 @@
   week (``false_alarm_every: 7d``) at a 60 s cycle: the held-out null the 5 s and 60 s cycles use.
   Score: ``-log10(k · min p)`` (the Bonferroni-adjusted smallest p-value; the verdict fires when it
   exceeds ``-log10(cycle alpha)``), decided at the 5 s and the 60 s cycle's alpha. With the
-  reference's regions, so each decision also carries the explanation (point 5).
+  reference's regions, so each decision also carries the explanation.
 - ``embedding-monitor 900s``: the same at a 900 s cycle (its alpha is reached by permutations).
 - ``embedding-monitor online``: the daemon's online detectors (ADWIN and Page-Hinkley on the
   standardised cosine and norm signals, mini-batches of 64).

@@ -39,7 +39,7 @@ def role_class(role: str) -> Any:
 
 
 def add_settings_flags(parser: argparse.ArgumentParser) -> None:
-    """The common daemon flags; each maps onto one settings field (see README "Configuration")."""
+    """The common daemon flags; each maps onto one settings field (see docs/usage.md "Configuration")."""
     g = parser.add_argument_group("configuration (flags override EMBMON_* environment, which overrides --config)")
     g.add_argument("--config", metavar="FILE", help="YAML settings file")
     g.add_argument("--source", choices=["kafka", "file", "synthetic"], help="record source (default kafka)")

@@ -197,7 +197,7 @@ class Checkpointer:
             "components": components,
         }
         topic_ids = self.source.topic_ids() if isinstance(self.source, Source) else {}  # the reducer's intake: none
-        if topic_ids:  # a topic recreated while the daemon was stopped is told by its id (sources/kafka_positions.py)
+        if topic_ids:  # a topic recreated while the daemon was stopped is told by its id (sources/kafka/positions.py)
             state["topic_ids"] = topic_ids
         if self.observer is not None:
             state["scale_out"] = self.observer.tag()

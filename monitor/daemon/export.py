@@ -98,6 +98,8 @@ class OperationsCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         m = self._status
+        if m.computes_windows:
+            yield from _refresh_families(m)
         checkpoint = m.checkpoint()
         if checkpoint is not None:
             yield from _checkpoint_families(m, checkpoint)
@@ -118,6 +120,17 @@ class OperationsCollector(Collector):
         yield by_label(catalog.counter("embmon_http_auth_failures_total"), m.auth_failure_counts(), AUTH_ENDPOINTS)
         yield by_label(catalog.counter("embmon_state_files_rejected_total"), m.rejected_file_counts(),
                        REJECTED_FILE_KINDS)
+
+
+def _refresh_families(m: DaemonStatus) -> Iterable[Metric]:
+    when = catalog.gauge("embmon_refresh_last_success_timestamp_seconds")
+    age = catalog.gauge("embmon_refresh_age_seconds")
+    succeeded = m.refresh_succeeded_at()
+    if succeeded is not None:
+        when.add_metric([], succeeded)
+    age.add_metric([], max(0.0, m.wall_clock() - (succeeded if succeeded is not None else m.started_at)))
+    yield when
+    yield age
 
 
 def _checkpoint_families(m: DaemonStatus, status: CheckpointStatus) -> Iterable[Metric]:

@@ -12,13 +12,16 @@ from typing import TYPE_CHECKING
 from monitor.component import Component, MonitorContext
 
 if TYPE_CHECKING:
+    from monitor.canary.component import CanaryComponent
     from monitor.config import Settings
 
 ComponentFactory = Callable[[MonitorContext], Component]
 
 
-def default_component_factories(settings: Settings) -> list[ComponentFactory]:
-    """Factories for every component the settings enable, in the order hooks should run."""
+def default_component_factories(settings: Settings, canary_class: type[CanaryComponent] | None = None,
+                                ) -> list[ComponentFactory]:
+    """Factories for every component the settings enable, in the order hooks should run;
+    ``canary_class``: the role's canary component (default :class:`CanaryComponent`)."""
     factories: list[ComponentFactory] = []
     if settings.drift.enabled:
         from monitor.drift.component import DriftComponent
@@ -27,11 +30,11 @@ def default_component_factories(settings: Settings) -> list[ComponentFactory]:
     if settings.serving.enabled:  # the canary component too: the serving probe's vectors are canaries
         from monitor.serving.component import serving_factories
 
-        factories.extend(serving_factories())
+        factories.extend(serving_factories(canary_class) if canary_class is not None else serving_factories())
     elif settings.canaries.enabled:
         from monitor.canary.component import CanaryComponent
 
-        factories.append(CanaryComponent)
+        factories.append(canary_class or CanaryComponent)
     if settings.probes.enabled:
         from monitor.retrieval.probes.component import ProbeComponent
 

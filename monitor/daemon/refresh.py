@@ -58,6 +58,7 @@ class Refresher:
         self.errors = errors
         self.clock = clock
         self.published = Published()
+        self.succeeded_at: float | None = None  # unix time the last refresh ended (its clock may be a test's)
         self.duration = catalog.histogram("embmon_refresh_duration_seconds", metrics, REFRESH_BUCKETS)
 
     def refresh(self) -> Published:
@@ -74,4 +75,5 @@ class Refresher:
         self.published = Published(reports=reports, windows=windows, computed_at=now)
         release_free_memory()
         self.duration.observe(time.perf_counter() - started)
+        self.succeeded_at = time.time()
         return self.published

@@ -72,6 +72,16 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# /readyz fails once the refresh (or a checkpoint) is older than this many periods of its job, and
+# at least STALE_MIN_SECONDS past one period: a slow run or two is jitter, many missed ones are not.
+STALE_PERIODS = 4
+STALE_MIN_SECONDS = 60.0
+
+
+def stale_after(period: float) -> float:
+    """Seconds after which the output of a job run every ``period`` seconds is called stale."""
+    return max(STALE_PERIODS * period, period + STALE_MIN_SECONDS)
+
 
 def daemon_metrics_registry() -> CollectorRegistry:
     """A fresh registry with what every exporter shows (process_resident_memory_bytes, python_info,
@@ -92,6 +102,7 @@ class Daemon:
     jobs: JobRunner
     checkpointer: Checkpointer | None
     refresher: Refresher
+    status: DaemonStatus
     computes_windows = True  # schedules the refresh of window metrics
     serves_port_while_building = False  # takes ``early_port`` and ``stop_request`` (cli/main.py)
     exit_status = 0  # what ``serve`` returns: non-zero once a part the process cannot do without failed
@@ -100,6 +111,7 @@ class Daemon:
         self.stop_request = stop_request or StopRequest()
         self._startup: StartUp | None = None
         self._started = False
+        self._started_at = 0.0  # unix time start() completed
         self._stopped = False
         self._stop_lock = threading.Lock()
 
@@ -160,7 +172,8 @@ class Daemon:
         return True, "ok"
 
     def readiness(self) -> tuple[bool, str]:
-        """Readiness: the source is connected and metrics have been computed at least once."""
+        """Readiness: the source is connected, metrics have been computed at least once, and neither
+        the refresh nor the checkpoints are stale (:func:`stale_after` their period); the body says which."""
         if not self._started:
             part = self._startup.current if self._startup is not None else None
             return False, f"starting: {part}" if part else "not started"
@@ -169,7 +182,32 @@ class Daemon:
             return False, why
         if self.computes_windows and self.refresher.published.computed_at is None:
             return False, "no metrics computed yet"
+        stale = self._stale()
+        if stale:
+            return False, stale
         return True, "ready"
+
+    def _mark_started(self) -> None:
+        self._started_at = self.status.wall_clock()
+        self._started = True
+
+    def _stale(self) -> str:
+        """Why the refresh or the checkpoints are stale; empty when neither is."""
+        now = self.status.wall_clock()
+        if self.computes_windows:
+            period = self.settings.refresh_seconds
+            age = now - (self.refresher.succeeded_at or self._started_at)
+            if age > stale_after(period):
+                return (f"refresh stale: the last refresh of the window metrics ended {age:.0f}s ago "
+                        f"(refresh_seconds {period:g}, stale after {stale_after(period):.0f}s)")
+        if self.checkpointer is not None:
+            period = checkpoint_interval(self.settings)
+            last = self.checkpointer.status().last_success
+            age = now - max(last or 0.0, self._started_at)
+            if age > stale_after(period):
+                return (f"checkpoint stale: the last checkpoint was written {age:.0f}s ago "
+                        f"(every {period:g}s, stale after {stale_after(period):.0f}s)")
+        return ""
 
     def _schedule_jobs(self) -> None:
         if self.computes_windows:
@@ -289,6 +327,7 @@ class Monitor(Daemon):
             started_at=time.time(),
             wall_clock=time.time,
             rejected_files=self.context.rejected_files,
+            computes_windows=self.computes_windows,
         )
         self.metrics_registry.register(CoreCollector(self.status))
         self.metrics_registry.register(ComponentCollector(self.components, self.errors))
@@ -345,7 +384,7 @@ class Monitor(Daemon):
                 lambda: self.pipeline.start(on_intake_end=self._final_checkpoint),
                 lambda: self.pipeline.stop(self.settings.shutdown_timeout_seconds),
             )
-        self._started = True
+        self._mark_started()
         logger.info(
             "embedding-monitor serving http://%s:%d/metrics, source=%s, state in %s",
             self.settings.http.host, self.http.port, self.source.name, self.settings.state_dir,

@@ -47,6 +47,7 @@ class DaemonStatus:
         started_at: float,
         wall_clock: Callable[[], float],
         rejected_files: RejectedFiles | None = None,
+        computes_windows: bool = True,
     ):
         self._source = source
         self._registry = registry
@@ -59,6 +60,11 @@ class DaemonStatus:
         self.started_at = started_at
         self.wall_clock = wall_clock
         self._rejected_files = rejected_files
+        self.computes_windows = computes_windows  # a replica's windows are computed by the reducer
+
+    def refresh_succeeded_at(self) -> float | None:
+        """Unix time the last refresh of the window metrics ended; None before the first."""
+        return self._refresher.succeeded_at
 
     @property
     def published(self) -> Published:

@@ -1,6 +1,6 @@
 """Bytes to validated records, or a counted reason why not.
 
-Two wire formats carry embeddings (see README "Message formats"):
+Two wire formats carry embeddings (see docs/usage.md "Message formats"):
 
 * a JSON event ``{"id", "model", "vector", "ts"?, "stream"?, "slice"?, "pair_id"?}`` (or a JSON
   array of such events in one message);

@@ -46,7 +46,7 @@ class EmbeddingBatch:
 class InteractionEvent:
     """One served query and what happened to it (the interactions topic).
 
-    Fields follow the interaction message format in the README; every field but ``model`` is
+    Fields follow the interaction message format in docs/usage.md; every field but ``model`` is
     optional because different probes need different evidence (served ids for ANN recall,
     clicks or graded relevance for click feedback).
     """

@@ -14,8 +14,11 @@ ends in one of these outcomes:
 * ``timeout``: a cycle that ran past ``timeout_seconds`` anyway (its result is dropped).
 
 Nothing here runs on the ingest thread but the hooks (a buffer append, a hash per row); a slow
-or hung engine holds only its own job's thread, bounded by the statement/request timeouts;
-``collect()`` reads the published snapshot only.
+or hung engine holds only its own job's thread, and not past ``CUTOFF_SHARE`` of
+``timeout_seconds``: an engine call still running then is given up (pgvector: cancelled, then its
+connection cut; LanceDB: left to its worker thread) and the cycle fails as ``timeout``. A census
+that fails is counted in ``embmon_index_census_errors_total`` while the cycle's recall is
+published. ``collect()`` reads the published snapshot only.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ logger = logging.getLogger(__name__)
 
 LOG_EVERY = 300.0
 DEADLINE_SHARE = 0.8
+CUTOFF_SHARE = 0.85
 
 
 def build_probe(spec: IndexProbeSpec, seed: int = 0, device: str | None = None) -> IndexProbe:
@@ -94,7 +98,7 @@ class IndexComponent(Component):
     def jobs(self) -> list[ScheduledJob]:
         return [
             ScheduledJob(f"index:{p.name}", partial(self.run_probe, p.name), p.spec.interval_seconds,
-                         p.spec.timeout_seconds)
+                         p.spec.timeout_seconds, outbound=True)
             for p in self.probes.values()
         ]
 
@@ -107,8 +111,9 @@ class IndexComponent(Component):
             return None
         started = time.perf_counter()
         deadline = Deadline.after(probe.spec.timeout_seconds * DEADLINE_SHARE)
+        cutoff = Deadline.after(probe.spec.timeout_seconds * CUTOFF_SHARE)
         try:
-            result = probe.run(deadline, self.context.clock())
+            result = probe.run(deadline, self.context.clock(), cutoff)
         except ConnectorError as exc:
             self._failed(probe, exc.reason, str(exc), time.perf_counter() - started)
             return None
@@ -122,6 +127,9 @@ class IndexComponent(Component):
                            probe.spec.timeout_seconds)
             self._publish(name, "timeout", elapsed=elapsed)
             return None
+        if result.census_error is not None:
+            self._log.warning(f"{name}:census:{result.census_error}", "index probe %s: census dropped (%s); the "
+                              "cycle's recall is published", name, result.census_error)
         self._publish(name, "partial" if result.partial else "success", elapsed=elapsed, result=result)
         return result
 
@@ -155,6 +163,11 @@ class IndexComponent(Component):
                 skipped = dict(old.skipped)
                 for reason, n in result.skipped.items():
                     skipped[(name, reason)] = skipped.get((name, reason), 0) + n
+                if result.census_error is not None:
+                    census_errors = dict(old.census_errors)
+                    key = (name, result.census_error)
+                    census_errors[key] = census_errors.get(key, 0) + 1
+                    changes["census_errors"] = census_errors
                 searches = dict(old.searches)
                 exact = result.exact_searches
                 for kind, n in (("served", result.searches - exact), ("exact", exact)):

@@ -105,4 +105,4 @@ class DemoIndexer(Component):
         self.written += len(ids)
 
     def jobs(self) -> list[ScheduledJob]:
-        return [ScheduledJob("demo-indexer", self.write, WRITE_EVERY, 30.0)]
+        return [ScheduledJob("demo-indexer", self.write, WRITE_EVERY, 30.0, outbound=True)]

@@ -23,6 +23,7 @@ are the modes of the stored-to-latest cosines of the stale ids.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -33,6 +34,19 @@ from monitor.retrieval.stats import bootstrap_ci
 ALL = "all"
 OTHER = "other"
 NONE = "none"  # the scope label of queries without a value for the scope field
+_RESERVED = re.compile(r"(all|other|none)_*")
+
+
+def scope_label(value: object) -> str:
+    """A scope value as its label: the reserved ``all``, ``other`` and ``none`` (and those
+    followed by underscores) get one more underscore, so no scope collides with the overall row,
+    the pooled row or the no-scope queries, and distinct values keep distinct labels.
+
+    >>> scope_label("acme"), scope_label("all"), scope_label("all_"), scope_label(5)
+    ('acme', 'all_', 'all__', '5')
+    """
+    text = str(value)
+    return text + "_" if _RESERVED.fullmatch(text) else text
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ class IndexSnapshot:
     results: Mapping[str, IndexResult] = field(default_factory=dict)
     runs: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (probe, outcome) -> cycles
     errors: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (probe, reason) -> failures
+    census_errors: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (probe, reason) -> censuses
     skipped: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (probe, reason) -> queries
     searches: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (probe, kind) -> searches
     rows_read: Mapping[str, int] = field(default_factory=dict)
@@ -46,6 +47,7 @@ def families(snapshot: IndexSnapshot, probes: Iterable[str]) -> Iterable[Metric]
             runs.add_metric([probe, outcome], float(snapshot.runs.get((probe, outcome), 0)))
     yield runs
     for name, values in (("embmon_index_errors_total", snapshot.errors),
+                         ("embmon_index_census_errors_total", snapshot.census_errors),
                          ("embmon_index_queries_skipped_total", snapshot.skipped),
                          ("embmon_index_searches_total", snapshot.searches)):
         family = catalog.counter(name)

@@ -15,9 +15,12 @@ A cycle (:meth:`IndexProbe.run`):
    stream vector (or a re-embedding of the stored text); random stored rows for degenerate rows
    and orphans; exact ``k + 1`` searches from a few of them for duplicates and hubs.
 
-A query the engine refuses for a reason of its own (a wrong dimension) is skipped and counted;
-any other engine error ends the cycle (the component counts it and backs off). New work stops
-at the deadline; the queries done by then are summarised (a partial cycle says so).
+A query the engine cannot take (a wrong dimension; a filter value its column cannot hold,
+``bad_filter``) is skipped and counted; any other engine error ends the cycle (the component
+counts it and backs off). New work stops at the deadline; the queries done by then are
+summarised (a partial cycle says so). Engine calls still running at the cutoff (the job's own
+deadline) are given up (``timeout``). A census that fails drops the census only: the cycle's
+recall is published, the census error counted by reason (a cycle with no recall fails).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import numpy as np
 
 from monitor.deadline import Deadline
 from monitor.decoding.records import EmbeddingBatch, InteractionEvent
-from monitor.index.connectors.base import Answer, Connector, ConnectorError
+from monitor.index.connectors.base import QUERY_REASONS, Answer, Connector, ConnectorError
 from monitor.index.estimators import (
     NONE,
     Interval,
@@ -87,6 +90,7 @@ class IndexResult:
     rows_read: int = 0
     cpu_seconds: float = 0.0
     partial: bool = False
+    census_error: str | None = None  # the reason a census failed (the recall above still stands)
 
 
 class IndexProbe:
@@ -120,7 +124,18 @@ class IndexProbe:
         self.sketch.add(batch.ids, batch.vectors, now)
 
     # ------------------------------------------------------------------ the cycle
-    def run(self, deadline: Deadline, now: float) -> IndexResult:
+    def run(self, deadline: Deadline, now: float, cutoff: Deadline | None = None) -> IndexResult:
+        """One cycle: no new work after ``deadline``; engine calls given up at ``cutoff`` (None: never)."""
+        self.connector.deadline = cutoff
+        if cutoff is not None:  # a call past the cutoff is cancelled, then cut, within 2 % of the time
+            self.connector.grace = min(1.0, max(0.01, 0.02 * cutoff.remaining()))
+        self.connector.refresh()
+        try:
+            return self._run(deadline, now)
+        finally:
+            self.connector.deadline = None
+
+    def _run(self, deadline: Deadline, now: float) -> IndexResult:
         cpu0 = time.thread_time()
         spec = self.spec
         ledger = _Ledger()
@@ -136,13 +151,20 @@ class IndexProbe:
         else:
             outcomes, skipped, partial = self._uniform_cycle(queries, per_query, ledger, deadline)
             summary = summarise(outcomes, worst=spec.worst_scopes)
-        census = None
+        census = census_error = None
         if spec.census.enabled and not deadline.expired():
-            census = self._census(now, ledger, deadline)
+            try:
+                census = self._census(now, ledger, deadline)
+            except ConnectorError as exc:
+                if not outcomes:
+                    raise  # no recall to publish: the engine's failure is the cycle's
+                census_error = exc.reason
+                logger.debug("index probe %s: census dropped (%s: %s)", self.name, exc.reason, exc)
         return IndexResult(
             model=spec.model, k=spec.k, recall=summary, census=census, queries=len(outcomes),
             skipped=dict(skipped), exact_searches=ledger.exact, searches=ledger.searches,
             rows_read=ledger.rows, cpu_seconds=time.thread_time() - cpu0, partial=partial,
+            census_error=census_error,
         )
 
     def _uniform_cycle(self, queries: list[ProbeQuery], per_query: int, ledger: _Ledger,
@@ -165,11 +187,12 @@ class IndexProbe:
                 skipped["unsupported_filter"] += 1
                 continue
             try:
+                query = ProbeQuery(query.vector, self.connector.admit(query.filter))
                 result = self._probe_query(query, uniform, ledger)
             except ConnectorError as exc:
-                if exc.reason != "dimension":
+                if exc.reason not in QUERY_REASONS:
                     raise
-                skipped["dimension"] += 1
+                skipped[exc.reason] += 1
                 continue
             if result is None:
                 skipped["empty_scope"] += 1
@@ -218,18 +241,36 @@ class IndexProbe:
                            last_seen, n, self.rng)
         served: dict[int, Answer] = {}
         usable = [all(key in allowed for key, _ in q.filter) for q in queries]
+        admitted: set[int] = set()
+
+        def admit(i: int) -> bool:
+            """The query's filter as the engine binds it; a query the engine cannot take is skipped."""
+            if i in admitted:
+                return usable[i]
+            admitted.add(i)
+            if not usable[i]:
+                skipped["unsupported_filter"] += 1
+                return False
+            try:
+                queries[i] = ProbeQuery(queries[i].vector, self.connector.admit(queries[i].filter))
+            except ConnectorError as exc:
+                if exc.reason not in QUERY_REASONS:
+                    raise
+                skipped[exc.reason] += 1
+                usable[i] = False
+            return usable[i]
+
         for i in plan:
             if deadline.expired():
                 return outcomes, skipped, True, dict(spent)
-            if not usable[i]:
-                skipped["unsupported_filter"] += 1
+            if not admit(i):
                 continue
             try:
                 answer = self._search(ledger, queries[i], "served")
             except ConnectorError as exc:
-                if exc.reason != "dimension":
+                if exc.reason not in QUERY_REASONS:
                     raise
-                skipped["dimension"] += 1
+                skipped[exc.reason] += 1
                 usable[i] = False
                 continue
             served[i] = answer
@@ -244,14 +285,14 @@ class IndexProbe:
 
         def probe(i: int, is_uniform: bool) -> QueryOutcome | None:
             done.add(i)
-            if not usable[i]:
+            if not admit(i):
                 return None
             try:
                 result = self._probe_query(queries[i], is_uniform, ledger, served.get(i))
             except ConnectorError as exc:
-                if exc.reason != "dimension":
+                if exc.reason not in QUERY_REASONS:
                     raise
-                skipped["dimension"] += 1
+                skipped[exc.reason] += 1
                 return None
             if result is None:
                 skipped["empty_scope"] += 1

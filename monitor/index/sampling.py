@@ -12,10 +12,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import json
+import os
 import threading
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from monitor.index.connectors.base import Filter
-from monitor.index.estimators import NONE
+from monitor.index.estimators import NONE, scope_label
 
 MAX_GOLDEN_QUERIES = 100_000
 
@@ -38,7 +39,7 @@ class ProbeQuery:
             return NONE
         for key, value in self.filter:
             if key == field_name:
-                return str(value)
+                return scope_label(value)
         return NONE
 
 
@@ -50,6 +51,10 @@ def draw(
     rng: np.random.Generator,
 ) -> list[tuple[ProbeQuery, bool]]:
     """Up to ``budget`` (query, uniform?) pairs: the uniform draw first, then the scope top-ups.
+
+    The top-ups go round the under-covered scopes one query each per round (the smallest scopes
+    first in a round), so no scope takes more than its share of them: a flood of one-query scopes
+    cannot starve the others, and one scope's queries cannot take the rounds of the rest.
 
     >>> qs = [ProbeQuery(np.zeros(2, np.float32), (("tenant", "big"),))] * 95 + \\
     ...      [ProbeQuery(np.ones(2, np.float32), (("tenant", "small"),))] * 5
@@ -71,19 +76,21 @@ def draw(
     taken = set(chosen.tolist())
     picked = [(queries[i], True) for i in chosen.tolist()]
     left = budget - len(picked)
-    # under-covered scopes, smallest first, so the rarest scopes are seen whatever the budget
-    for _scope, members in sorted(by_scope.items(), key=lambda item: len(item[1])):
-        if left <= 0:
-            break
-        have = sum(1 for i in members if i in taken)
-        want = min(min_per_scope - have, left)
-        if want <= 0:
-            continue
-        free = [i for i in members if i not in taken]
-        extra: list[int] = rng.choice(len(free), size=min(want, len(free)), replace=False).tolist() if free else []
-        for j in extra:
-            taken.add(free[int(j)])
-            picked.append((queries[free[int(j)]], False))
+    # under-covered scopes, one top-up each per round, the smallest first in a round
+    order = sorted(by_scope.items(), key=lambda item: len(item[1]))
+    wants = {scope: min_per_scope - sum(1 for i in members if i in taken) for scope, members in order}
+    free = {scope: [members[int(j)] for j in rng.permutation(len(members)).tolist() if members[int(j)] not in taken]
+            for scope, members in order}
+    for _round in range(min_per_scope):
+        for scope, _members in order:
+            if left <= 0:
+                return picked
+            if wants[scope] <= 0 or not free[scope]:
+                continue
+            i = free[scope].pop()
+            wants[scope] -= 1
+            taken.add(i)
+            picked.append((queries[i], False))
             left -= 1
     return picked
 
@@ -111,9 +118,21 @@ def read_golden(path: Path, limit: int = MAX_GOLDEN_QUERIES) -> list[ProbeQuery]
     return out
 
 
+HASH_MAX = 2**64 - 1
+# keyed with a random key of this process: nobody outside can compute which ids the sketch keeps
+_KEYED = hashlib.blake2b(digest_size=8, key=os.urandom(16))
+
+
 def id_hash(ident: str) -> int:
-    """The sketch's hash of an id: CRC-32 (stable across processes and restarts, cheap in C)."""
-    return zlib.crc32(ident.encode("utf-8", "surrogatepass"))
+    """The sketch's hash of an id: 64-bit keyed BLAKE2b with a random key of this process.
+
+    Keyed, so ids cannot be ground to land in the sample: with a plain hash (CRC-32) anyone who
+    writes records can pick ids the sketch keeps (a few tries each) and steer the census; the
+    sketch lives in memory only, so a key per process loses nothing.
+    """
+    h = _KEYED.copy()  # the keyed state, copied: cheaper than keying anew per id
+    h.update(ident.encode("utf-8", "surrogatepass"))
+    return int.from_bytes(h.digest(), "big")
 
 
 class IdSketch:
@@ -135,10 +154,10 @@ class IdSketch:
 
     @property
     def threshold(self) -> int:
-        """Hashes up to this are all kept (2**32 - 1 until the sketch is full)."""
+        """Hashes up to this are all kept (:data:`HASH_MAX` until the sketch is full)."""
         with self._lock:
             if len(self._rows) < self.capacity:
-                return 2**32 - 1
+                return HASH_MAX
             return -self._heap[0][0]
 
     def add(self, ids: Sequence[str | None], vectors: np.ndarray, now: float) -> None:

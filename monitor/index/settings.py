@@ -27,6 +27,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
+from monitor.outbound import check_url
 from monitor.retrieval.settings import EncoderSettings
 from monitor.settings_base import Section
 
@@ -42,6 +43,42 @@ Metric = Literal["cosine", "l2", "dot"]
 def _identifier(value: str, what: str) -> str:
     if not IDENTIFIER.match(value):
         raise ValueError(f"{what} {value!r} is not a plain identifier ({IDENTIFIER.pattern})")
+    return value
+
+
+_FORBIDDEN_IN_EXPRESSION = ("%", ";", "'", "$", "\\", "--", "/*", "*/")
+
+
+def check_order_expression(value: str) -> str:
+    """An ORDER BY expression we can splice into the production query: ``{q}`` exactly once (it
+    binds one parameter), ``{col}`` at least once, no other braces, balanced parentheses, and
+    nothing that quotes, comments, ends the statement or takes a parameter of its own.
+
+    >>> check_order_expression("({col})::halfvec(4) <=> ({q})::halfvec(4)")
+    '({col})::halfvec(4) <=> ({q})::halfvec(4)'
+    >>> check_order_expression("{col} <=> {q} --")
+    Traceback (most recent call last):
+    ...
+    ValueError: order_expression may not hold '--' (comments, quotes, parameters and ';' are refused)
+    """
+    if value.count("{q}") != 1:
+        raise ValueError("order_expression must use {q} exactly once")
+    if "{col}" not in value:
+        raise ValueError("order_expression must use {col}")
+    for bad in _FORBIDDEN_IN_EXPRESSION:
+        if bad in value:
+            raise ValueError(f"order_expression may not hold {bad!r} "
+                             "(comments, quotes, parameters and ';' are refused)")
+    rest = value.replace("{q}", "").replace("{col}", "")
+    if "{" in rest or "}" in rest:
+        raise ValueError("order_expression: only {col} and {q} may stand in braces")
+    depth = 0
+    for char in rest:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth < 0:
+            break
+    if depth != 0:
+        raise ValueError("order_expression: unbalanced parentheses")
     return value
 
 
@@ -104,8 +141,19 @@ class PgvectorSettings(_EngineSettings):
     @field_validator("order_expression")
     @classmethod
     def _expression(cls, value: str | None) -> str | None:
-        if value is not None and ("{col}" not in value or "{q}" not in value or ";" in value):
-            raise ValueError("order_expression must use {col} and {q} and hold no ';'")
+        return None if value is None else check_order_expression(value)
+
+    @field_validator("dsn_file")
+    @classmethod
+    def _dsn_file(cls, value: Path | None) -> Path | None:
+        if value is None:
+            return value
+        try:
+            text = Path(value).read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cannot read {str(value)!r}: {getattr(exc, 'strerror', None) or exc}") from None
+        if not text:
+            raise ValueError(f"{str(value)!r} is empty")
         return value
 
     @model_validator(mode="after")
@@ -155,9 +203,7 @@ class QdrantSettings(_EngineSettings):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("url must be http(s)")
-        return value.rstrip("/")
+        return check_url(value).rstrip("/")
 
     @field_validator("collection")
     @classmethod

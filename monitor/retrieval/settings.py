@@ -28,10 +28,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
+from monitor.outbound import check_headers, check_url
 from monitor.retrieval.families import PROBE_METRIC_FAMILIES
 from monitor.retrieval.probes.ids_path import parse_ids_path
 from monitor.retrieval.probes.request_template import RequestTemplate
@@ -131,9 +131,13 @@ class HttpRetrieverSettings(_Section):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
-        parts = urlsplit(value.replace("{{", "").replace("}}", ""))
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError(f"{value!r} is not an http(s) URL")
+        check_url(value.replace("{{", "").replace("}}", ""))  # placeholders are filled URL-encoded
+        return value
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, value: dict[str, str]) -> dict[str, str]:
+        check_headers(value)
         return value
 
     @field_validator("request_template")

@@ -41,6 +41,7 @@ import numpy as np
 
 from monitor.canary.component import CanaryComponent, CanarySnapshot
 from monitor.component import Component, MonitorContext
+from monitor.daemon.features import default_component_factories
 from monitor.decoding.records import EmbeddingBatch
 from monitor.logs import RateLimitedLog
 from monitor.scaleout.canary_rows import MAX_ARRIVALS, CanaryRows, next_seq
@@ -142,14 +143,14 @@ def replica_component_factories(settings: Settings) -> list[Callable[[MonitorCon
 class ReducerCanaries(CanaryComponent):
     """The canary component on the reducer: fed from the replicas' publications (module docstring)."""
 
-    def __init__(self, context: MonitorContext):
+    def __init__(self, context: MonitorContext, extra_ids: Mapping[str, Iterable[str]] | None = None):
         # (replica, model, stream) -> highest arrival number compared there
         self._counted: dict[tuple[str, str, str], int] = {}
         self._floor: dict[str, int] = {}  # replica -> high-water mark of a checkpoint from before the split
         self._feed_lock = threading.Lock()
         # set by the reducer once its intake exists: feeding runs between two polls, as captures do
         self.boundary: Callable[[Callable[[], Any]], Any] | None = None
-        super().__init__(context)
+        super().__init__(context, extra_ids)
 
     def _arrivals(self) -> Iterable[tuple[str, str, str, CanaryRows]]:
         arrivals = getattr(self.context.registry, "canary_arrivals", None)
@@ -211,6 +212,7 @@ class ReducerCanaries(CanaryComponent):
 Factory = Callable[[MonitorContext], Component]
 
 
-def for_reducer(factories: Sequence[Factory]) -> list[Factory]:
-    """The reducer's components: the canary component is the one fed from the merge table."""
-    return [ReducerCanaries if factory is CanaryComponent else factory for factory in factories]
+def for_reducer(settings: Settings) -> list[Factory]:
+    """The reducer's components: the canary component is the one fed from the merge table, also
+    the one the serving probe feeds, so the probe runs where the pins are."""
+    return default_component_factories(settings, ReducerCanaries)

@@ -47,6 +47,18 @@ class PublisherCollector(Collector):
         yield last
 
 
+class SigningCollector(Collector):
+    """Whether this replica or reducer signs and checks the partials topic's records (a key file is set)."""
+
+    def __init__(self, signed: bool):
+        self._signed = signed
+
+    def collect(self) -> Iterable[Metric]:
+        family = catalog.gauge("embmon_partials_signing_enabled")
+        family.add_metric([], 1.0 if self._signed else 0.0)
+        yield family
+
+
 def probe_home(spec: Any) -> tuple[str, str] | None:
     """The (model, stream) whose merged window a probe reads (None: it reads interactions only).
 
@@ -87,6 +99,17 @@ class Ownership:
         streams = self.streams()
         home = self._probe_homes.get(name)
         return streams is None or home is None or home in streams
+
+    def runs_model(self, model: str) -> bool:
+        """Whether this reducer runs the serving probe of ``model``: the one that exports the model
+        (the owner of its first stream), or, while no stream of it is known, the owner of partition 0."""
+        owned = self._owned_partitions()
+        if owned is None:
+            return True
+        known = sorted(key for key in self._table.stream_partitions() if key[0] == model)
+        if not known:
+            return 0 in owned
+        return self._table.stream_partitions()[known[0]] in owned
 
     def keep(self) -> Callable[[dict[str, str]], bool]:
         """A predicate on a sample's labels: exported here or not."""

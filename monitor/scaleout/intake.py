@@ -44,13 +44,12 @@ from monitor.logs import RateLimitedLog
 from monitor.scaleout.partials import PartialError
 from monitor.scaleout.table import MergeTable
 from monitor.sources.base import Partition
-from monitor.sources.reconnect import Backoff, LagReading
+from monitor.sources.kafka.reconnect import Backoff, LagReading
 from monitor.tally import Tally
 
 if TYPE_CHECKING:
-    from kafka import KafkaConsumer
-
     from monitor.config import Settings
+    from monitor.sources.kafka.clients import Consumer
 
 logger = logging.getLogger(__name__)
 
@@ -63,12 +62,10 @@ _GROUP_ONLY = {"max_poll_interval_ms", "session_timeout_ms", "heartbeat_interval
 def consumer_config(settings: Settings, group: str | None = None) -> dict[str, Any]:
     """kafka-python settings: the brokers and pass-through options, large enough fetches, no group
     (or ``group``, with cooperative assignment: a reducer keeps the partitions it still owns)."""
-    from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
+    from monitor.sources.kafka.clients import CONSUMER_DEFAULTS, CooperativeStickyAssignor
+    from monitor.sources.kafka.internals import read_unreadable_records
 
-    from monitor.sources.kafka_clients import CONSUMER_DEFAULTS
-    from monitor.sources.kafka_internals import read_unreadable_records
-
-    # issue 27: a partials record kafka-python cannot parse (a header key that is not UTF-8) reaches
+    # a partials record kafka-python cannot parse (a header key that is not UTF-8) reaches
     # the reader as a record with no key, value or headers, refused like any malformed one, instead of
     # failing every poll at it for good
     read_unreadable_records()
@@ -104,18 +101,17 @@ class Unreadable:
 
 
 def poll_past_unreadable(
-    consumer: KafkaConsumer, timeout_ms: int, max_records: int | None = None
+    consumer: Consumer, timeout_ms: int, max_records: int | None = None
 ) -> dict[Any, list[Any]]:
     """``consumer.poll``, moving past exactly the record kafka-python cannot parse.
 
     Such a record makes every later poll fail (or spin: ``take_fetch_failure`` in
-    monitor/sources/kafka_internals.py) without moving the partition: the reducer and every
+    monitor/sources/kafka/internals.py) without moving the partition: the reducer and every
     replica reading the manifests would stop there for good. It is returned as an
     :class:`Unreadable` at its offset, and the partition seeks past it. Any other poll error is raised.
     """
-    from kafka.errors import CorruptRecordError, KafkaError
-
-    from monitor.sources.kafka_internals import take_fetch_failure
+    from monitor.sources.kafka.clients import CorruptRecordError, KafkaError
+    from monitor.sources.kafka.internals import take_fetch_failure
 
     raised: KafkaError | None = None
     try:
@@ -145,7 +141,7 @@ class PartialsReader:
         components: Sequence[Component],
         errors: InternalErrors,
         clock: Callable[[], float] = time.time,
-        consumer_factory: Callable[[], KafkaConsumer] | None = None,
+        consumer_factory: Callable[[], Consumer] | None = None,
     ):
         self.settings = settings
         self.table = table
@@ -163,8 +159,8 @@ class PartialsReader:
         self.invalid: Tally[tuple[str, str]] = Tally()  # (stream, reason)
         self.interactions: Tally[str] = Tally()  # model
         self._consumer_factory = consumer_factory
-        self._consumer: KafkaConsumer | None = None  # the partials topic (and, without a group, the interactions topic)
-        self._side: KafkaConsumer | None = None  # in a group: the interactions topic, by assignment
+        self._consumer: Consumer | None = None  # the partials topic (and, without a group, the interactions topic)
+        self._side: Consumer | None = None  # in a group: the interactions topic, by assignment
         self._assigned: set[Partition] = set()  # by assignment
         self._owned: set[int] | None = None  # in a group: the partials partitions whose streams the table holds
         self._rebuilding: dict[int, int] = {}  # gained partitions read back, not exported until read up to this end
@@ -248,7 +244,7 @@ class PartialsReader:
         self._maybe_refresh_lag(consumer, side)
         return count
 
-    def _follow_group(self, consumer: KafkaConsumer) -> set[int]:
+    def _follow_group(self, consumer: Consumer) -> set[int]:
         """After a poll in the group: take lost partitions' streams out, read gained ones from where
         their state is (the checkpoint's position, or far enough back to rebuild it). Returns the
         partitions gained (what this poll read of them is dropped: they were just sought)."""
@@ -271,10 +267,10 @@ class PartialsReader:
                     self.partials_topic, sorted(lost), sorted(gained))
         return gained
 
-    def _check_rebuilt(self, consumer: KafkaConsumer) -> None:
+    def _check_rebuilt(self, consumer: Consumer) -> None:
         """A gained partition read back up to where its end was when it was gained holds every
         replica's newest publication of its streams: from then on they are exported."""
-        from kafka import TopicPartition
+        from monitor.sources.kafka.clients import TopicPartition
 
         for partition, end in sorted(self._rebuilding.items()):
             if consumer.position(TopicPartition(self.partials_topic, partition)) >= end:
@@ -294,8 +290,8 @@ class PartialsReader:
                 self.table.assembler.forget_partitions({(self.partials_topic, p) for p in partitions})
                 self.offsets.forget({(self.partials_topic, p) for p in partitions})
 
-    def _seek(self, consumer: KafkaConsumer, partitions: set[int]) -> None:
-        from kafka import TopicPartition
+    def _seek(self, consumer: Consumer, partitions: set[int]) -> None:
+        from monitor.sources.kafka.clients import TopicPartition
 
         known = self.offsets.applied()
         back = []
@@ -344,7 +340,7 @@ class PartialsReader:
 
     def apply(self, polled: dict[Any, list[Any]]) -> None:
         """Apply one poll's records (apply lock held), in partition order."""
-        from monitor.sources.kafka_internals import unreadable_reason  # kafka-python, as the consumer is
+        from monitor.sources.kafka.internals import unreadable_reason  # kafka-python, as the consumer is
 
         interactions: list[RawMessage] = []
         positions: dict[Partition, int] = {}
@@ -422,7 +418,7 @@ class PartialsReader:
         """Nothing to commit: the reducer's positions live in its checkpoint."""
 
     # ------------------------------------------------------------------ Kafka
-    def _connected(self) -> KafkaConsumer | None:
+    def _connected(self) -> Consumer | None:
         if self._consumer is not None:
             return self._consumer
         if not self._backoff.ready():
@@ -450,21 +446,21 @@ class PartialsReader:
         self._partitions_checked = -PARTITION_REFRESH_SECONDS
         return consumer
 
-    def _new_consumer(self, group: str | None) -> KafkaConsumer:
-        from monitor.sources.kafka_clients import new_consumer
+    def _new_consumer(self, group: str | None) -> Consumer:
+        from monitor.sources.kafka.clients import new_consumer
 
-        return new_consumer(consumer_config(self.settings, group))
+        return new_consumer(consumer_config(self.settings, group), self.settings.kafka)
 
     def _drop_consumer(self) -> None:
         self.close()
 
-    def _maybe_assign(self, consumer: KafkaConsumer) -> None:
+    def _maybe_assign(self, consumer: Consumer) -> None:
         """Assign every partition of both topics, or in a group of the interactions topic (re-checked
         every 30 s: topics appear, grow)."""
         if time.monotonic() - self._partitions_checked < PARTITION_REFRESH_SECONDS:
             return
         self._partitions_checked = time.monotonic()
-        from kafka import TopicPartition
+        from monitor.sources.kafka.clients import TopicPartition
 
         wanted: set[Partition] = set()
         topics = (self.partials_topic, self.interactions_topic) if self.group is None else (self.interactions_topic,)
@@ -491,7 +487,7 @@ class PartialsReader:
         logger.info("reducer reads %s", sorted(wanted))
         self._assigned = wanted
 
-    def _seek_back(self, consumer: KafkaConsumer, partitions: list[Any]) -> None:
+    def _seek_back(self, consumer: Consumer, partitions: list[Any]) -> None:
         """No checkpoint position: start ``lookback_seconds`` back (every replica republished all since)."""
         since_ms = int((self.clock() - self.lookback_seconds) * 1000)
         try:
@@ -508,10 +504,10 @@ class PartialsReader:
             else:
                 consumer.seek(tp, hit.offset)
 
-    def _maybe_refresh_lag(self, consumer: KafkaConsumer, side: KafkaConsumer | None) -> None:
+    def _maybe_refresh_lag(self, consumer: Consumer, side: Consumer | None) -> None:
         if not self._lag.due():
             return
-        from kafka import TopicPartition
+        from monitor.sources.kafka.clients import TopicPartition
 
         lag: dict[str, int] = {}
         reading = [(side, sorted(self._assigned))]

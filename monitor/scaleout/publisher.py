@@ -44,9 +44,8 @@ from monitor.scaleout.partials import (
 from monitor.tally import Tally
 
 if TYPE_CHECKING:
-    from kafka import KafkaProducer
-
     from monitor.config import Settings
+    from monitor.sources.kafka.clients import Producer
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +83,7 @@ class Sent:
 
 def producer_config(settings: Settings) -> dict[str, Any]:
     """kafka-python producer settings: the brokers, and the security options of ``kafka.options``."""
-    from monitor.sources.kafka_clients import PRODUCER_DEFAULTS
+    from monitor.sources.kafka.clients import PRODUCER_DEFAULTS
 
     scale = settings.scale_out
     config: dict[str, Any] = {k: v for k, v in settings.kafka.options.items() if k in PRODUCER_DEFAULTS}
@@ -110,7 +109,7 @@ class PartialsPublisher:
     def __init__(
         self,
         settings: Settings,
-        producer_factory: Callable[[], KafkaProducer] | None = None,
+        producer_factory: Callable[[], Producer] | None = None,
         clock: Callable[[], float] = time.time,
     ):
         scale = settings.scale_out
@@ -131,7 +130,7 @@ class PartialsPublisher:
         self.failures = 0
         self._settings = settings
         self._producer_factory = producer_factory
-        self._producer: KafkaProducer | None = None
+        self._producer: Producer | None = None
         self._lock = threading.Lock()  # one staging or send at a time
         self._staged: Publication | None = None
         self._held: dict[SubwindowKey, Held] = {}
@@ -215,7 +214,7 @@ class PartialsPublisher:
             failpoints.reach("replica-sealing")  # tests: killed with the seal on the first partition only
         self.seal(producer, seal, partitions[1:])
 
-    def seal(self, producer: KafkaProducer, record: Record, partitions: Sequence[int]) -> None:
+    def seal(self, producer: Producer, record: Record, partitions: Sequence[int]) -> None:
         """Write one manifest to each of ``partitions`` and wait for the broker."""
         if partitions:
             self._deliver(producer, [(record, p) for p in partitions])
@@ -232,7 +231,7 @@ class PartialsPublisher:
                 return False
             return True
 
-    def _deliver(self, producer: KafkaProducer, records: Sequence[tuple[Record, int]]) -> None:
+    def _deliver(self, producer: Producer, records: Sequence[tuple[Record, int]]) -> None:
         futures = [producer.send(self.topic, key=record.key, value=record.value, partition=partition,
                                  headers=list(signing.sign(self.keys, record.key, record.value, record.headers)))
                    for record, partition in records]
@@ -245,14 +244,14 @@ class PartialsPublisher:
             self.records.add(kind)
             self.bytes_total += len(record.value or b"")
 
-    def _ensure_producer(self) -> KafkaProducer:
+    def _ensure_producer(self) -> Producer:
         if self._producer is None:
             if self._producer_factory is not None:
                 self._producer = self._producer_factory()
             else:
-                from monitor.sources.kafka_clients import new_producer
+                from monitor.sources.kafka.clients import new_producer
 
-                self._producer = new_producer(producer_config(self._settings))
+                self._producer = new_producer(producer_config(self._settings), self._settings.kafka)
         return self._producer
 
     def _drop_producer(self) -> None:

@@ -35,7 +35,7 @@ from monitor.component import Component, MonitorContext
 from monitor.daemon.checkpointing import Checkpointer
 from monitor.daemon.counters import InternalErrors
 from monitor.daemon.export import ComponentCollector, CoreCollector, OperationsCollector
-from monitor.daemon.features import ComponentFactory, default_component_factories
+from monitor.daemon.features import ComponentFactory
 from monitor.daemon.jobs import JobRunner
 from monitor.daemon.lifecycle import StartUp
 from monitor.daemon.refresh import Published, Refresher
@@ -45,16 +45,16 @@ from monitor.decoding.decoder import Decoder
 from monitor.errors import ConfigError
 from monitor.scaleout.canaries import ReducerCanaries, for_reducer
 from monitor.scaleout.detectors import SubwindowDetectors, subwindow_detectors
-from monitor.scaleout.export import OwnedOnly, Ownership, ReducerCollector, probe_home
+from monitor.scaleout.export import OwnedOnly, Ownership, ReducerCollector, SigningCollector, probe_home
 from monitor.scaleout.intake import PartialsReader
+from monitor.scaleout.signing import warn_if_unsigned
 from monitor.scaleout.table import MergeTable
 from monitor.server.exporter import HttpServer
 from monitor.server.settings import http_limits, http_security
 
 if TYPE_CHECKING:
-    from kafka import KafkaConsumer
-
     from monitor.config import Settings
+    from monitor.sources.kafka.clients import Consumer
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class Reducer(Daemon):
         settings: Settings,
         clock: Callable[[], float] = time.time,
         component_factories: list[ComponentFactory] | None = None,
-        consumer_factory: Callable[[], KafkaConsumer] | None = None,
+        consumer_factory: Callable[[], Consumer] | None = None,
     ):
         super().__init__()
         online = settings.drift.online  # the drift component's are off here: the reducer runs its own
@@ -117,7 +117,7 @@ class Reducer(Daemon):
             latest_windows=lambda: self.refresher.published.windows, add_route=self.http.add_route,
         )
         if component_factories is None:  # canaries: compared here, with the arrivals the replicas publish
-            component_factories = for_reducer(default_component_factories(settings))
+            component_factories = for_reducer(settings)
         self.components: list[Component] = [factory(self.context) for factory in component_factories]
         detectors = subwindow_detectors(self.context, self.components, online, settings.scale_out.detectors)
         if detectors is not None:
@@ -154,11 +154,16 @@ class Reducer(Daemon):
         if settings.scale_out.reducer_group is not None:
             core, components = OwnedOnly(core, ownership), OwnedOnly(components, ownership)
             from monitor.retrieval.probes.component import ProbeComponent
+            from monitor.serving.component import ServingComponent
 
             for component in self.components:
                 if isinstance(component, ProbeComponent):  # a probe runs where its window is
                     component.runs_here = ownership.runs_probe
+                elif isinstance(component, ServingComponent):  # an endpoint: by the model's exporter
+                    component.runs_here = ownership.runs_model
+        warn_if_unsigned(settings.scale_out)
         for collector in (core, components, OperationsCollector(self.status),
+                          SigningCollector(settings.scale_out.partials_key_file is not None),
                           ReducerCollector(self.table, time.time, ownership, lambda: self.intake.rebalances)):
             self.metrics_registry.register(collector)
 
@@ -170,7 +175,7 @@ class Reducer(Daemon):
             startup.start("http", self.http.start, self.http.stop)
             startup.start("scheduler", self._schedule_jobs, self.jobs.shutdown)
             startup.start("intake", self.intake.start, lambda: self.intake.stop(self.settings.shutdown_timeout_seconds))
-        self._started = True
+        self._mark_started()
         logger.info("embedding-monitor reducer serving http://%s:%d/metrics, merging %s, state in %s",
                     self.settings.http.host, self.http.port, self.settings.scale_out.partials_topic,
                     self.settings.state_dir)

@@ -39,10 +39,11 @@ from monitor.daemon.rebalance import PartitionHandoff
 from monitor.daemon.service import Monitor
 from monitor.errors import ConfigError
 from monitor.scaleout.canaries import ARRIVALS, replica_component_factories, with_arrivals
-from monitor.scaleout.export import PublisherCollector
+from monitor.scaleout.export import PublisherCollector, SigningCollector
 from monitor.scaleout.marker import CommitIntent, MarkerState, PublishedMarker, commit_happened
 from monitor.scaleout.publisher import PartialsPublisher
 from monitor.scaleout.resume import ManifestReader, published_offsets, resume_after
+from monitor.scaleout.signing import warn_if_unsigned
 from monitor.sources import build_source
 from monitor.sources.base import Offsets, Partition, PartitionListener, Source, SourceMessage
 from monitor.state.registry import StateRegistry
@@ -197,8 +198,8 @@ class ReplicaRole:
             if offsets:
                 failpoints.reach("replica-published")  # tests: killed between a publication and its commit
                 if any(o > self._last_commit.get(k, -1) for k, o in offsets.items()):
-                    # tests: the same, at a publication holding records its commit does not (issue 27:
-                    # under load a publication may hold nothing new, and then there is no gap to test)
+                    # tests: the same, at a publication holding records its commit does not (under load
+                    # a publication may hold nothing new, and then there is no gap to test)
                     failpoints.reach("replica-published-ahead")
             before = {k: self._last_commit.get(k) for k in offsets}
             self.marker.write(self.replica, self._marked, CommitIntent(sent.epoch, offsets, before))
@@ -231,15 +232,12 @@ class ReplicaRole:
 def group_positions(settings: Settings, partitions: list[Partition]) -> dict[Partition, int | None] | None:
     """The consumer group's committed position per partition (``None``: no commit), or ``None``
     when the broker cannot be asked. A plain consumer that joins no group: OffsetFetch only."""
-    from kafka import TopicPartition
-    from kafka.errors import KafkaError
-
-    from monitor.sources.kafka import KafkaSource
-    from monitor.sources.kafka_clients import new_consumer
+    from monitor.sources.kafka.clients import KafkaError, TopicPartition, new_consumer
+    from monitor.sources.kafka.source import KafkaSource
 
     config = KafkaSource(settings.kafka).consumer_config()
     try:
-        consumer = new_consumer(config)
+        consumer = new_consumer(config, settings.kafka)
     except KafkaError as exc:
         logger.warning("cannot reach Kafka to read the group's committed offsets (%s)", exc)
         return None
@@ -380,6 +378,7 @@ class Replica(Monitor):
 
     def __init__(self, settings: Settings, *args: Any, **kwargs: Any):
         check_replica_settings(settings)
+        warn_if_unsigned(settings.scale_out)
         self.replica = ReplicaRole(settings)
         super().__init__(settings, *args, **kwargs)
 
@@ -398,7 +397,8 @@ class Replica(Monitor):
         return PublishingHandoff(self.pipeline, self.offsets, self.checkpointer, self.replica)
 
     def _collectors(self) -> list[Collector]:
-        return [PublisherCollector(self.replica.publisher)]
+        return [PublisherCollector(self.replica.publisher),
+                SigningCollector(self.settings.scale_out.partials_key_file is not None)]
 
     def _before_restore(self) -> None:
         self.replica.before_restore()

@@ -1,4 +1,4 @@
-"""Where a replica resumes: the partials topic is the source of truth (issue 20, design (a)).
+"""Where a replica resumes: the partials topic is the source of truth.
 
 A replica publishes a checkpoint's state, then commits its offsets. Killed in between, its
 publication is in the partials topic (the reducer merges it) while the group's committed offsets
@@ -54,9 +54,8 @@ from monitor.sources.base import Partition
 from monitor.tally import Tally
 
 if TYPE_CHECKING:
-    from kafka import KafkaConsumer
-
     from monitor.config import Settings
+    from monitor.sources.kafka.clients import Consumer
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +86,7 @@ class ManifestReader:
         self.refused: Tally[str] = Tally() if refused is None else refused  # by reason
         self._log = RateLimitedLog(logger)
         self._lock = threading.Lock()
-        self._consumer: KafkaConsumer | None = None
+        self._consumer: Consumer | None = None
         self._newest: dict[str, Manifest] = {}
         self._raw: dict[str, Any] = {}  # replica -> the record of its newest manifest
         self._sealed: dict[str, dict[int, int]] = {}  # replica -> partition -> newest epoch read there
@@ -95,7 +94,7 @@ class ManifestReader:
 
     def newest(self) -> dict[str, Manifest] | None:
         """The newest manifest per replica, or ``None`` when the topic cannot be read to its end in time."""
-        from kafka.errors import KafkaError
+        from monitor.sources.kafka.clients import KafkaError
 
         with self._lock:
             try:
@@ -106,17 +105,15 @@ class ManifestReader:
                 return None
 
     def _catch_up(self) -> dict[str, Manifest] | None:
-        from kafka import TopicPartition
-
         from monitor.scaleout.intake import consumer_config, poll_past_unreadable
-        from monitor.sources.kafka_clients import new_consumer
+        from monitor.sources.kafka.clients import TopicPartition, new_consumer
 
         topic = self.settings.scale_out.partials_topic
         deadline = time.monotonic() + self.timeout
         if self._consumer is None:
             config = consumer_config(self.settings)
             config["client_id"] = f"{self.settings.kafka.client_id}-resume-{self.settings.scale_out.replica_id}"
-            self._consumer = new_consumer(config)
+            self._consumer = new_consumer(config, self.settings.kafka)
             self._newest = {}
         consumer = self._consumer
         partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
@@ -198,8 +195,7 @@ class ManifestReader:
         the broker lists (and not found by reading there), capped at that end and counted
         ``beyond_end``; the embeddings topic's partitions only. Left out where the end cannot be
         read: a position no log confirms moves nothing."""
-        from kafka import TopicPartition
-        from kafka.errors import KafkaError
+        from monitor.sources.kafka.clients import KafkaError, TopicPartition
 
         topic = self.settings.kafka.embeddings_topic
         mine = {key: offset for key, offset in published.items() if key[0] == topic}
@@ -232,17 +228,15 @@ class ManifestReader:
     def _in_log(self, offsets: Mapping[Partition, int]) -> set[Partition]:
         """The partitions whose log holds a record at ``offsets`` (read there): a broker may list an end
         below what it holds (tansu lists the base offset of the last batch, plus one)."""
-        from kafka import TopicPartition
-
         from monitor.scaleout.intake import consumer_config, poll_past_unreadable
-        from monitor.sources.kafka_clients import new_consumer
+        from monitor.sources.kafka.clients import TopicPartition, new_consumer
 
         config = consumer_config(self.settings)
         config["client_id"] = f"{self.settings.kafka.client_id}-resume-check-{self.settings.scale_out.replica_id}"
         found: set[Partition] = set()
         consumer = None
         try:
-            consumer = new_consumer(config)
+            consumer = new_consumer(config, self.settings.kafka)
             consumer.assign([TopicPartition(t, p) for t, p in sorted(offsets)])
             for (t, p), offset in offsets.items():
                 consumer.seek(TopicPartition(t, p), offset)

@@ -23,8 +23,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from monitor.scaleout.settings import ScaleOutSettings
+
+logger = logging.getLogger(__name__)
 
 MAC_HEADER = "embmon-mac"
 SIGNED_HEADERS = ("embmon-kind", "embmon-epoch", "embmon-chunk")
@@ -32,6 +39,17 @@ MIN_KEY_CHARS = 32
 MAX_KEYS = 16
 _DOMAIN = b"embedding-monitor partials v1\0"
 _NONE = b"\xff" * 8  # a length no real field has: "no value" (a tombstone) differs from an empty one
+
+
+def warn_if_unsigned(scale: ScaleOutSettings) -> None:
+    """One warning at start-up when the partials topic is not authenticated (no key file), and
+    when no trusted replica list narrows whose publications count."""
+    if scale.partials_key_file is None:
+        logger.warning(
+            "scale_out.partials_key_file is unset: publications on %s are neither signed nor checked, so anyone "
+            "who may write to the topic can forge a replica's (docs/deployment.md, \"Securing the partials topic\")%s",
+            scale.partials_topic,
+            "; scale_out.replicas is empty too: any replica id is merged" if not scale.replicas else "")
 
 
 class KeyFileError(ValueError):

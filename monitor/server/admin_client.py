@@ -1,7 +1,8 @@
 """Calling a running daemon's token-protected admin routes from the command line.
 
 ``baseline capture --url``, ``canary repin`` and ``drift explain`` share this: the flags, reading
-the token file, TLS verification, and turning HTTP failures into one line and exit status 1.
+the token file, TLS verification, and turning HTTP failures into one line and exit status 1. The
+call goes through :mod:`monitor.outbound` (``--timeout`` bounds the whole call; no redirects).
 """
 
 from __future__ import annotations
@@ -9,11 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import ssl
-import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any, TextIO
+
+from monitor import outbound
+
+MAX_ANSWER_BYTES = 256 * 2**20  # an admin answer (a drift explanation, a baseline's summary) is far smaller
 
 
 class AdminCallFailed(Exception):
@@ -57,16 +60,19 @@ def call_admin(args: argparse.Namespace, method: str, path: str, query: dict[str
     url = f"{args.url.rstrip('/')}{path}?{urllib.parse.urlencode(query)}"
     body = b"" if method == "POST" else None
     headers = {"Authorization": f"Bearer {token}"}
-    request = urllib.request.Request(url, data=body, method=method, headers=headers)  # noqa: S310 - http(s): checked above
     context = ssl.create_default_context(cafile=args.cafile) if args.cafile else None
     try:
-        with urllib.request.urlopen(request, timeout=args.timeout, context=context) as response:  # noqa: S310 - as above
-            return json.loads(response.read().decode())
-    except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace").strip()
-        raise AdminCallFailed(f"the daemon answered {exc.code}: {detail}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise AdminCallFailed(f"cannot reach {args.url}: {getattr(exc, 'reason', exc)}") from None
+        response = outbound.request(url, method=method, body=body, headers=headers, timeout=args.timeout,
+                                    max_body=MAX_ANSWER_BYTES, ssl_context=context)
+    except outbound.OutboundError as exc:
+        raise AdminCallFailed(f"cannot reach {args.url}: {exc}") from None
+    if response.status >= 300:
+        detail = response.body.decode(errors="replace").strip()
+        raise AdminCallFailed(f"the daemon answered {response.status}: {detail}")
+    try:
+        return json.loads(response.body.decode())
+    except ValueError:
+        raise AdminCallFailed(f"the daemon's answer is not JSON ({len(response.body)} bytes)") from None
 
 
 def fail(command: str, message: str, stderr: TextIO) -> int:

@@ -11,22 +11,30 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
-import urllib.error
-import urllib.request
 from collections import Counter
 from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
 
+from monitor import outbound
 from monitor.retrieval.probes.ids_path import parse_ids_path
 from monitor.retrieval.probes.request_template import RequestTemplate
-from monitor.serving.responses import MAX_RESPONSE_BYTES, ServingError, check_rows, parse_embeddings
+from monitor.serving.responses import MAX_DIM, ServingError, check_rows, parse_embeddings
 from monitor.serving.settings import TEMPLATE_PLACEHOLDERS, EndpointSettings
 
 Rows = tuple[list[np.ndarray | None], Counter[str]]
+# an answer's size is bounded by what was asked: texts x dimension numbers of at most BYTES_PER_NUMBER
+# bytes each ("-1.2345678901234567e-308, " is 26), ROW_OVERHEAD_BYTES of wrapping per row, and a floor
+BYTES_PER_NUMBER = 32
+ROW_OVERHEAD_BYTES = 1024
+ANSWER_FLOOR_BYTES = 64 * 1024
+VALUES_PER_ROW = 64  # JSON values besides the numbers a row may bring (its object, index, ...)
+VALUES_FLOOR = 4096
+# the shared client's reasons as embmon_serving_errors_total's
+_REASONS = {"connect": "connect", "timeout": "timeout", "oversized": "oversized", "redirect": "redirect",
+            "protocol": "bad_response"}
 
 
 class Backend(Protocol):
@@ -45,7 +53,14 @@ def make_backend(endpoint: EndpointSettings, device: str | None = None) -> Backe
 
 def read_api_key(endpoint: EndpointSettings) -> str | None:
     """The key from ``api_key_file`` (its first line) or ``api_key_env``; a ``ValueError`` that names
-    the setting, never the key, when it cannot be read."""
+    the setting, never the key, when it cannot be read or cannot be sent in a header."""
+    key = _read_key(endpoint)
+    if key is not None and not (key.isascii() and key.isprintable()):
+        raise ValueError(f"serving: model {endpoint.model}: the API key holds characters a header cannot carry")
+    return key
+
+
+def _read_key(endpoint: EndpointSettings) -> str | None:
     if endpoint.api_key_file is not None:
         try:
             text = endpoint.api_key_file.read_text(encoding="utf-8")
@@ -64,7 +79,8 @@ def read_api_key(endpoint: EndpointSettings) -> str | None:
 
 
 class HttpBackend:
-    """One POST per call (stdlib ``urllib``, no connection reuse); OpenAI's body or the template's."""
+    """One POST per call (:mod:`monitor.outbound`: one deadline, answers capped by what was asked, no
+    redirects); OpenAI's body or the template's."""
 
     def __init__(self, endpoint: EndpointSettings):
         self.endpoint = endpoint
@@ -84,38 +100,39 @@ class HttpBackend:
             payload["model"] = self.endpoint.api_model
         return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
 
+    def max_body(self, count: int) -> int:
+        """The most answer bytes ``count`` texts can need: their numbers (the dimension when known,
+        :data:`MAX_DIM` before) at :data:`BYTES_PER_NUMBER` each, a row's wrapping, and a floor."""
+        dim = self.dim if self.dim is not None else MAX_DIM
+        return ANSWER_FLOOR_BYTES + count * (dim * BYTES_PER_NUMBER + ROW_OVERHEAD_BYTES)
+
     def embed(self, texts: Sequence[str], timeout: float) -> Rows:
         headers = {"Content-Type": "application/json", "Accept": "application/json", **self.endpoint.headers}
         if self._key is not None:
             headers["Authorization"] = f"Bearer {self._key}"
-        request = urllib.request.Request(self.url, data=self.body(texts), headers=headers, method="POST")  # noqa: S310 - http(s) only (settings)
+        cap = self.max_body(len(texts))
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
-                raw = response.read(MAX_RESPONSE_BYTES + 1)
-                content_type = response.headers.get("Content-Type", "")
-        except urllib.error.HTTPError as exc:
-            retry_after = _seconds(exc.headers.get("Retry-After")) if exc.headers is not None else None
-            content_type = exc.headers.get("Content-Type", "") if exc.headers is not None else ""
-            try:
-                head = exc.read(256).lstrip().lower()
-            except OSError:
-                head = b""
-            exc.close()
-            if exc.code not in (401, 403, 429) and ("html" in content_type.lower() or head.startswith(b"<")):
-                raise ServingError("html", f"HTTP {exc.code} with an HTML page (a proxy's?)", retry_after) from None
-            if exc.code == 429:
-                raise ServingError("rate_limited", "HTTP 429 (rate limited)", retry_after) from None
-            if exc.code in (401, 403):
-                raise ServingError("auth", f"HTTP {exc.code}: the endpoint refused the credentials") from None
-            raise ServingError("http_error", f"HTTP {exc.code}", retry_after) from None
-        except TimeoutError:
-            raise ServingError("timeout", f"no answer within {timeout:.1f} s") from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
-            if isinstance(reason, (TimeoutError, socket.timeout)):
-                raise ServingError("timeout", f"no answer within {timeout:.1f} s") from None
-            raise ServingError("connect", f"request failed: {type(reason).__name__}") from None
-        return parse_embeddings(raw, len(texts), self.dim, self.steps, content_type)
+            response = outbound.request(self.url, method="POST", body=self.body(texts), headers=headers,
+                                        timeout=timeout, max_body=cap)
+        except outbound.OutboundError as exc:
+            raise ServingError(_REASONS[exc.reason], str(exc)) from None
+        content_type = response.headers.get("content-type", "")
+        if response.status >= 400:
+            retry_after = _seconds(response.headers.get("retry-after"))
+            head = response.body[:256].lstrip().lower()
+            code = response.status
+            if code not in (401, 403, 429) and ("html" in content_type.lower() or head.startswith(b"<")):
+                raise ServingError("html", f"HTTP {code} with an HTML page (a proxy's?)", retry_after)
+            if code == 429:
+                raise ServingError("rate_limited", "HTTP 429 (rate limited)", retry_after)
+            if code in (401, 403):
+                raise ServingError("auth", f"HTTP {code}: the endpoint refused the credentials")
+            raise ServingError("http_error", f"HTTP {code}", retry_after)
+        if not 200 <= response.status < 300:
+            raise ServingError("http_error", f"HTTP {response.status}")
+        dim = self.dim if self.dim is not None else MAX_DIM
+        return parse_embeddings(response.body, len(texts), self.dim, self.steps, content_type,
+                                max_values=len(texts) * (dim + VALUES_PER_ROW) + VALUES_FLOOR)
 
     def close(self) -> None:
         pass

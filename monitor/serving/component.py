@@ -85,17 +85,23 @@ class ServingComponent(Component):
         self._log = RateLimitedLog(logger, interval=60.0)
         self._snapshot: dict[str, EndpointState] = {}
         canaries.repin_listeners.append(self._repinned)
+        # whether this process probes the model's endpoint (in a group of reducers: the reducer that
+        # exports the model, monitor/scaleout/export.py); a model probed elsewhere counts no cycle here
+        self.runs_here: Callable[[str], bool] = lambda model: True
         self.publish()
 
     # ------------------------------------------------------------------ the job
     def jobs(self) -> list[ScheduledJob]:
-        return [ScheduledJob("serving", self.run, self.settings.interval_seconds, self.settings.timeout_seconds)]
+        return [ScheduledJob("serving", self.run, self.settings.interval_seconds, self.settings.timeout_seconds,
+                             outbound=True)]
 
     def run(self, clock: Callable[[], float] | None = None) -> None:
         """One cycle of every endpoint that is not backing off (the scheduled job)."""
         clock = clock or self.context.clock
         deadline = time.monotonic() + self.settings.timeout_seconds
         for model, endpoint in self._endpoints.items():
+            if not self.runs_here(model):
+                continue
             state = self._state[model]
             now = clock()
             if now < state.skip_until:
@@ -258,12 +264,15 @@ def _copy(state: EndpointState) -> EndpointState:
     )
 
 
-def serving_factories() -> list[Callable[[MonitorContext], Component]]:
-    """The canary component (with the probe's canary ids) and the serving probe that feeds it."""
+def serving_factories(canary_class: type[CanaryComponent] = CanaryComponent,
+                      ) -> list[Callable[[MonitorContext], Component]]:
+    """The canary component (with the probe's canary ids) and the serving probe that feeds it;
+    ``canary_class``: the role's canary component (a reducer's compares the replicas' arrivals too,
+    so the probe's canaries and the producers' are held to the same pins)."""
     made: list[CanaryComponent] = []
 
     def canaries(context: MonitorContext) -> Component:
-        made.append(CanaryComponent(context, extra_ids=context.settings.serving.canary_ids()))
+        made.append(canary_class(context, extra_ids=context.settings.serving.canary_ids()))
         return made[-1]
 
     def serving(context: MonitorContext) -> Component:

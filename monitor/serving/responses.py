@@ -16,7 +16,6 @@ Examples
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -24,13 +23,15 @@ from typing import Any
 
 import numpy as np
 
+from monitor.outbound import OutboundError, parse_json
 from monitor.retrieval.probes.deadline import ProbeError
 from monitor.retrieval.probes.ids_path import follow_path, parse_ids_path
 
 MAX_RESPONSE_BYTES = 64 * 2**20
+MAX_DIM = 16_384  # the dimension assumed before the first answer tells it
 # why a whole request failed (embmon_serving_errors_total{reason}); bounded
 ERROR_REASONS = ("connect", "timeout", "rate_limited", "auth", "http_error", "html", "not_json", "bad_response",
-                 "ragged", "oversized", "encoder")
+                 "ragged", "oversized", "encoder", "redirect")
 # why one returned vector is unusable (embmon_serving_invalid_vectors_total{reason}); bounded
 INVALID_REASONS = ("empty", "zero", "non_finite", "wrong_dimension")
 OPENAI_PATH = parse_ids_path("data[*].embedding")
@@ -49,17 +50,23 @@ class ServingError(Exception):
 
 def parse_embeddings(
     raw: bytes, count: int, dim: int | None, steps: Sequence[tuple[str, str]] = OPENAI_PATH,
-    content_type: str = "application/json",
+    content_type: str = "application/json", max_values: int | None = None,
 ) -> tuple[list[np.ndarray | None], Counter[str]]:
-    """``count`` rows (float64) read from ``raw`` at ``steps``; see the module docstring."""
+    """``count`` rows (float64) read from ``raw`` at ``steps``; see the module docstring. The answer
+    may hold at most ``max_values`` JSON values (default: ``count`` rows of ``dim`` numbers, or of
+    :data:`MAX_DIM` when ``dim`` is unknown, plus some wrapping): more is ``oversized``."""
     if len(raw) > MAX_RESPONSE_BYTES:
         raise ServingError("oversized", f"answer larger than {MAX_RESPONSE_BYTES} bytes")
+    if max_values is None:
+        max_values = count * ((dim or MAX_DIM) + 64) + 4096
     head = raw[:256].lstrip().lower()
     if "html" in content_type.lower() or head.startswith((b"<!doctype", b"<html", b"<")):
         raise ServingError("html", "the endpoint answered with HTML (a proxy or login page?)")
     try:
-        document = json.loads(raw)
-    except (ValueError, RecursionError):
+        document = parse_json(raw, max_values)
+    except OutboundError as exc:
+        raise ServingError("oversized", str(exc)) from None
+    except ValueError:
         raise ServingError("not_json", f"the answer is not JSON ({len(raw)} bytes)") from None
     if steps == OPENAI_PATH:
         document = _in_index_order(document)

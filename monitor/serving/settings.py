@@ -20,11 +20,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
 from monitor.decoding.labels import LABEL_VALUE_RE
+from monitor.outbound import check_headers, check_url
 from monitor.retrieval.probes.ids_path import parse_ids_path
 from monitor.retrieval.probes.request_template import RequestTemplate
 from monitor.settings_base import Section
@@ -120,9 +120,13 @@ class EndpointSettings(Section):
     @classmethod
     def _url(cls, value: str | None) -> str | None:
         if value is not None:
-            parts = urlsplit(value)
-            if parts.scheme not in ("http", "https") or not parts.netloc:
-                raise ValueError("not an http(s) URL")  # never echo it: it may carry a key
+            check_url(value)  # its message never echoes the URL: it may carry a key
+        return value
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, value: dict[str, str]) -> dict[str, str]:
+        check_headers(value)
         return value
 
     @field_validator("request_template")

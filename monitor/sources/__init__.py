@@ -20,11 +20,11 @@ __all__ = ["build_source"]
 def build_source(settings: Settings) -> Source:
     """The source the settings ask for."""
     if settings.source == "kafka" and settings.kafka.client == "confluent":
-        from monitor.sources.confluent import ConfluentSource
+        from monitor.sources.kafka.confluent import ConfluentSource
 
         return ConfluentSource(settings.kafka)
     if settings.source == "kafka":
-        from monitor.sources.kafka import KafkaSource
+        from monitor.sources.kafka.source import KafkaSource
 
         return KafkaSource(settings.kafka)
     if settings.source == "file":

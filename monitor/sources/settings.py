@@ -1,7 +1,7 @@
 """The record sources' settings: ``kafka:``, ``file:`` and ``synthetic:`` (light: pydantic only).
 
 kafka-python option names and their librdkafka equivalents, which ``kafka.options`` is checked
-against, are in :mod:`monitor.sources.kafka_options` (no kafka import).
+against, are in :mod:`monitor.sources.kafka.options` (no kafka import).
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from monitor.settings_base import MAX_DURATION_SECONDS, Section
-from monitor.sources.kafka_options import CONSUMER_OPTIONS, LIBRDKAFKA_NAMES, RESERVED_LIBRDKAFKA, RESERVED_OPTIONS
+from monitor.sources.kafka.options import CONSUMER_OPTIONS, LIBRDKAFKA_NAMES, RESERVED_LIBRDKAFKA, RESERVED_OPTIONS
 
 
 class KafkaSettings(Section):
     """Where and how to consume. ``options`` passes any kafka-python consumer setting through
     (security_protocol, ssl_*, sasl_*, fetch sizes, ...), like kcat's ``-X``. ``client: confluent``
     consumes through librdkafka (the ``confluent`` extra) instead: ``options`` are translated to
-    librdkafka properties (``sources/kafka_options.py``) and ``librdkafka`` passes any property through."""
+    librdkafka properties (``sources/kafka/options.py``) and ``librdkafka`` passes any property through."""
 
     client: Literal["kafka-python", "confluent"] = "kafka-python"
     librdkafka: dict[str, str | int | float | bool] = Field(default_factory=dict)

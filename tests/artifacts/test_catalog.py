@@ -25,6 +25,7 @@ NOT_IN_SCENARIO = {
     "embmon_source_last_progress_timestamp_seconds":
         "a Kafka consumer's progress (tests/daemon/test_source_progress.py)",
     "embmon_source_offset_resets_total": "a Kafka consumer's offset resets (tests/daemon/test_offset_resets.py)",
+    "embmon_probe_request_errors_total": "a golden probe with an HTTP retriever (tests/outbound/test_fuzz.py)",
     # the fixed scenario configures no embedding endpoint: tests/serving/ scrape these from a real server
     **{name: "the serving probe (tests/serving/test_probe.py)" for name, spec in catalog.CATALOG.items()
        if spec.area == "serving"},

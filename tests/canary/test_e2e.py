@@ -5,7 +5,7 @@ are canaries, re-sent every second. Then the embedding service is swapped for a 
 model (every norm, angle and spectrum unchanged, so the intrinsic metrics cannot see it). The
 canary mismatch counter must move within one refresh of the first swapped canary's arrival, and once the
 window has turned over the intrinsic metrics read as before; the
-measured delay is printed (the closing note of issue 10 quotes it).
+measured delay is printed.
 """
 
 from __future__ import annotations

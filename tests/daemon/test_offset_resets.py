@@ -1,4 +1,4 @@
-"""A topic deleted and recreated (issue 22), and positions outside the log: each reset is logged at
+"""A topic deleted and recreated, and positions outside the log: each reset is logged at
 ERROR with the position and the log's range, counted in embmon_source_offset_resets_total, and
 consumption goes on by kafka.auto_offset_reset; the new records are counted exactly and no offset
 outside the log is ever committed for the group.

@@ -1,6 +1,6 @@
-"""No input stops consumption (issue 18): a poison message between valid ones, through a real broker.
+"""No input stops consumption: a poison message between valid ones, through a real broker.
 
-The poison is the event of issue 18, an embedding event and an interaction event whose ``ts`` is
+The poison is the event that once stopped consumption, an embedding event and an interaction event whose ``ts`` is
 ``1`` followed by 400 zeros: ``float()`` of it raised OverflowError, which killed the JSON worker,
 then the in-process fallback, then the poll thread, lost the valid events of the poll, turned
 /healthz 503, and met every restart again (nothing past it was committed). Here each poison is
@@ -115,7 +115,7 @@ def test_a_poison_message_is_one_invalid_record_and_consumption_goes_on(
         samples = caught_up(port)
         return bool(samples) and counts(samples)[:3] == (40, 25, 20)
 
-    # First run: JSON parsed in a worker process (the default), as in issue 18.
+    # First run: JSON parsed in a worker process (the default), where it once stopped consumption.
     with caplog.at_level(logging.WARNING), daemons.monitor(settings(json_workers=1)) as monitor:
         port = monitor.http.port
         wait_until(lambda: first_round_counted(port), timeout=60, message="the first round counted")

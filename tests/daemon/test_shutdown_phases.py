@@ -1,4 +1,4 @@
-"""SIGTERM ends the daemon within 10 s, with status 0, in every phase (issue 18, point 6), and
+"""SIGTERM ends the daemon within 10 s, with status 0, in every phase, and
 /healthz answers within about a second of the process's start whatever the broker does.
 
 Each test runs ``python -m monitor run`` in a child process, brings it into one phase, sends

@@ -1,4 +1,4 @@
-"""Stalls are visible (issue 18, point 3): a consumer with records behind that applies none leaves
+"""Stalls are visible: a consumer with records behind that applies none leaves
 embmon_source_last_progress_timestamp_seconds behind (EmbeddingMonitorSourceStalled watches its
 age, tests/artifacts run the rule); one that keeps up keeps it at the clock.
 

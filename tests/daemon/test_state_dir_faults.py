@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
+from monitor.daemon.service import STALE_MIN_SECONDS
 from monitor.storage import checkpoint_format as ckpt
 from tests.support import daemons
 from tests.support.broker import Broker, free_port
 from tests.support.logs import tracebacks
 from tests.support.mounts import fill, remount, tmpfs
-from tests.support.scrape import http_status, scrape, value
+from tests.support.scrape import http_answer, http_status, scrape, value
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -85,7 +86,12 @@ class Stream:
         self.send(30)
         wait_until(lambda: self.records() == self.sent * ROWS, timeout=60, message="records counted during the fault")
         wait_until(lambda: self.write_failures() >= failures_before + 2, timeout=30, message="failed writes counted")
-        assert http_status(self.port, "/healthz") == 200 and http_status(self.port, "/readyz") == 200
+        assert http_status(self.port, "/healthz") == 200
+        # ready, unless the fault outlasted the checkpoints' staleness bound (a loaded machine): then it says so
+        status, body = http_answer(self.port, "/readyz")
+        age = value(scrape(self.port), "embmon_checkpoint_age_seconds") or 0.0
+        assert (status, body) == (200, "ready") or (
+            status == 503 and body.startswith("checkpoint stale") and age > STALE_MIN_SECONDS), (status, body, age)
         self.assert_commits_not_past_the_checkpoint()
 
     def no_tracebacks(self) -> None:

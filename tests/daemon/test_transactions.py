@@ -20,7 +20,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from monitor.config import load_settings
 from monitor.errors import ConfigError
-from monitor.sources.kafka import KafkaSource
+from monitor.sources.kafka.source import KafkaSource
 from tests.support import daemons
 from tests.support.broker import Broker, kafka_daemon_overrides
 from tests.support.paths import REPO
@@ -37,7 +37,7 @@ def kafka_settings(**kafka: object):  # type: ignore[no-untyped-def]
 def test_the_consumer_reads_committed_data_unless_told_otherwise() -> None:
     config = KafkaSource(kafka_settings().kafka).consumer_config()
     assert config["isolation_level"] == "read_committed"
-    # kafka.auto_offset_reset is the daemon's to apply (monitor/sources/kafka_positions.py)
+    # kafka.auto_offset_reset is the daemon's to apply (monitor/sources/kafka/positions.py)
     assert config["auto_offset_reset"] == "none" and config["enable_auto_commit"] is False
     uncommitted = kafka_settings(options={"isolation_level": "read_uncommitted"}).kafka
     assert KafkaSource(uncommitted).consumer_config()["isolation_level"] == "read_uncommitted"

@@ -26,7 +26,7 @@ def with_ts(raw: str, template: bytes = EVENT_WITH_TS) -> bytes:
     return template % raw.encode()
 
 
-HUGE = "1" + "0" * 400  # the poison pill of issue 18: float() of it raises OverflowError
+HUGE = "1" + "0" * 400  # a poison pill: float() of it raises OverflowError
 # 2**1024 - 2**970 is where an integer's float() rounds to infinity (OverflowError)
 NOT_FINITE_TS = [HUGE, "-" + HUGE, "NaN", "Infinity", "-Infinity", "1e999", "-1e400", str(2**1024 - 2**970)]
 
@@ -116,10 +116,10 @@ def test_any_finite_timestamp_is_kept_as_given(raw: str, kept: float) -> None:
     assert result.batches[0].timestamps.tolist() == [kept]
 
 
-def test_every_reason_is_documented_in_the_readme() -> None:
+def test_every_reason_is_documented_in_the_usage_manual() -> None:
     from tests.support.paths import REPO
 
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "usage.md").read_text()
     section = text[text.index("### Malformed input") :]
     section = section[: section.index("\n#")]
     assert all(f"`{reason}`" in section for reason in REASONS), [r for r in REASONS if f"`{r}`" not in section]

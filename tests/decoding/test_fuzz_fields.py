@@ -1,7 +1,7 @@
 """Every field of both event types, fuzzed as raw JSON text, through the real decoders.
 
 The values are written as text because the dangerous ones cannot be written by orjson: integers
-of hundreds of digits (the poison pill of issue 18: ``float()`` of one raises OverflowError),
+of hundreds of digits (a poison pill: ``float()`` of one raises OverflowError),
 floats at and past float64's limits, ``NaN``/``Infinity`` tokens, nesting past the parsers'
 limits, lone surrogates. Each poll goes through the decoder in-process, through JSON worker
 processes, and message by message: nothing may raise, each message is applied or counted under

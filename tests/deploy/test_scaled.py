@@ -44,13 +44,27 @@ def test_each_workload_runs_its_role_from_the_shared_config(role: str, tmp_path:
     assert env["EMBMON_SCALE_OUT__ROLE"] == role
     (volume,) = [v for v in sts["spec"]["template"]["spec"]["volumes"] if v["name"] == "config"]
     config = objects()[("ConfigMap", volume["configMap"]["name"])]  # one config: one window for all
+    text = config["data"]["config.yaml"]
+    # the partials key: the Secret, mounted read-only where the config points (a key of our own here)
+    key_file = Path(yaml.safe_load(text)["scale_out"]["partials_key_file"])
+    (key,) = [v for v in sts["spec"]["template"]["spec"]["volumes"] if v["name"] == "partials-key"]
+    assert key["secret"]["secretName"] == "embedding-monitor-partials-key" and key["secret"]["defaultMode"] == 0o440
+    (mount,) = [m for m in monitor_container(sts)["volumeMounts"] if m["name"] == "partials-key"]
+    assert mount["readOnly"] and key_file.parent == Path(mount["mountPath"])
+    local_key = tmp_path / key_file.name
+    local_key.write_text("k" * 40 + "\n")
     path = tmp_path / "config.yaml"
-    path.write_text(config["data"]["config.yaml"])
+    path.write_text(text.replace(str(key_file), str(local_key)))
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("EMBMON_HTTP__PORT", "9464")
+    # the replica id defaults to the pod name, one of the trusted replicas
+    monkeypatch.setenv("EMBMON_SCALE_OUT__REPLICA_ID", f"embedding-monitor-{role}-0")
     settings = load_settings(path)
     assert settings.scale_out.role == role and settings.kafka.interactions_topic
+    assert settings.scale_out.partials_keys() == (b"k" * 40,)
+    replicas = workload("replica")["spec"]["replicas"]
+    assert settings.scale_out.replicas == [f"embedding-monitor-replica-{i}" for i in range(replicas)]
     if role == "replica":
         check_replica_settings(settings)  # kafka, checkpoints on
         assert sts["spec"]["replicas"] > 1 and sts["spec"]["volumeClaimTemplates"]  # a PVC each: checkpoints

@@ -1,4 +1,4 @@
-"""Issue 10's reproduction, as a user would: real MiniLM embeddings through the broker, 5-second drift cycles.
+"""A topic shift and a model swap as a user meets them: real MiniLM embeddings through the broker, 5 s cycles.
 
 Before: the first cycle ran for over 90 s (the per-test alpha of 5e-7 asked the permutation tests
 for two million relabellings, and a drifted window spends them all), every later run was skipped,

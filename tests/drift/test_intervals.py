@@ -5,8 +5,7 @@ The knob is the production one (one false alarm a month), so the per-test alpha 
 where the MMD and centroid tests use their held-out nulls. Through the drift component with a
 real state registry and an injected clock: records arrive at a steady rate (1,500 per cycle),
 the window spans two cycles, and the change starts half-way through a cycle, so the first cycle
-after it sees a quarter of the window changed and the second three quarters. The two changes
-of issue 10:
+after it sees a quarter of the window changed and the second three quarters. The two changes:
 
 - a topic shift of 3,000 records: the stream's sentences come from two help topics the reference
   never had (the debugger's commands, the format-string mini-language) for the two cycles;

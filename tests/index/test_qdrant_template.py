@@ -86,3 +86,27 @@ def test_http_failures_become_reasons(table: tuple[str, object, np.ndarray], tmp
     with pytest.raises(ConnectorError) as caught:
         down.count()
     assert caught.value.reason == "unreachable"
+
+
+def test_ids_and_filter_values_qdrant_cannot_take_are_absent_or_skipped(
+    table: tuple[str, object, np.ndarray]
+) -> None:
+    """Ids that are not point ids are sent as strings (absent), never a ValueError; a fractional
+    filter value (``match`` takes keywords, integers, booleans) skips its query as bad_filter."""
+    _, tbl, rows = table
+    with serving(tbl) as server:
+        spec = IndexProbeSpec.model_validate({
+            "name": "q", "model": "m", "engine": "qdrant", "k": K, "budget": {"exact_searches": 40},
+            "census": {"hub_queries": 0, "degenerate_rows": 0, "grace_seconds": 0},
+            "qdrant": {"url": server.url, "collection": "docs", "filter_columns": ["tenant"]}})
+        connector = QdrantConnector(spec.qdrant)  # type: ignore[arg-type]
+        assert set(connector.fetch(["d3", "²36", "--23", "1" * 21, "٣٦", "7"])) == {"d3"}
+        probe = IndexProbe(spec, connector)
+        for i in range(6):
+            probe.buffer.add(ProbeQuery(rows[i], (("tenant", "big"),)), 0.0)
+        probe.buffer.add(ProbeQuery(rows[7], (("tenant", 1.5),)), 0.0)
+        probe.buffer.add(ProbeQuery(rows[8], (("tenant", "a\x00"),)), 0.0)
+        probe.sketch.add(["d1", "²36", "--23"], rows[[1, 2, 3]], now=-1.0)
+        result = probe.run(Deadline.after(60), now=0.0)
+    assert result.skipped == {"bad_filter": 2} and result.queries == 6
+    assert result.census is not None and result.census.sampled == 1 and result.census.missing == 2

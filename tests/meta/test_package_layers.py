@@ -32,7 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("decoding", "storage"),  # bytes -> records; files in the state directory
     # what every step shares and nothing owns (any order among them; no cycles)
     ("monitor", "blocking", "catalog", "deadline", "devices", "errors", "extras", "logs", "multiple_testing",
-     "redaction", "settings_base", "tally"),
+     "outbound", "redaction", "settings_base", "tally"),
 )
 BASE = LAYERS[-1]
 
@@ -87,7 +87,7 @@ def test_every_unit_has_a_layer() -> None:
 
 def test_the_checker_finds_an_upward_import_a_sibling_import_and_an_inversion() -> None:
     graph = {
-        "monitor.sources.kafka": {"monitor.daemon.counters"},  # upward
+        "monitor.sources.kafka.source": {"monitor.daemon.counters"},  # upward
         "monitor.daemon.counters": {"monitor.sources.base"},
         "monitor.drift.component": {"monitor.canary.pins"},  # siblings
         "monitor.catalog": {"monitor.logs"},  # the base: free

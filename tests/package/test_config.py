@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from monitor.config import ConfigError, Settings, deep_merge, load_settings, nested_override, parse_kafka_option
 from monitor.settings_base import MAX_DURATION_SECONDS
-from monitor.sources.kafka_options import CONSUMER_OPTIONS, RESERVED_OPTIONS
+from monitor.sources.kafka.options import CONSUMER_OPTIONS, RESERVED_OPTIONS
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -91,7 +91,7 @@ def test_kafka_security_settings_pass_through_and_are_validated(tmp_path: Path) 
         "ssl_cafile": str(ca),
     }
     s = load_settings(overrides={"kafka": {"options": options}})
-    from monitor.sources.kafka import KafkaSource
+    from monitor.sources.kafka.source import KafkaSource
 
     config = KafkaSource(s.kafka).consumer_config()
     assert config["security_protocol"] == "SASL_SSL" and config["sasl_plain_password"] == "hunter2"
@@ -126,7 +126,7 @@ def test_nested_override_drops_unset_flags() -> None:
     }
 
 
-# --- Non-finite and absurd numbers, unreadable files, secrets in errors (issue 22) ---------------
+# --- Non-finite and absurd numbers, unreadable files, secrets in errors ---------------
 
 
 def _sections(model: type[BaseModel] = Settings) -> Iterator[type[BaseModel]]:

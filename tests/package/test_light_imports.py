@@ -119,6 +119,7 @@ def test_importing_the_probe_settings_loads_only_the_light_probe_modules() -> No
     assert ours(modules) <= {
         "monitor.deadline",
         "monitor.decoding.labels",
+        "monitor.outbound",  # the URL and header checks: stdlib and h11
         "monitor.retrieval",
         "monitor.retrieval.families",
         "monitor.retrieval.settings",

@@ -1,4 +1,4 @@
-"""A silent model change scaled out (issue 20, point 3): two replica processes, a reducer, the real broker.
+"""A silent model change scaled out: two replica processes, a reducer, the real broker.
 
 The canaries ``c0`` and ``c1`` are produced to partitions 0 and 1, so each replica forwards one of
 them; the reducer compares both with its pins and exports ``embmon_canary_*`` once per model, with

@@ -1,4 +1,4 @@
-"""A shift one daemon's change detectors catch is caught scaled out too (issue 20, point 4).
+"""A shift one daemon's change detectors catch is caught scaled out too.
 
 Two replica processes and a reducer on tansu, and a single daemon on the same topic, both against
 one pinned reference. The stream's mean turns by 40 degrees (as in tests/drift/test_e2e.py). The

@@ -1,4 +1,4 @@
-"""Forged and poisoned records on the partials topic (issue 27, part 3): each refused before anything
+"""Forged and poisoned records on the partials topic: each refused before anything
 of it is held, counted by reason, and the merge stays exactly one daemon's window afterwards."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Forged and poisoned records on a real partials topic while real replicas publish (issue 27, part 3).
+"""Forged and poisoned records on a real partials topic while real replicas publish.
 
 Two replica processes (``embedding-monitor run --role replica``) share the embeddings topic; the
 crash tests' producer (``KnownSequence``) writes its known sequence over ~40 s; meanwhile a forger

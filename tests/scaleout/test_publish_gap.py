@@ -1,4 +1,4 @@
-"""A replica killed between a publication and its offset commit, and never restarted (issue 20, point 2).
+"""A replica killed between a publication and its offset commit, and never restarted.
 
 Its publication is in the partials topic, so the reducer merges it, while the group's committed
 offsets are older. The replica that takes its partitions must resume after what the publication

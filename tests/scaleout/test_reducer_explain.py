@@ -1,4 +1,4 @@
-"""The reducer explains a drift verdict on the merged state, with the replicas' record ids (issue 19)."""
+"""The reducer explains a drift verdict on the merged state, with the replicas' record ids."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ import pytest
 
 from monitor.config import load_settings
 from tests.support import daemons
-from tests.support.broker import Broker, kafka_daemon_overrides
+from tests.support.broker import CLIENTS, Broker, kafka_daemon_overrides
 from tests.support.scaleout import (
     STREAMS,
     WINDOW,
@@ -46,11 +46,14 @@ FAIL_OVER_LIMIT_SECONDS = 60
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("client", CLIENTS)
 def test_two_reducers_share_the_streams_and_one_takes_over(broker: Broker, tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    topic, partials = "emb-group", "emb-group-partials"
+                                                           monkeypatch: pytest.MonkeyPatch, client: str) -> None:
+    topic = f"emb-group-{client}"
+    partials = f"{topic}-partials"
     with contextlib.ExitStack() as running:
-        replicas, reducers, single = start_reducer_group(running, broker, topic, tmp_path, monkeypatch, replicas=3)
+        replicas, reducers, single = start_reducer_group(running, broker, topic, tmp_path, monkeypatch, replicas=3,
+                                                         client=client)
         expected = produce(broker, topic, seed=1)
 
         wait_until(lambda: shared_exactly(reducers, expected), timeout=120,
@@ -99,7 +102,7 @@ def test_two_reducers_share_the_streams_and_one_takes_over(broker: Broker, tmp_p
         # the victim comes back with its checkpoint: the group gives it a partition again, the
         # survivor drops that partition's streams from its /metrics, and each exports two, exactly
         back = running.enter_context(reducer_process(broker, topic, partials, tmp_path / "reducer-0",
-                                                     tmp_path / "reducer-0-back.log"))
+                                                     tmp_path / "reducer-0-back.log", client=client))
         reducers = [back, survivor]
         wait_until(lambda: shared_exactly(reducers, expected), timeout=120,
                    message="back to two streams each, every stream once, with exact counts")

@@ -1,4 +1,5 @@
-"""The manifests a replica resumes after, read from a real partials topic (issue 20, point 2)."""
+"""The manifests a replica resumes after, read from a real partials topic, through either client
+library (``kafka.client``: the readers and the publisher are built on the one the settings choose)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from monitor.config import load_settings
+from monitor.config import Settings, load_settings
 from monitor.scaleout.partials import KIND_HEADER, MANIFEST, Manifest, WindowGeometry, encode_manifest
 from monitor.scaleout.resume import ManifestReader, published_offsets
-from tests.support.broker import Broker, kafka_daemon_overrides
+from tests.support.broker import CLIENTS, Broker, kafka_daemon_overrides
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.broker
@@ -41,30 +42,39 @@ def send(broker: Broker, topic: str, *manifests: Manifest, extra: tuple[tuple[by
         producer.close()
 
 
-def test_each_replicas_newest_manifest_incrementally_and_after_the_topic_is_recreated(broker: Broker,
-                                                                                       tmp_path: Path) -> None:
-    partials = "resume-partials"
+LIBRARY = {"kafka-python": "KafkaConsumer", "confluent": "LibrdkafkaConsumer"}
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_each_replicas_newest_manifest_incrementally(broker: Broker, tmp_path: Path, client: str) -> None:
+    partials = f"resume-partials-{client}"
     broker.create_topics(partials)
-    settings = load_settings(overrides=kafka_daemon_overrides(
-        broker, "resume-embeddings", "resume", tmp_path, scale_out={"partials_topic": partials}))
-    corrupt = (b"{not json", [(KIND_HEADER, MANIFEST.encode())])
-    chunk = (b"\x00" * 64, [(KIND_HEADER, b"subwindow")])
-    send(broker, partials,
-         Manifest("a", 1, "i", GEOMETRY, {("t", 0): 10}, ()),
-         Manifest("b", 2, "j", GEOMETRY, {("t", 0): 40, ("t", 1): 7}, ()),
-         Manifest("a", 3, "i", GEOMETRY, {("t", 0): 55}, ()),
-         extra=(corrupt, chunk))
-    reader = ManifestReader(settings, timeout=15)
+    reader = ManifestReader(send_three(broker, partials, tmp_path, client), timeout=15)
     try:
         newest = reader.newest()
         assert newest is not None
         assert {r: m.epoch for r, m in newest.items()} == {"a": 3, "b": 2}  # corrupt and chunk records skipped
+        assert type(reader._consumer).__name__ == LIBRARY[client]
         assert published_offsets(newest) == {("t", 0): 55, ("t", 1): 7}
         send(broker, partials, Manifest("b", 5, "j", GEOMETRY, {("t", 1): 90}, ()),
              Manifest("a", 2, "i", GEOMETRY, {("t", 0): 99}, ()))  # an older epoch of a: ignored
         newest = reader.newest()
         assert newest is not None and {r: m.epoch for r, m in newest.items()} == {"a": 3, "b": 5}
         assert published_offsets(newest) == {("t", 0): 55, ("t", 1): 90}
+    finally:
+        reader.close()
+
+
+def test_a_recreated_partials_topic_is_read_again_from_its_start(broker: Broker, tmp_path: Path) -> None:
+    """kafka-python only: a librdkafka consumer (confluent-kafka 2.16.1) assigned a topic that tansu
+    deletes and creates again ends the process (SIGSEGV in librdkafka's metadata cache update;
+    docs/operations.md, "Scaled out on librdkafka")."""
+    partials = "resume-recreated"
+    broker.create_topics(partials)
+    reader = ManifestReader(send_three(broker, partials, tmp_path, "kafka-python"), timeout=15)
+    try:
+        newest = reader.newest()
+        assert newest is not None and {r: m.epoch for r, m in newest.items()} == {"a": 3, "b": 2}
         # the topic deleted and recreated: what the old one held is forgotten, the new one read from its start
         recreate(broker, partials)
         send(broker, partials, Manifest("c", 9, "k", GEOMETRY, {("t", 0): 3}, ()))
@@ -75,9 +85,24 @@ def test_each_replicas_newest_manifest_incrementally_and_after_the_topic_is_recr
         reader.close()
 
 
-def test_an_absent_partials_topic_holds_no_manifests(broker: Broker, tmp_path: Path) -> None:
+def send_three(broker: Broker, partials: str, tmp_path: Path, client: str) -> Settings:
+    """Three manifests of two replicas, a corrupt one and a chunk on ``partials``; the reader's settings."""
+    corrupt = (b"{not json", [(KIND_HEADER, MANIFEST.encode())])
+    chunk = (b"\x00" * 64, [(KIND_HEADER, b"subwindow")])
+    send(broker, partials,
+         Manifest("a", 1, "i", GEOMETRY, {("t", 0): 10}, ()),
+         Manifest("b", 2, "j", GEOMETRY, {("t", 0): 40, ("t", 1): 7}, ()),
+         Manifest("a", 3, "i", GEOMETRY, {("t", 0): 55}, ()),
+         extra=(corrupt, chunk))
+    return load_settings(overrides=kafka_daemon_overrides(
+        broker, "resume-embeddings", "resume", tmp_path, client=client, scale_out={"partials_topic": partials}))
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_an_absent_partials_topic_holds_no_manifests(broker: Broker, tmp_path: Path, client: str) -> None:
     settings = load_settings(overrides=kafka_daemon_overrides(
-        broker, "resume-embeddings", "resume", tmp_path, scale_out={"partials_topic": "resume-never-created"}))
+        broker, "resume-embeddings", "resume", tmp_path, client=client,
+        scale_out={"partials_topic": "resume-never-created"}))
     reader = ManifestReader(settings, timeout=10)
     try:
         assert reader.newest() == {}
@@ -85,16 +110,18 @@ def test_an_absent_partials_topic_holds_no_manifests(broker: Broker, tmp_path: P
         reader.close()
 
 
-def test_a_seal_written_to_some_partitions_only_is_completed_on_the_others(broker: Broker, tmp_path: Path) -> None:
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_seal_written_to_some_partitions_only_is_completed_on_the_others(broker: Broker, tmp_path: Path,
+                                                                           client: str) -> None:
     """A replica killed while sealing a publication: the reader names the partitions its newest
     manifest is missing from, a publisher writes it there, and then nothing is missing."""
     from monitor.scaleout.partials import StreamManifest
     from monitor.scaleout.publisher import PartialsPublisher
 
-    partials = "resume-seals"
+    partials = f"resume-seals-{client}"
     broker.create_topics(partials, partitions=3)
     settings = load_settings(overrides=kafka_daemon_overrides(
-        broker, "resume-embeddings", "resume", tmp_path,
+        broker, "resume-embeddings", "resume", tmp_path, client=client,
         scale_out={"partials_topic": partials, "replica_id": "survivor", "publish_timeout_seconds": 10}))
     streams = (StreamManifest("m", "s", 4, ((1, 7, 3),), partition=2),)
     sealed = Manifest("victim", 7, "i", GEOMETRY, {("t", 0): 12}, streams)
@@ -116,6 +143,8 @@ def test_a_seal_written_to_some_partitions_only_is_completed_on_the_others(broke
         missing = reader.incomplete()
         assert [(r.value, partitions) for r, partitions in missing] == [(encode_manifest(sealed).value, [1, 2])]
         assert publisher.complete_seal(*missing[0])
+        assert type(publisher._producer).__name__ == {"kafka-python": "KafkaProducer",
+                                                      "confluent": "LibrdkafkaProducer"}[client]
         assert reader.newest() is not None and reader.incomplete() == []  # an older build's manifest is left
     finally:
         publisher.close()

@@ -1,4 +1,4 @@
-"""Outside bytes at the HTTP port (issue 27, part 1): what the hand-written parser died of, fuzzing
+"""Outside bytes at the HTTP port: what the hand-written parser died of, fuzzing
 over raw sockets (plain and TLS), and what happens when the I/O loop itself stops.
 
 The fuzz drives the daemon's real exporter (``HttpServer``: routes, admin token, the bounded server
@@ -375,8 +375,8 @@ BoundedHttpServer._sweep = _broken_sweep
 """
 
 
-def test_a_daemon_answers_issue_27_with_400_and_exits_70_only_when_its_io_loop_breaks(tmp_path: Path) -> None:
-    """Each request of issue 27 (three times: one used to close the port for good) gets 400 and the
+def test_a_daemon_answers_the_parser_killers_with_400_and_exits_70_only_when_its_io_loop_breaks(tmp_path: Path) -> None:
+    """Each request the hand-written parser died of (three times: one used to close the port for good) gets 400 and the
     port serves on, with nothing logged at ERROR; then a bug in the loop itself (injected) ends the
     process with status 70, the reason in its log, after a clean shutdown."""
     trigger = tmp_path / "break"

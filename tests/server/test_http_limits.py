@@ -1,4 +1,4 @@
-"""What one HTTP client can make the daemon hold is bounded (issue 18, point 7): connection floods,
+"""What one HTTP client can make the daemon hold is bounded: connection floods,
 slowloris, header floods, mass releases and basic-auth guessing, each against a real daemon
 process on loopback, measured from ``/proc/<pid>``.
 
@@ -431,7 +431,7 @@ def test_a_wrong_password_flood_does_not_slow_scrapes(tmp_path: Path, backoff: s
     assert all(status == 200 for status, _ in flooded)
     # A scrape that waited behind a guess's hash would take one PBKDF2 of 600,000 iterations (0.3-0.5 s
     # here). A bound relative to the quiet median measured the machine's load instead: at load average 10
-    # the median read 26-44 ms with or without the flood (issue 27, part 5), so only the hash's cost is asserted.
+    # the median read 26-44 ms with or without the flood, so only the hash's cost is asserted.
     assert median < 0.1, (median, quiet_median)
     assert answers.count(429) > answers.count(401)
     assert share < 1.5  # one hash at a time is one core; the stdlib server let 16 run
@@ -497,7 +497,7 @@ def test_keep_alive_pipelining_head_and_a_closing_request() -> None:
         (b"NOT HTTP\r\n\r\n", b"400"),
         (b"GET / HTTP/1.1\r\nHost: h\r\nno colon here\r\n\r\n", b"400"),
         (b"GET / HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", b"400"),
-        # issue 27: what the hand-written parser let by, or died of
+        # what the hand-written parser let by, or died of
         (b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: \xb2\r\n\r\n", b"400"),  # isdigit(), then int() raised
         (b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: " + b"1" * 4000 + b"\r\n\r\n", b"400"),  # 5,000: over 4 KiB
         (b"GET http://[::1/metrics HTTP/1.1\r\nHost: h\r\n\r\n", b"400"),  # urlsplit raised: 500, traceback

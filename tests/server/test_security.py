@@ -188,7 +188,7 @@ def test_kafka_ssl_and_sasl_settings_pass_through_and_are_validated(tmp_path: Pa
     good = {"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "u",
             "sasl_plain_password": "p", "ssl_cafile": str(ca), "ssl_check_hostname": True}
     settings = load_settings(overrides={"kafka": {"options": good}})
-    from monitor.sources.kafka import KafkaSource
+    from monitor.sources.kafka.source import KafkaSource
 
     config = KafkaSource(settings.kafka).consumer_config()
     assert {k: config[k] for k in good} == good and config["enable_auto_commit"] is False

@@ -1,4 +1,4 @@
-"""The librdkafka source (``kafka.client: confluent``, monitor/sources/confluent.py) against the real
+"""The librdkafka source (``kafka.client: confluent``, monitor/sources/kafka/confluent.py) against the real
 tansu broker: where it resumes and what it commits, the rebalance hand-off, pause/resume, lag, every
 codec decoded natively, a position outside the log reset and counted, a daemon on it counting records
 and malformed ones by reason; and its settings checked before anything starts.
@@ -17,8 +17,8 @@ import yaml
 
 from monitor.config import ConfigError, load_settings
 from monitor.sources.base import Partition, PartitionListener, SourceMessage
-from monitor.sources.confluent import ConfluentSource
-from monitor.sources.reconnect import LAG_REFRESH_SECONDS
+from monitor.sources.kafka.confluent import ConfluentSource
+from monitor.sources.kafka.reconnect import LAG_REFRESH_SECONDS
 from tests.support import daemons
 from tests.support.broker import Broker, kafka_daemon_overrides
 from tests.support.paths import REPO
@@ -292,7 +292,7 @@ def test_a_property_librdkafka_refuses_is_a_configuration_error(tmp_path: Path) 
 
 
 def test_kafka_options_become_librdkafka_properties() -> None:
-    from monitor.sources.confluent import librdkafka_config
+    from monitor.sources.kafka.confluent import librdkafka_config
 
     settings = load_settings(overrides={"source": "kafka", "kafka": {
         "client": "confluent", "group_id": "g", "bootstrap_servers": "a:1,b:2",
@@ -314,7 +314,7 @@ def test_every_translated_option_is_a_librdkafka_property() -> None:
     here; an unknown name is not), so an upgrade that renames one is noticed."""
     from confluent_kafka import Consumer, KafkaException
 
-    from monitor.sources.kafka_options import LIBRDKAFKA_NAMES, RESERVED_LIBRDKAFKA
+    from monitor.sources.kafka.options import LIBRDKAFKA_NAMES, RESERVED_LIBRDKAFKA
 
     unknown = []
     for option, prop in sorted(LIBRDKAFKA_NAMES.items()):

@@ -1,4 +1,4 @@
-"""A broker that comes back with an emptied log (issue 27, part 4), with both clients.
+"""A broker that comes back with an emptied log, with both clients.
 
 tansu with memory storage restarted on the same port is such a broker: its topics, records and the
 group's committed offsets are gone. The daemon keeps running; its checkpoint says partition 0 was

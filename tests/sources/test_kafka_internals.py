@@ -1,6 +1,6 @@
 """The kafka-python internals the Kafka source relies on still exist in the installed version.
 
-monitor/sources/kafka_internals.py says why each is needed; an upgrade that moves one must fail
+monitor/sources/kafka/internals.py says why each is needed; an upgrade that moves one must fail
 here, not during a rebalance in production.
 """
 
@@ -43,7 +43,7 @@ def test_the_fetcher_internals_that_take_a_failed_partition_out_exist() -> None:
     assert callable(fetcher.Fetcher.PartitionRecords.drain)
 
 
-# -- records kafka-python cannot parse (issue 27) -------------------------------------------------------
+# -- records kafka-python cannot parse -------------------------------------------------------
 
 
 def _batch(headers_of: list[list[tuple[str, bytes]]], compression: int = 0) -> bytearray:
@@ -60,7 +60,7 @@ def _read(buffer: bytearray) -> list[tuple[int, bytes | None, str | None]]:
     """The records of one batch as the fetcher reads them: its checksum checked, then each record."""
     from kafka.record.default_records import DefaultRecordBatch
 
-    from monitor.sources.kafka_internals import read_unreadable_records, unreadable_reason
+    from monitor.sources.kafka.internals import read_unreadable_records, unreadable_reason
 
     read_unreadable_records()
     batch = DefaultRecordBatch(buffer)

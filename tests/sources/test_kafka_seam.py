@@ -11,10 +11,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from monitor.sources import kafka_policy
+from monitor.sources.kafka import policy as kafka_policy
 from tests.support.imports import PACKAGE, loaded_after, module_name
 
-FACTORY = "monitor.sources.kafka_clients"
+FACTORY = "monitor.sources.kafka.clients"
 
 
 def modules() -> dict[str, ast.Module]:
@@ -62,12 +62,12 @@ def test_partition_offsets_and_stream_key_are_defined_once() -> None:
 
 
 def test_the_client_neutral_policy_imports_no_client_and_both_sources_use_it() -> None:
-    assert loaded_after("import monitor.sources.kafka_policy", ("kafka", "confluent_kafka")) == []
+    assert loaded_after("import monitor.sources.kafka.policy", ("kafka", "confluent_kafka")) == []
     # the librdkafka source takes its policy from there, not from kafka-python's source
-    assert loaded_after("import monitor.sources.confluent", ("kafka",)) == []
-    for source in ("kafka", "confluent"):
-        tree = ast.parse(Path(PACKAGE / "sources" / f"{source}.py").read_text())
+    assert loaded_after("import monitor.sources.kafka.confluent", ("kafka",)) == []
+    for source in ("source", "confluent"):
+        tree = ast.parse(Path(PACKAGE / "sources" / "kafka" / f"{source}.py").read_text())
         imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                    and node.module == "monitor.sources.kafka_policy" for alias in node.names}
+                    and node.module == "monitor.sources.kafka.policy" for alias in node.names}
         assert {"seek_position", "records_behind", "RESET_REASONS", "ERROR_REASONS"} <= imported, source
     assert kafka_policy.seek_position(99, 250) == 250 and kafka_policy.records_behind(13, 13, (0, 11), 11) == 0

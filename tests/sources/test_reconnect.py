@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from monitor.sources.reconnect import LAG_REFRESH_SECONDS, MAX_BACKOFF_SECONDS, Backoff, LagReading
+from monitor.sources.kafka.reconnect import LAG_REFRESH_SECONDS, MAX_BACKOFF_SECONDS, Backoff, LagReading
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""Records a Kafka client cannot read (issue 27), through the real tansu broker, with both clients.
+"""Records a Kafka client cannot read, through the real tansu broker, with both clients.
 
 Kafka header keys are bytes and any producer can write one that is not UTF-8. kafka-python raised
 from every poll at such a record and the partition never moved past it (nor on any replica that
@@ -20,11 +20,12 @@ from __future__ import annotations
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from monitor.config import load_settings
@@ -265,18 +266,18 @@ def test_fuzzed_headers_and_keys_through_the_broker_many(client: str, broker: Br
 # -- the scale-out readers of the partials topic share kafka-python's record reading ------------------
 
 
-def test_a_partials_reader_moves_past_a_record_it_cannot_read(broker: Broker, tmp_path: Path) -> None:
-    """A reducer's or replica's consumer (``scaleout.intake.consumer_config``) gets the unreadable
-    record as one with no key, value or headers, which the partials parser refuses (counted
-    ``corrupt`` by the merge table), and reads the records after it: before, every poll failed at it
-    and the reducer's partition halted for good (issue 27, part 3)."""
-    from kafka import KafkaConsumer, TopicPartition
-
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+def test_a_partials_reader_moves_past_a_record_it_cannot_read(broker: Broker, tmp_path: Path, client: str) -> None:
+    """A reducer's or replica's consumer (``scaleout.intake.consumer_config``, on the library
+    ``kafka.client`` names) gets the unreadable record as one with no key, value or headers, which
+    the partials parser refuses (counted ``corrupt`` by the merge table), and reads the records
+    after it: before, every poll failed at it and the reducer's partition halted for good."""
     from monitor.scaleout.intake import consumer_config
     from monitor.scaleout.partials import PartialError, parse_record
-    from monitor.sources.kafka_internals import unreadable_reason
+    from monitor.sources.kafka.clients import TopicPartition, new_consumer
+    from monitor.sources.kafka.internals import unreadable_reason
 
-    topic = "partials-unreadable"
+    topic = f"partials-unreadable-{client}"
     broker.create_topics(topic)
     producer = broker.producer()
     for i in range(10):
@@ -284,8 +285,9 @@ def test_a_partials_reader_moves_past_a_record_it_cannot_read(broker: Broker, tm
         producer.send(topic, b"v%d" % i, key=b"k%d" % i, headers=headers)
     producer.flush()
     producer.close()
-    settings = load_settings(overrides=kafka_daemon_overrides(broker, "embeddings", "g", tmp_path / "state"))
-    consumer = KafkaConsumer(**consumer_config(settings))
+    settings = load_settings(overrides=kafka_daemon_overrides(broker, "embeddings", "g", tmp_path / "state",
+                                                              client=client))
+    consumer = new_consumer(consumer_config(settings), settings.kafka)
     try:
         consumer.assign([TopicPartition(topic, 0)])
         consumer.seek_to_beginning()
@@ -302,3 +304,67 @@ def test_a_partials_reader_moves_past_a_record_it_cannot_read(broker: Broker, tm
     poison = got[4]
     with pytest.raises(PartialError):
         parse_record(poison.key, poison.value, poison.headers or ())
+
+
+GENERATE_ONLY = (Phase.explicit, Phase.generate)  # a shrink step waits on the broker: report the first failure
+
+
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+def test_fuzzed_partials_records_reach_the_partials_reader_each_as_written_or_unreadable(
+    client: str, broker: Broker, tmp_path: Path
+) -> None:
+    """Fuzzed keys, values and headers through the broker to a partials reader on either library
+    (``scaleout.intake.poll_past_unreadable`` over the consumer ``kafka.client`` builds): every
+    record arrives once, in offset order, as written or (a header key that is not UTF-8) as an
+    unreadable placeholder, and the partials parser refuses what it cannot take with a PartialError."""
+    from monitor.scaleout.intake import consumer_config, poll_past_unreadable
+    from monitor.scaleout.partials import Bounds, PartialError, parse_record
+    from monitor.sources.kafka.clients import TopicPartition, new_consumer
+    from monitor.sources.kafka.internals import unreadable_reason
+
+    topic = f"partials-fuzz-{client}"
+    broker.create_topics(topic)
+    config = load_settings(overrides=kafka_daemon_overrides(broker, "embeddings", "g", tmp_path / "state",
+                                                            client=client, scale_out={"partials_topic": topic}))
+    bounds = Bounds.of(config)
+    producer = broker.producer()
+    consumer = new_consumer(consumer_config(config), config.kafka)
+    consumer.assign([TopicPartition(topic, 0)])
+    consumer.seek_to_beginning()
+    written: list[Record] = []
+    outcomes: Counter[str] = Counter()
+
+    @settings(max_examples=15, deadline=None, derandomize=True, database=None, phases=GENERATE_ONLY,
+              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @given(st.lists(records(), min_size=1, max_size=8))
+    def produce_and_read(batch: list[Record]) -> None:
+        for key, raw_value, headers in batch:
+            producer.send(topic, raw_value, key=key, headers=headers, partition=0)
+        producer.flush()
+        first = len(written)
+        written.extend(batch)
+        got: list[Any] = []
+        deadline = time.monotonic() + 30
+        while len(got) < len(batch) and time.monotonic() < deadline:
+            for records_of in poll_past_unreadable(consumer, 300).values():
+                got += records_of
+        assert [r.offset for r in got] == list(range(first, len(written)))
+        for (key, raw_value, headers), record in zip(batch, got, strict=True):
+            if any(isinstance(k, RawHeaderKey) for k, _ in headers):
+                assert unreadable_reason(record.headers) == "bad_header" and record.value is None
+                outcomes["unreadable"] += 1
+                continue
+            assert (record.key, record.value) == (key, raw_value)
+            assert [(k, bytes(v)) for k, v in record.headers] == [(str(k), v) for k, v in headers]
+            outcomes["read"] += 1
+            try:
+                parse_record(record.key, record.value, record.headers or (), bounds)
+            except PartialError:
+                outcomes["refused"] += 1
+
+    try:
+        produce_and_read()
+    finally:
+        producer.close()
+        consumer.close()
+    assert outcomes["unreadable"] > 0 and outcomes["read"] > 0 and outcomes["refused"] > 0

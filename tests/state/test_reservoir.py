@@ -143,8 +143,8 @@ def test_shared_rows_read_the_same_and_are_copied_back_before_a_write() -> None:
 
 
 def test_a_sample_that_takes_part_of_a_closed_reservoir_shares_those_rows_and_changes_nothing_it_reads() -> None:
-    """Sub-windows hold more rows than the window's sample limit takes (issue 19's full drift
-    samples): the taken rows live only in the sample, the rest in the reservoir's own array, and
+    """Sub-windows hold more rows than the window's sample limit takes (the drift tests'
+    full samples): the taken rows live only in the sample, the rest in the reservoir's own array, and
     every later read (rows, gathers, the next sample, the checkpoint) is what it was unshared."""
 
     def filled(seed: int) -> list[Reservoir]:

@@ -107,10 +107,12 @@ def replica(broker: Broker, topic: str, name: str, state_dir: Path, log: Path, g
 
 
 def reducer_process(broker: Broker, topic: str, partials: str, state_dir: Path,
-                    log: Path) -> AbstractContextManager[DaemonProcess]:
+                    log: Path, client: str = "kafka-python") -> AbstractContextManager[DaemonProcess]:
     """``embedding-monitor run`` as a reducer of the group ``{topic}-reducers`` on ``partials`` (the
-    window :data:`WINDOW`), its consumer leaving the group quickly when killed."""
+    window :data:`WINDOW`) through ``client`` (``kafka.client``), its consumer leaving the group
+    quickly when killed."""
     env = {
+        "EMBMON_KAFKA__CLIENT": client,
         "EMBMON_SCALE_OUT__ROLE": "reducer", "EMBMON_SCALE_OUT__PARTIALS_TOPIC": partials,
         "EMBMON_SCALE_OUT__REDUCER_GROUP": f"{topic}-reducers", "EMBMON_DRIFT__ENABLED": "false",
         "EMBMON_KAFKA__POLL_TIMEOUT_SECONDS": "0.2", "EMBMON_CHECKPOINT__INTERVAL_SECONDS": "1",
@@ -129,15 +131,16 @@ STREAMS = ("s0", "s1", "s2", "s3")  # two on each partials partition
 DIM, ROWS, BATCHES = 16, 20, 6
 
 
-def produce(broker: Broker, topic: str, seed: int) -> dict[str, int]:
-    """Binary batches of every stream over partitions 0-2 of ``topic``; rows produced per stream."""
+def produce(broker: Broker, topic: str, seed: int, streams: tuple[str, ...] = STREAMS, partitions: int = 3,
+            batches: int = BATCHES) -> dict[str, int]:
+    """Binary batches of every stream over partitions 0 to ``partitions - 1`` of ``topic``; rows produced per stream."""
     rng = np.random.default_rng(seed)
     producer = broker.producer()
-    counts = dict.fromkeys(STREAMS, 0)
-    for i in range(BATCHES):
-        for stream in STREAMS:
-            block = rng.standard_normal((ROWS, DIM)).astype(np.float32) + STREAMS.index(stream)
-            producer.send(topic, block.tobytes(), partition=i % 3,
+    counts = dict.fromkeys(streams, 0)
+    for i in range(batches):
+        for stream in streams:
+            block = rng.standard_normal((ROWS, DIM)).astype(np.float32) + streams.index(stream)
+            producer.send(topic, block.tobytes(), partition=i % partitions,
                           headers=[("model", b"m"), ("dim", str(DIM).encode()), ("stream", stream.encode())])
             counts[stream] += ROWS
     producer.flush()
@@ -170,11 +173,12 @@ def owned(port: int) -> set[str]:
 
 
 def start_reducer_group(running: ExitStack, broker: Broker, topic: str, tmp_path: Path,
-                        monkeypatch: pytest.MonkeyPatch, replicas: int,
+                        monkeypatch: pytest.MonkeyPatch, replicas: int, client: str = "kafka-python",
                         ) -> tuple[list[DaemonProcess], list[DaemonProcess], DaemonProcess]:
     """``topic`` (3 partitions) and ``{topic}-partials`` (2, two of :data:`STREAMS` on each), the
     replicas' settings in the environment, and entered into ``running``: ``replicas`` replica
-    processes, two reducer processes of one group and a single daemon that reads everything."""
+    processes and two reducer processes of one group, all through ``client``, and a single daemon
+    (kafka-python) that reads everything."""
     partials = f"{topic}-partials"
     broker.create_topics(topic, partitions=3)
     broker.create_topics(partials, partitions=2)
@@ -184,10 +188,10 @@ def start_reducer_group(running: ExitStack, broker: Broker, topic: str, tmp_path
     monkeypatch.setenv("EMBMON_SCALE_OUT__PARTIALS_TOPIC", partials)
     monkeypatch.setenv("EMBMON_SCALE_OUT__ROLE", "replica")
     started = [running.enter_context(replica(broker, topic, f"replica-{i}", tmp_path / f"r{i}",
-                                             tmp_path / f"r{i}.log", group=f"{topic}-replicas"))
+                                             tmp_path / f"r{i}.log", group=f"{topic}-replicas", client=client))
                for i in range(replicas)]
     reducers = [running.enter_context(reducer_process(broker, topic, partials, tmp_path / f"reducer-{i}",
-                                                      tmp_path / f"reducer-{i}.log"))
+                                                      tmp_path / f"reducer-{i}.log", client=client))
                 for i in range(2)]
     single = running.enter_context(daemons.crash_tested(broker, topic, f"{topic}-single", tmp_path / "single",
                                                         tmp_path / "single.log",
@@ -273,7 +277,7 @@ def reducer(tmp_path: Path, now: list[float], extra: dict[str, Any] | None = Non
     return Reducer(settings, clock=lambda: now[0])
 
 
-# ---------------------------------------------------------------- forged and poisoned records (issue 27)
+# ---------------------------------------------------------------- forged and poisoned records
 PartialsRecord = tuple[bytes, "bytes | None", list[tuple[str, bytes]]]
 
 

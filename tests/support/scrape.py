@@ -24,10 +24,15 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
 
 
 def http_status(port: int, path: str, host: str = "127.0.0.1") -> int:
+    return http_answer(port, path, host)[0]
+
+
+def http_answer(port: int, path: str, host: str = "127.0.0.1") -> tuple[int, str]:
+    """The status and the body (stripped) of a GET of ``path``; an error status is an answer too."""
     import urllib.error
 
     try:
         with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=5) as response:
-            return int(response.status)
+            return int(response.status), response.read().decode().strip()
     except urllib.error.HTTPError as exc:
-        return int(exc.code)
+        return int(exc.code), exc.read().decode().strip()

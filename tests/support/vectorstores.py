@@ -124,6 +124,56 @@ def load_lance(
     return tbl
 
 
+def socket_path(uri: str) -> str:
+    """The Unix socket of the pgserver PostgreSQL at ``uri`` (a relay's upstream)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    params = conninfo_to_dict(uri)
+    return f"{params['host']}/.s.PGSQL.{params.get('port') or 5432}"
+
+
+TYPED_COLUMNS = "tenant text, n integer, flag boolean, score real"
+
+
+def typed_rows(n: int) -> list[tuple[int, str, int, bool, float]]:
+    """``(id, tenant, n, flag, score)`` of the typed tables: integer ids 1..n, filter columns of four types."""
+    return [(i, f"t{i % 3}", i % 5, i % 2 == 0, float(i % 4) / 4) for i in range(1, n + 1)]
+
+
+def load_pg_typed(uri: str, table: str, vectors: np.ndarray) -> list[tuple[int, str, int, bool, float]]:
+    """(Re)create ``table (id bigint, tenant text, n integer, flag boolean, score real, embedding vector(d))``
+    with an HNSW index: the filter and id columns an interaction's values may not fit."""
+    import psycopg
+
+    rows = typed_rows(len(vectors))
+    d = vectors.shape[1]
+    with psycopg.connect(uri, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {table}")
+        conn.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, {TYPED_COLUMNS}, embedding vector({d}))")
+        with conn.cursor() as cur, cur.copy(f"COPY {table} (id, tenant, n, flag, score, embedding) FROM STDIN") as copy:
+            for row, vector in zip(rows, vectors, strict=True):
+                copy.write_row((*row, literal(vector)))
+        conn.execute(f"CREATE INDEX ON {table} USING hnsw (embedding vector_cosine_ops) WITH (m = 8)")
+        conn.execute(f"ANALYZE {table}")
+    return rows
+
+
+def load_lance_typed(uri: str | Path, table: str, vectors: np.ndarray) -> Any:
+    """The same typed rows in an embedded LanceDB table ``(id int64, tenant, n int32, flag, score float32, vector)``."""
+    import lancedb
+    import pyarrow as pa
+
+    rows = typed_rows(len(vectors))
+    d = vectors.shape[1]
+    data = pa.table({
+        "id": pa.array([r[0] for r in rows], pa.int64()), "tenant": [r[1] for r in rows],
+        "n": pa.array([r[2] for r in rows], pa.int32()), "flag": [r[3] for r in rows],
+        "score": pa.array([r[4] for r in rows], pa.float32()),
+        "vector": pa.FixedSizeListArray.from_arrays(pa.array(np.asarray(vectors, np.float32).ravel()), d),
+    })
+    return lancedb.connect(str(uri)).create_table(table, data=data, mode="overwrite")
+
+
 def unit_rows(n: int, d: int, seed: int = 0, clusters: int = 20) -> np.ndarray:
     """Clustered unit vectors (a stand-in with structure, for the small engine tests)."""
     rng = np.random.default_rng(seed)

@@ -220,22 +220,22 @@ def _state(th: Thresholds) -> list[Alert]:
     on older or rebuilt state; it starts anyway, so without an alert nobody would look.
     """
     job = th.job
-    age = m("embmon_checkpoint_age_seconds")
     restore = m("embmon_checkpoint_restore_failures_total")
     rejected = m("embmon_state_files_rejected_total")
     return [
-        Alert(
-            name=f"{PREFIX}CheckpointStale",
-            group=SELF_GROUP,
-            severity="warning",
-            for_="5m",
+        # 40 default periods; per instance, with or without streams (MetricsStale is per stream)
+        _too_old(
+            "RefreshStale", m("embmon_refresh_age_seconds"), 600, job,
+            summary="The monitor has not refreshed its window metrics for too long: every quality gauge is old.",
+            description="The last refresh of {{ $labels.instance }} ended $VALUE ago "
+                        "(embmon_job_runs_total{job=\"refresh\"} says whether it fails, times out or no longer runs).",
+        ),
+        # 30 default intervals; exported only where checkpoints are on (the Kafka source)
+        _too_old(
+            "CheckpointStale", m("embmon_checkpoint_age_seconds"), 900, job,
             summary="The monitor has not written a checkpoint for too long (and so commits no offsets).",
             description="The last checkpoint of {{ $labels.instance }} was written $VALUE ago "
                         "(embmon_checkpoint_write_failures_total says at which stage writes fail).",
-            value_format="duration",
-            # 30 default intervals; exported only where checkpoints are on (the Kafka source)
-            condition=Condition(age, ">", 900),
-            scenario_builder=steady_scenario(age, target_labels(job), 1800, 20, target_labels(job)),
         ),
         _set_aside(
             "CheckpointRejected", restore, ("reason", "corrupt"), job,
@@ -250,6 +250,21 @@ def _state(th: Thresholds) -> list[Alert]:
                         "drift or the canaries started again from their configured sources.",
         ),
     ]
+
+
+def _too_old(name: str, age: str, threshold: float, job: str, *, summary: str, description: str) -> Alert:
+    """An instance's age gauge (seconds since its job last succeeded) above ``threshold`` for 5 minutes."""
+    return Alert(
+        name=f"{PREFIX}{name}",
+        group=SELF_GROUP,
+        severity="warning",
+        for_="5m",
+        summary=summary,
+        description=description,
+        value_format="duration",
+        condition=Condition(age, ">", threshold),
+        scenario_builder=steady_scenario(age, target_labels(job), 2 * threshold, 20, target_labels(job)),
+    )
 
 
 def _set_aside(name: str, counter: str, label: tuple[str, str], job: str, *, summary: str, description: str) -> Alert:

@@ -23,11 +23,15 @@ are the boundary the fuzz tests drive (tests/index/test_parsing.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import re
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
+
+from monitor.deadline import Deadline
 
 Mode = Literal["served", "exact", "exact_quantized"]
 FilterValue = str | int | float | bool
@@ -43,14 +47,29 @@ REASONS = (
     "dimension",  # the query's dimension is not the index's
     "bad_result",  # the engine answered something we cannot read
     "unsupported",  # the engine cannot do what the settings ask (no quantized exact search, ...)
+    "oversized",  # an HTTP engine's answer larger than what was asked can need
+    "redirect",  # an HTTP engine answered 3xx (never followed: the key stays with the configured origin)
+    "bad_filter",  # a query's filter value the column cannot take (the query is skipped, never the cycle)
     "other",
 )
 Reason = Literal[
     "unreachable", "timeout", "permission", "missing_table", "missing_column", "dimension", "bad_result",
-    "unsupported", "other",
+    "unsupported", "oversized", "redirect", "bad_filter", "other",
 ]
+# reasons that belong to one query, not to the engine: the probe skips the query and goes on
+QUERY_REASONS = frozenset({"dimension", "bad_filter"})
+# reasons after which the connector reads the table's description again (a table re-created)
+REDESCRIBE = frozenset({"dimension", "missing_table", "missing_column"})
 MAX_ID_CHARS = 512
 MAX_SCOPE_VALUES = 100_000
+_INTEGER = re.compile(r"-?[0-9]{1,20}")
+INT_RANGES = {  # the integer column kinds an id or a filter value may meet, and their ranges
+    "int8": (-(2**7), 2**7 - 1), "int16": (-(2**15), 2**15 - 1), "int32": (-(2**31), 2**31 - 1),
+    "int64": (-(2**63), 2**63 - 1), "uint8": (0, 2**8 - 1), "uint16": (0, 2**16 - 1),
+    "uint32": (0, 2**32 - 1), "uint64": (0, 2**64 - 1),
+}
+FLOAT32_MAX = 3.4028234663852886e38
+T = TypeVar("T")
 
 
 class ConnectorError(Exception):
@@ -85,11 +104,30 @@ class Costs:
 
 
 class Connector:
-    """Base class of the engine connectors; subclasses implement the four questions."""
+    """Base class of the engine connectors; subclasses implement the four questions.
+
+    ``deadline`` (set by the probe for its cycle, None outside one) bounds every call: a call
+    still running when it passes is given up and raises ``timeout``, so the cycle's thread comes
+    back by then whatever the engine does.
+    """
 
     engine = "engine"
     metric = "cosine"
     supports_quantized = False
+    deadline: Deadline | None = None
+    grace = 1.0  # seconds a call past the deadline may take to be cancelled, then cut
+
+    def admit(self, filter_: Filter) -> Filter:
+        """``filter_`` as the engine can take it, or ``bad_filter`` for a value its column cannot hold.
+
+        The default checks what every engine needs: text without NUL that UTF-8 can carry."""
+        for key, value in filter_:
+            if isinstance(value, str):
+                check_text(key, value)
+        return filter_
+
+    def refresh(self) -> None:
+        """Read the table's description again at the next call (a cycle's start; a re-created table)."""
 
     def search(self, query: np.ndarray, k: int, filter_: Filter, mode: Mode) -> Answer:
         raise NotImplementedError
@@ -131,6 +169,121 @@ def distances(metric: str, query: np.ndarray, vectors: np.ndarray) -> np.ndarray
     if metric == "l2":
         return np.asarray(np.linalg.norm(v - q, axis=1), dtype=np.float64)
     return np.asarray(-(v @ q), dtype=np.float64)
+
+
+# ---------------------------------------------------------------------- filter values and ids
+def check_text(key: str, value: str) -> None:
+    if "\x00" in value:
+        raise ConnectorError("bad_filter", f"filter field {key!r}: a NUL character in the value")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConnectorError("bad_filter", f"filter field {key!r}: a value UTF-8 cannot carry") from None
+
+
+def check_number(key: str, value: Any, kind: str) -> int | float:
+    """A filter value for a numeric column of ``kind`` (an :data:`INT_RANGES` key, ``float32``,
+    ``float64`` or ``decimal``); booleans, text, fractions for an integer column and out-of-range
+    numbers are ``bad_filter``.
+
+    >>> check_number("n", 3.0, "int32"), check_number("n", 7, "float32")
+    (3, 7)
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConnectorError("bad_filter", f"filter field {key!r}: a {type(value).__name__} for a {kind} column")
+    if kind in INT_RANGES:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # 3.0, as JSON encoders may write 3: the same number, exactly
+        low, high = INT_RANGES[kind]
+        if not isinstance(value, int) or not low <= value <= high:
+            raise ConnectorError("bad_filter", f"filter field {key!r}: {value!r} is not a {kind}")
+        return value
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConnectorError("bad_filter", f"filter field {key!r}: a non-finite number")
+    limit = FLOAT32_MAX if kind == "float32" else math.inf
+    try:
+        if abs(float(value)) > limit:
+            raise ConnectorError("bad_filter", f"filter field {key!r}: {value!r} is beyond {kind}")
+    except OverflowError:
+        raise ConnectorError("bad_filter", f"filter field {key!r}: {value!r} is beyond {kind}") from None
+    return value
+
+
+def check_bool(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConnectorError("bad_filter", f"filter field {key!r}: a {type(value).__name__} for a boolean column")
+    return value
+
+
+def integer_id(ident: str, kind: str = "int64") -> int | None:
+    """``ident`` as a key of an integer id column of ``kind``, or None when it cannot be one.
+
+    Strict: ASCII digits with an optional leading '-', within the kind's range. Python's ``int``
+    takes far more ('٣٦', ' 7', '1_000', '+5'): none of those is an id the column holds.
+
+    >>> integer_id("-42"), integer_id("٣٦"), integer_id("--23"), integer_id("1" * 21), integer_id("7", "uint8")
+    (-42, None, None, None, 7)
+    """
+    if not _INTEGER.fullmatch(ident):
+        return None
+    value = int(ident)
+    low, high = INT_RANGES.get(kind, INT_RANGES["int64"])
+    return value if low <= value <= high else None
+
+
+# ---------------------------------------------------------------------- bounded calls
+MAX_HUNG_CALLS = 2
+
+
+class Bounded:
+    """Runs engine calls that have no timeout of their own so that the caller comes back by a deadline.
+
+    A call runs in a worker thread; the caller waits until the deadline and then gives it up
+    (``timeout``): the worker ends when the engine answers, its result dropped. At most
+    ``MAX_HUNG_CALLS`` given-up calls may still be running; past that, calls are refused at once
+    (``timeout``) rather than piling threads onto an engine that does not answer.
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+        self._hung = 0
+        self._lock = threading.Lock()
+        self.given_up = 0
+
+    def __call__(self, call: Callable[[], T], deadline: Deadline | None) -> T:
+        if deadline is None:
+            return call()
+        if deadline.expired():
+            raise ConnectorError("timeout", f"{self.name}: the cycle's deadline has passed")
+        with self._lock:
+            if self._hung >= MAX_HUNG_CALLS:
+                raise ConnectorError("timeout", f"{self.name}: {self._hung} earlier calls still have no answer")
+        done = threading.Event()
+        box: dict[str, Any] = {}
+        abandoned = [False]
+
+        def work() -> None:
+            try:
+                box["value"] = call()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller as it is
+                box["error"] = exc
+            finally:
+                with self._lock:
+                    done.set()
+                    if abandoned[0]:
+                        self._hung -= 1
+
+        threading.Thread(target=work, name=f"{self.name}-call", daemon=True).start()
+        if not done.wait(max(0.0, deadline.remaining())):
+            with self._lock:
+                if not done.is_set():
+                    abandoned[0] = True
+                    self._hung += 1
+                    self.given_up += 1
+                    raise ConnectorError("timeout", f"{self.name}: no answer by the cycle's deadline; given up")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
 
 
 # ---------------------------------------------------------------------- parsing (the fuzzed boundary)

@@ -4,6 +4,10 @@ The production query is ``table.search(q)`` with the user's ``nprobes``, ``refin
 ``ef`` and ``prefilter``; its exact twin adds ``bypass_vector_index()`` (a flat scan with the same
 filter, prefiltered). LanceDB's distances: cosine ``1 - cos``, l2 the *squared* Euclidean
 distance, dot ``1 - x·q``; :meth:`LanceDbConnector.distance` reproduces them locally.
+
+Filter values are checked against the table's Arrow schema (:meth:`LanceDbConnector.admit`); an
+id an integer id column cannot hold is absent. LanceDB calls have no timeout of their own: each
+runs through :class:`~monitor.index.connectors.base.Bounded`, given up at the cycle's deadline.
 """
 
 from __future__ import annotations
@@ -17,13 +21,19 @@ from typing import Any
 import numpy as np
 
 from monitor.index.connectors.base import (
+    REDESCRIBE,
     Answer,
+    Bounded,
     Connector,
     ConnectorError,
     Filter,
     FilterValue,
     Mode,
+    check_bool,
+    check_number,
     check_query,
+    check_text,
+    integer_id,
     parse_count,
     parse_id,
     parse_rows,
@@ -48,9 +58,52 @@ def literal(value: FilterValue) -> str:
     return "'" + str(value).replace("'", "''") + "'"
 
 
-def classify(exc: BaseException) -> ConnectorError:
+def column_kind(kind: Any) -> str:
+    """An Arrow type as the kind a filter value is checked as (``other``: text, the engine decides)."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or getattr(pa.types, "is_string_view",
+                                                                                lambda _: False)(kind):
+        return "text"
+    if pa.types.is_boolean(kind):
+        return "bool"
+    if pa.types.is_integer(kind):
+        return f"{'int' if pa.types.is_signed_integer(kind) else 'uint'}{kind.bit_width}"
+    if pa.types.is_floating(kind):
+        return "float64" if kind.bit_width == 64 else "float32"
+    if pa.types.is_decimal(kind):
+        return "decimal"
+    return "other"
+
+
+def admit_value(key: str, value: FilterValue, kind: str) -> FilterValue:
+    """One filter value checked for a column of ``kind`` (:func:`column_kind`), or ``bad_filter``."""
+    if kind == "bool":
+        return check_bool(key, value)
+    if kind not in ("text", "other"):
+        return check_number(key, value, kind)
+    if not isinstance(value, str):
+        raise ConnectorError("bad_filter", f"filter field {key!r}: a {type(value).__name__} for a {kind} column")
+    check_text(key, value)
+    return value
+
+
+def text_ok(value: str) -> bool:
+    try:
+        check_text("id", value)
+    except ConnectorError:
+        return False
+    return True
+
+
+def classify(exc: BaseException, filtered: bool = False) -> ConnectorError:
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     lowered = message.lower()
+    # the engine's words come before the echoed filter (user text): look for them there only
+    if filtered and 0 <= lowered.find("error resolving filter expression") < 40:
+        return ConnectorError("bad_filter", message)
     if "was not found" in lowered or "not found" in lowered and "table" in lowered:
         return ConnectorError("missing_table", message)
     if "no field named" in lowered or "no vector column" in lowered or "schema error" in lowered:
@@ -75,7 +128,9 @@ class LanceDbConnector(Connector):
         self.filter_columns = frozenset(settings.filter_columns)
         self._table: Any = None
         self.dim: int | None = None
-        self._int_ids = False
+        self._id_kind = "text"
+        self._kinds: dict[str, str] = {}
+        self._bounded = Bounded("lancedb")
 
     def _open(self) -> Any:
         if self._table is not None:
@@ -83,12 +138,17 @@ class LanceDbConnector(Connector):
         import lancedb
         import pyarrow as pa
 
-        try:
+        def open_() -> tuple[Any, Any]:
             # read_consistency_interval 0: every read sees the table's latest version, as the
             # application's writers left it (the default never looks past the version at open)
             table = lancedb.connect(self.settings.uri, read_consistency_interval=timedelta(0)).open_table(
                 self.settings.table)
-            schema = table.schema
+            return table, table.schema
+
+        try:
+            table, schema = self._bounded(open_, self.deadline)
+        except ConnectorError:
+            raise
         except Exception as exc:  # noqa: BLE001 - the engine's own exceptions, classified
             raise classify(exc) from None
         names = set(schema.names)
@@ -98,34 +158,54 @@ class LanceDbConnector(Connector):
         kind = schema.field(self.settings.vector_column).type
         if pa.types.is_fixed_size_list(kind):
             self.dim = int(kind.list_size)
-        self._int_ids = pa.types.is_integer(schema.field(self.settings.id_column).type)
+        id_kind = column_kind(schema.field(self.settings.id_column).type)
+        self._id_kind = id_kind if id_kind.startswith(("int", "uint")) else "text"
+        self._kinds = {c: column_kind(schema.field(c).type) for c in self.settings.filter_columns}
         self._table = table
         return table
 
-    def _run(self, build: Any) -> Any:
+    def refresh(self) -> None:
+        self._table = None  # reopened (and its schema read again) at the next call
+
+    def _call(self, call: Any, filtered: bool = False) -> Any:
+        """One engine call, bounded by the cycle's deadline; the engine's errors classified."""
         try:
-            return build().to_arrow()
+            return self._bounded(call, self.deadline)
         except ConnectorError:
             raise
         except Exception as exc:  # noqa: BLE001 - the engine's own exceptions, classified
-            error = classify(exc)
-            if error.reason in ("missing_table", "unreachable"):
+            error = classify(exc, filtered)
+            if error.reason in REDESCRIBE or error.reason == "unreachable":
                 self._table = None  # reopen next time (a table recreated, a mount back)
             raise error from None
 
-    def _where(self, filter_: Filter) -> str | None:
-        clauses = []
+    def _run(self, build: Any, filtered: bool = False) -> Any:
+        return self._call(lambda: build().to_arrow(), filtered)
+
+    def admit(self, filter_: Filter) -> Filter:
+        """The filter's values as their columns' Arrow types hold them."""
+        if filter_:
+            self._open()
+        out: list[tuple[str, FilterValue]] = []
         for key, value in filter_:
             if key not in self.filter_columns:
                 raise ConnectorError("unsupported", f"filter field {key!r} is not in filter_columns")
-            clauses.append(f"{key} = {literal(value)}")
+            out.append((key, admit_value(key, value, self._kinds.get(key, "other"))))
+        return tuple(out)
+
+    def _where(self, filter_: Filter) -> str | None:
+        clauses = [f"{key} = {literal(value)}" for key, value in self.admit(filter_)]
         return " AND ".join(clauses) or None
 
     def search(self, query: np.ndarray, k: int, filter_: Filter, mode: Mode) -> Answer:
         table = self._open()
         if mode == "exact_quantized":
             raise ConnectorError("unsupported", "lancedb: no exact search in the quantized space")
-        q = check_query(query, self.dim)
+        try:
+            q = check_query(query, self.dim)
+        except ConnectorError:
+            self._table = None  # the table may have been re-created at another dimension
+            raise
         where = self._where(filter_)
         s = self.settings
 
@@ -144,16 +224,17 @@ class LanceDbConnector(Connector):
                     builder = builder.ef(s.ef)
             return builder.select([s.id_column, "_distance"]).limit(k)
 
-        result = self._run(build)
+        result = self._run(build, filtered=where is not None)
         ids = result.column(s.id_column).to_pylist()
         dists = result.column("_distance").to_pylist()
         return parse_rows(zip(ids, dists, strict=True), k)
 
     def _id_list(self, ids: Sequence[str]) -> str:
-        if self._int_ids:
-            values = [str(int(i)) for i in ids if i.lstrip("-").isdigit()]
+        """The ids the id column can hold, as literals (strictly parsed); any other id is absent."""
+        if self._id_kind != "text":
+            values = [str(v) for v in (integer_id(i, self._id_kind) for i in ids) if v is not None]
         else:
-            values = [literal(i) for i in ids]
+            values = [literal(i) for i in ids if text_ok(i)]
         return ", ".join(values)
 
     def fetch(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
@@ -183,12 +264,7 @@ class LanceDbConnector(Connector):
 
     def count(self) -> int:
         table = self._open()
-        try:
-            return parse_count(table.count_rows())
-        except ConnectorError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the engine's own exceptions, classified
-            raise classify(exc) from None
+        return parse_count(self._call(table.count_rows))
 
     def scope_counts(self, field_name: str) -> dict[str, int]:
         if field_name not in self.filter_columns:
@@ -211,10 +287,7 @@ class LanceDbConnector(Connector):
         rng = np.random.default_rng()
         offsets = np.sort(rng.choice(total, size=min(n, total), replace=False)).tolist()
         s = self.settings
-        try:
-            result = table.take_offsets(offsets).select([s.id_column, s.vector_column]).to_arrow()
-        except Exception as exc:  # noqa: BLE001 - the engine's own exceptions, classified
-            raise classify(exc) from None
+        result = self._call(lambda: table.take_offsets(offsets).select([s.id_column, s.vector_column]).to_arrow())
         rows = zip(result.column(s.id_column).to_pylist(), result.column(s.vector_column).to_pylist(), strict=True)
         return parse_vector_rows(rows, self.dim, n)
 

@@ -21,21 +21,24 @@ OpenSearch/Elasticsearch (``knn`` query vs ``script_score`` with ``cosineSimilar
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from monitor import outbound
 from monitor.index.connectors.base import (
     Answer,
     Connector,
     ConnectorError,
     Filter,
+    FilterValue,
     Mode,
     Reason,
+    check_number,
     check_query,
+    check_text,
+    integer_id,
     parse_count,
     parse_distance,
     parse_id,
@@ -44,7 +47,16 @@ from monitor.index.connectors.base import (
 )
 from monitor.index.settings import QdrantSettings
 
-MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+# an answer is bounded by what was asked: limit points of dimension numbers (BYTES_PER_NUMBER bytes
+# each), ROW_BYTES of id and score per point, and a floor; MAX_DIM before the dimension is known
+BYTES_PER_NUMBER = 32
+ROW_BYTES = 1024
+ANSWER_FLOOR_BYTES = 64 * 1024
+VALUES_PER_ROW = 64
+VALUES_FLOOR = 4096
+MAX_DIM = 16_384
+_OUTBOUND_REASONS: dict[str, Reason] = {"connect": "unreachable", "timeout": "timeout", "oversized": "oversized",
+                                        "redirect": "redirect", "protocol": "bad_result"}
 _HTTP_REASONS: dict[int, Reason] = {401: "permission", 403: "permission", 404: "missing_table", 408: "timeout",
                                     504: "timeout", 502: "unreachable", 503: "unreachable"}
 
@@ -56,6 +68,29 @@ def similarity_to_distance(metric: str, score: float) -> float:
     if metric == "dot":
         return -score
     return score
+
+
+def point_id(ident: str) -> int | str:
+    """An id as a point id: ASCII digits within uint64 as an integer (Qdrant's numeric ids), any other
+    id as its string (a UUID, or an engine's string key); never an error.
+
+    >>> point_id("42"), point_id("²36"), point_id("1" * 21)
+    (42, '²36', '111111111111111111111')
+    """
+    number = integer_id(ident, "uint64")
+    return ident if number is None else number
+
+
+def match_value(key: str, value: FilterValue) -> FilterValue:
+    """A filter value as Qdrant's ``match`` takes it (keyword, 64-bit integer, boolean), or ``bad_filter``."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        check_text(key, value)
+        return value
+    if isinstance(value, float):
+        raise ConnectorError("bad_filter", f"filter field {key!r}: match takes no fractional numbers")
+    return check_number(key, value, "int64")
 
 
 def parse_search(doc: Any, metric: str, k: int) -> Answer:
@@ -94,36 +129,38 @@ class QdrantConnector(Connector):
         self._base = f"{settings.url}/collections/{settings.collection}"
         self._key = settings.api_key_file.read_text().strip() if settings.api_key_file is not None else None
 
-    def _post(self, path: str, body: dict[str, Any]) -> Any:
-        request = urllib.request.Request(  # noqa: S310 - settings allow http(s) only
-            self._base + path, data=json.dumps(body).encode(), method="POST",
-            headers={"Content-Type": "application/json", **({"api-key": self._key} if self._key else {})},
-        )
+    def _post(self, path: str, body: dict[str, Any], rows: int = 0, vectors: bool = False) -> Any:
+        """One call through :mod:`monitor.outbound` (one deadline, no redirects), its answer capped by
+        what was asked: ``rows`` points, with their vectors when ``vectors``."""
+        dim = (self.dim or MAX_DIM) if vectors else 0
         try:
-            with urllib.request.urlopen(request, timeout=self.settings.timeout_seconds) as response:  # noqa: S310
-                raw = response.read(MAX_RESPONSE_BYTES + 1)
-        except urllib.error.HTTPError as exc:
-            reason: Reason = _HTTP_REASONS.get(exc.code, "other")
-            if exc.code == 400 and b"dimension" in (exc.read(4096) or b"").lower():
-                reason = "dimension"
-            raise ConnectorError(reason, f"HTTP {exc.code} from {path}") from None
-        except TimeoutError:
-            raise ConnectorError("timeout", f"no answer from {path} within {self.settings.timeout_seconds}s") from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise ConnectorError("unreachable", f"{path}: {exc}") from None
-        if len(raw) > MAX_RESPONSE_BYTES:
-            raise ConnectorError("bad_result", "an answer over 64 MiB")
-        try:
-            return json.loads(raw)
+            response = outbound.request(
+                self._base + path, method="POST", body=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json", **({"api-key": self._key} if self._key else {})},
+                timeout=self.settings.timeout_seconds,
+                max_body=ANSWER_FLOOR_BYTES + rows * (ROW_BYTES + dim * BYTES_PER_NUMBER),
+            )
+            if response.status >= 300:
+                reason: Reason = _HTTP_REASONS.get(response.status, "other")
+                if response.status == 400 and b"dimension" in response.body.lower():
+                    reason = "dimension"
+                raise ConnectorError(reason, f"HTTP {response.status} from {path}")
+            return outbound.parse_json(response.body, VALUES_FLOOR + rows * (VALUES_PER_ROW + dim))
+        except outbound.OutboundError as exc:
+            raise ConnectorError(_OUTBOUND_REASONS[exc.reason], f"{path}: {exc}") from None
         except ValueError:
             raise ConnectorError("bad_result", "an answer that is not JSON") from None
 
-    def _filter(self, filter_: Filter) -> dict[str, Any] | None:
-        must = []
+    def admit(self, filter_: Filter) -> Filter:
+        out = []
         for key, value in filter_:
             if key not in self.filter_columns:
                 raise ConnectorError("unsupported", f"filter field {key!r} is not in filter_columns")
-            must.append({"key": key, "match": {"value": value}})
+            out.append((key, match_value(key, value)))
+        return tuple(out)
+
+    def _filter(self, filter_: Filter) -> dict[str, Any] | None:
+        must = [{"key": key, "match": {"value": value}} for key, value in self.admit(filter_)]
         return {"must": must} if must else None
 
     def search(self, query: np.ndarray, k: int, filter_: Filter, mode: Mode) -> Answer:
@@ -140,19 +177,21 @@ class QdrantConnector(Connector):
         where = self._filter(filter_)
         if where is not None:
             body["filter"] = where
-        return parse_search(self._post("/points/search", body), self.metric, k)
+        return parse_search(self._post("/points/search", body, rows=k), self.metric, k)
 
     def fetch(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
         if not ids:
             return {}
-        keys: list[Any] = [int(i) if i.isdigit() else i for i in ids]
-        doc = self._post("/points", {"ids": keys, "with_vector": True, "with_payload": False})
+        keys = [point_id(i) for i in ids]
+        doc = self._post("/points", {"ids": keys, "with_vector": True, "with_payload": False},
+                         rows=len(ids), vectors=True)
         return dict(parse_points(doc, self.dim, len(ids)))
 
     def sample(self, n: int) -> list[tuple[str, np.ndarray]]:
         if n <= 0:
             return []
-        doc = self._post("/points/query", {"query": {"sample": "random"}, "limit": n, "with_vector": True})
+        doc = self._post("/points/query", {"query": {"sample": "random"}, "limit": n, "with_vector": True},
+                         rows=n, vectors=True)
         return parse_points(doc, self.dim, n, nested=True)
 
     def count(self) -> int:

@@ -34,6 +34,7 @@ from monitor.logs import RateLimitedLog, each_guarded
 from monitor.retrieval.probes.base import Probe, ProbeResult
 from monitor.retrieval.probes.deadline import ProbeDeadline, ProbeTimeout
 from monitor.retrieval.probes.export import OUTCOMES, ProbeSnapshot, families
+from monitor.retrieval.probes.http_retriever import HttpRetriever
 from monitor.state import checks
 
 if TYPE_CHECKING:
@@ -97,7 +98,8 @@ class ProbeComponent(Component):
     # ------------------------------------------------------------------ scheduling
     def jobs(self) -> list[ScheduledJob]:
         return [
-            ScheduledJob(f"probe:{p.name}", partial(self._job, p.name), p.interval_seconds, p.timeout_seconds)
+            ScheduledJob(f"probe:{p.name}", partial(self._job, p.name), p.interval_seconds, p.timeout_seconds,
+                         outbound=True)
             for p in self.probes.values()
         ]
 
@@ -192,7 +194,9 @@ class ProbeComponent(Component):
         dropped: Mapping[str, int] = {
             name: count for name, p in self.probes.items() if (count := p.dropped_events) is not None
         }
-        return families(self._snapshot, self.probes, dropped)
+        request_errors = {name: http.error_counts() for name, p in self.probes.items()
+                          if isinstance(http := getattr(p, "http", None), HttpRetriever)}
+        return families(self._snapshot, self.probes, dropped, request_errors)
 
     def close(self) -> None:
         for probe in self.probes.values():

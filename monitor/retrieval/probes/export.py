@@ -14,6 +14,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 
 from monitor.catalog import PROBE_ESTIMATE_LABELS, RETRIEVAL_ESTIMATES
 from monitor.retrieval.probes.base import ProbeResult
+from monitor.retrieval.probes.http_retriever import ERROR_REASONS as REQUEST_ERROR_REASONS
 
 OUTCOMES = ("success", "failure", "timeout")
 
@@ -53,9 +54,11 @@ class ProbeSnapshot:
 
 
 def families(
-    snapshot: ProbeSnapshot, probes: Iterable[str], dropped: Mapping[str, int]
+    snapshot: ProbeSnapshot, probes: Iterable[str], dropped: Mapping[str, int],
+    request_errors: Mapping[str, Mapping[str, int]] | None = None,
 ) -> Iterable[Metric]:
-    """The metric families of one scrape."""
+    """The metric families of one scrape; ``request_errors``: failed requests by probe and reason, of
+    the probes with an HTTP retriever."""
     names = list(probes)
     runs = CounterMetricFamily(
         "embmon_probe_runs", "Runs of each retrieval probe by outcome (success, failure, timeout).",
@@ -90,6 +93,17 @@ def families(
         for probe, count in sorted(dropped.items()):
             drops.add_metric([probe], float(count))
         yield drops
+    if request_errors:
+        errors = CounterMetricFamily(
+            "embmon_probe_request_errors",
+            "Requests of a probe's HTTP retriever that failed, by reason (connect, timeout, oversized, redirect, "
+            "protocol, http_error, not_json, bad_response). 0 when healthy.",
+            labels=["probe", "reason"],
+        )
+        for probe, counts in sorted(request_errors.items()):
+            for reason in REQUEST_ERROR_REASONS:
+                errors.add_metric([probe, reason], float(counts.get(reason, 0)))
+        yield errors
     yield from _result_families(snapshot.results)
 
 

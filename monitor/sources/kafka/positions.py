@@ -3,7 +3,7 @@
 A resume position (after what the checkpoint reflects, or the group's committed offset) is only
 as good as the log it was taken from. The log may have been deleted and recreated (a new topic
 under the old name: its offsets start again at 0), truncated, or trimmed by retention while the
-daemon was away; a crafted or damaged checkpoint may hold any offset. Issue 22: a daemon resumed
+daemon was away; a crafted or damaged checkpoint may hold any offset. Without these checks a daemon resumed
 past a recreated topic's end, committed that position and never read the new records, with lag 0
 and nothing logged.
 
@@ -47,8 +47,8 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError, LogTruncationError, NoOffsetForPartitionError, OffsetOutOfRangeError
 
 from monitor.sources.base import Partition
-from monitor.sources.kafka_internals import current_position, forget_highwater, topic_id
-from monitor.sources.kafka_policy import RESET_EXPLANATIONS
+from monitor.sources.kafka.internals import current_position, forget_highwater, topic_id
+from monitor.sources.kafka.policy import RESET_EXPLANATIONS
 from monitor.tally import Tally
 
 logger = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Kafka consumer-group source on librdkafka (confluent-kafka), selected by ``kafka.client: confluent``.
 
-The same contract as the kafka-python source (``sources/kafka.py``; docs/operations.md, "Which
+The same contract as the kafka-python source (``sources/kafka/source.py``; docs/operations.md, "Which
 Kafka client"): offsets are committed only for records the state reflects, once a checkpoint holds
 them (the daemon decides what ``commit`` gets); the group's rebalances hand partitions over through
 the daemon's :class:`~monitor.sources.base.PartitionListener`; backpressure pauses fetching while
@@ -25,8 +25,8 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, 
 from monitor.decoding.records import SourcePosition
 from monitor.errors import ConfigError
 from monitor.sources.base import MessageKind, Partition, SourceMessage
-from monitor.sources.kafka_options import LIBRDKAFKA_NAMES
-from monitor.sources.kafka_policy import (
+from monitor.sources.kafka.options import LIBRDKAFKA_NAMES
+from monitor.sources.kafka.policy import (
     ERROR_REASONS,
     ISOLATION_LEVELS,
     OFFSET_RESET_POLICIES,
@@ -36,7 +36,7 @@ from monitor.sources.kafka_policy import (
     seek_position,
     start_reason,
 )
-from monitor.sources.reconnect import ConsumerReadings, LagReading, close_in_time
+from monitor.sources.kafka.reconnect import ConsumerReadings, LagReading, close_in_time
 from monitor.sources.settings import KafkaSettings
 from monitor.tally import Tally
 
@@ -57,7 +57,7 @@ _OUT_OF_RANGE = frozenset({KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_
 # still set; called as a method, CPython's specialised call path does not check that, and the error
 # surfaces at some later call (a SystemError that lost the poll). Through ``partial`` the call is
 # checked, so it raises here, inside the per-message guard, and the broken list is dropped.
-_headers: Callable[[Message], Any] = functools.partial(Message.headers)
+message_headers: Callable[[Message], Any] = functools.partial(Message.headers)
 
 
 def librdkafka_config(settings: KafkaSettings) -> dict[str, Any]:
@@ -249,7 +249,7 @@ class ConfluentSource(ConsumerReadings):
 
         librdkafka keeps a partition's last high watermark across assignments: after a broker came
         back with an emptied log, the cached one still described the old log, and a position past the
-        new log's end passed as within it (issue 27: 400 of 700 new records counted). A cached
+        new log's end passed as within it (400 of 700 new records counted). A cached
         watermark that has not changed since the assignment is not taken as evidence."""
         for key, position in list(self._unverified.items()):
             if key in fetched:
@@ -345,7 +345,7 @@ class ConfluentSource(ConsumerReadings):
             span = polled.get(key)
             polled[key] = (offset if span is None else span[0], offset)
             try:
-                headers = tuple(_headers(message) or ())
+                headers = tuple(message_headers(message) or ())
             except Exception:  # noqa: BLE001 - a header key that is not UTF-8: this record alone
                 append(SourceMessage(None, (), kinds.get(topic, "embeddings"), SourcePosition(topic, partition, offset),
                                      unreadable="bad_header"))

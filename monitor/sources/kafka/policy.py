@@ -1,8 +1,8 @@
 """Kafka consumer policy that does not depend on the client: where a partition resumes, why a
 position is reset, how far behind a partition is, and the label values of the source's counters.
 
-Both Kafka sources, kafka-python's (:mod:`monitor.sources.kafka`) and librdkafka's
-(:mod:`monitor.sources.confluent`), decide by these; neither client is imported here.
+Both Kafka sources, kafka-python's (:mod:`monitor.sources.kafka.source`) and librdkafka's
+(:mod:`monitor.sources.kafka.confluent`), decide by these; neither client is imported here.
 """
 
 from __future__ import annotations

@@ -34,8 +34,8 @@ from monitor.blocking import BlockingCall
 from monitor.decoding.records import SourcePosition
 from monitor.errors import ConfigError
 from monitor.sources.base import MessageKind, Partition, SourceMessage
-from monitor.sources.kafka_clients import new_consumer
-from monitor.sources.kafka_internals import (
+from monitor.sources.kafka.clients import new_consumer
+from monitor.sources.kafka.internals import (
     any_broker_connected,
     close_failed_connect_sockets,
     current_position,
@@ -45,7 +45,7 @@ from monitor.sources.kafka_internals import (
     unreadable_reason,
     yield_to_loop,
 )
-from monitor.sources.kafka_policy import (
+from monitor.sources.kafka.policy import (
     ERROR_REASONS,
     ISOLATION_LEVELS,
     OFFSET_RESET_POLICIES,
@@ -54,8 +54,8 @@ from monitor.sources.kafka_policy import (
     seek_position,
     start_reason,
 )
-from monitor.sources.kafka_positions import PositionGuard, Reset, key_of
-from monitor.sources.reconnect import (
+from monitor.sources.kafka.positions import PositionGuard, Reset, key_of
+from monitor.sources.kafka.reconnect import (
     CLOSE_TIMEOUT_SECONDS,
     MAX_BACKOFF_SECONDS,
     Backoff,
@@ -439,7 +439,7 @@ class KafkaSource(ConsumerReadings):
 
         Partitions not assigned (any more) are skipped: committing them could move the group
         backwards under the replica that owns them now; so are partitions whose position is not
-        yet verified against the log (monitor/sources/kafka_positions.py). When ``offsets`` holds
+        yet verified against the log (monitor/sources/kafka/positions.py). When ``offsets`` holds
         the last record polled from a partition and the consumer's position is further on, the
         offsets between are transaction markers (or aborted records) kafka-python skipped: the
         position is committed, so the group's lag reads 0 too.

@@ -12,7 +12,7 @@ kafka-python 3 runs rebalance listeners on its IO loop, where blocking consumer 
   ``bootstrap_connected`` only covers the bootstrap connection, which is closed once metadata is
   known.
 
-Where a partition's position is checked against its log (``monitor/sources/kafka_positions.py``):
+Where a partition's position is checked against its log (``monitor/sources/kafka/positions.py``):
 
 * :func:`topic_id` reads the topic's id (KIP-516, metadata v10+) from the client's cluster
   metadata, which ``KafkaConsumer`` does not expose: a changed id is a deleted and recreated topic;
@@ -28,7 +28,7 @@ Committing on revocation uses the public ``KafkaConsumer.commit_async``, awaited
 codec whose library is missing) from hanging the next poll, and :func:`read_unreadable_records`,
 which turns a record kafka-python cannot parse (a header key that is not UTF-8) into a placeholder
 the source counts and skips: kafka-python would raise from the whole poll at it, every time, and
-the partition would never move past it (issue 27).
+the partition would never move past it.
 ``tests/sources/test_kafka_internals.py`` checks that each internal still exists, so an upgrade
 that moves one fails a test rather than a rebalance.
 """
@@ -197,7 +197,7 @@ def read_unreadable_records() -> None:
       placeholder at the batch's last offset, and the partition reads on after it.
 
     Control batches (the broker's transaction markers) and a codec whose library is missing
-    (``UnsupportedCodecError``: paused and retried, see ``sources/kafka.py``) keep kafka-python's
+    (``UnsupportedCodecError``: paused and retried, see ``sources/kafka/source.py``) keep kafka-python's
     behaviour. Applied once, only to kafka-python 3.0.x.
     """
     import kafka
