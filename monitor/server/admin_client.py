@@ -71,7 +71,7 @@ def call_admin(args: argparse.Namespace, method: str, path: str, query: dict[str
         raise AdminCallFailed(f"the daemon answered {response.status}: {detail}")
     try:
         return json.loads(response.body.decode())
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: an answer nested too deeply
         raise AdminCallFailed(f"the daemon's answer is not JSON ({len(response.body)} bytes)") from None
 
 
