@@ -47,10 +47,12 @@ REASONS = ("connect", "timeout", "oversized", "redirect", "protocol")
 MAX_HEAD_BYTES = 64 * 1024  # status line and header fields together
 ERROR_BODY_BYTES = 4096  # what is kept of a 4xx/5xx answer (a message, an HTML page's start)
 _RECV = 65536
+MAX_TIMEOUT = 86_400.0  # seconds; a longer timeout is a mistake (the settings allow minutes)
 MAX_INFORMATIONAL = 32  # 1xx answers before the real one: more is a storm (reason protocol)
 MAX_LOOKUPS = 8  # names being resolved at once; a call past it fails at once (a resolver that hangs)
 _SHOWN = 200  # what an error message shows of h11's reason for refusing an answer
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110 field name
+_NOT_ASCII = re.compile(r"[^\x21-\x7e]+")  # what a request target cannot carry as it is
 _FIELD_VALUE = re.compile(r"^[\t\x20-\x7e\x80-\xff]*$")  # no CR, LF, NUL or other controls
 # a JSON string, or an unterminated one to the end: every match succeeds from its quote, so
 # stripping them is linear (a pattern that needs the closing quote rescans the rest of the text
@@ -116,28 +118,35 @@ def request(
     timeout: float, max_body: int, ssl_context: ssl.SSLContext | None = None,
     clock: Any = time.monotonic,
 ) -> Response:
-    """One request, answered within ``timeout`` seconds in all, its body at most ``max_body`` bytes."""
+    """One request, answered within ``timeout`` seconds in all, its body at most ``max_body`` bytes.
+    A ``timeout`` that is not a number of seconds up to :data:`MAX_TIMEOUT` is a ``ValueError``
+    (infinity or NaN: the call would have no deadline). Characters past ASCII in the URL's path or query are sent
+    percent-encoded (UTF-8), header values as Latin-1 (RFC 9110's obs-text)."""
+    if not float(timeout) <= MAX_TIMEOUT:  # NaN too; one at or below 0 is out of time already
+        raise ValueError(f"timeout must be a number of seconds up to {MAX_TIMEOUT:g}, not {timeout}")
     deadline = clock() + max(0.0, float(timeout))
     parts = urllib.parse.urlsplit(url)
     host = parts.hostname or ""
     port = parts.port or (443 if parts.scheme == "https" else 80)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    target = _NOT_ASCII.sub(lambda m: urllib.parse.quote(m.group(), safe=""), target)
     host_field = parts.netloc.rpartition("@")[2]
     fields = [("Host", host_field), ("Connection", "close"), ("User-Agent", "embedding-monitor")]
     fields += [(k, v) for k, v in (headers or {}).items() if k.lower() not in ("host", "connection")]
     if body is not None:
         fields.append(("Content-Length", str(len(body))))
     conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
+    try:  # the request's bytes before any connection: one that cannot be sent opens none
+        latin = [(k.encode("ascii"), v.encode("latin-1")) for k, v in fields]
+        data = conn.send(h11.Request(method=method, target=target.encode("ascii"), headers=latin))
+        if body:
+            data = (data or b"") + (conn.send(h11.Data(data=body)) or b"")
+        data = (data or b"") + (conn.send(h11.EndOfMessage()) or b"")
+    except (h11.LocalProtocolError, UnicodeError):  # h11's message would show the bad value: a key
+        raise OutboundError("protocol", "the request cannot be sent: its target or a header "
+                            "is not valid HTTP") from None
     sock = _connect(parts.scheme, host, port, deadline, clock, ssl_context)
     try:
-        try:
-            data = conn.send(h11.Request(method=method, target=target, headers=fields))
-            if body:
-                data = (data or b"") + (conn.send(h11.Data(data=body)) or b"")
-            data = (data or b"") + (conn.send(h11.EndOfMessage()) or b"")
-        except h11.LocalProtocolError:  # h11's message would show the bad value: a key, a token
-            raise OutboundError("protocol", "the request cannot be sent: its target or a header "
-                                "is not valid HTTP") from None
         _wait(sock, deadline, clock)
         try:
             sock.sendall(data)

@@ -552,3 +552,48 @@ def test_a_qdrant_answer_of_a_body_bigger_than_asked_is_oversized() -> None:
         with pytest.raises(Exception) as caught:
             connector.sample(2)
     assert getattr(caught.value, "reason", None) == "oversized"
+
+
+# -- what the caller hands over -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), float("nan"), 1e300])
+def test_a_timeout_that_is_no_deadline_is_refused_before_any_connection(timeout: float) -> None:
+    """Before: infinity and 1e300 raised OverflowError out of the socket, NaN read as 'deadline passed'
+    (the admin CLI's ``--timeout`` takes any float)."""
+    with hostile.serving(hostile.answer(b"[]")) as server:
+        with pytest.raises(ValueError, match="timeout"):
+            outbound.request(server.url, timeout=timeout, max_body=10)
+    assert server.requests == []
+    fails("http://127.0.0.1:9/", "timeout", timeout=-1)  # out of time already: no connection tried
+
+
+def test_a_path_query_or_header_past_ascii_is_sent_encoded_or_refused_by_reason() -> None:
+    """check_url and check_headers let ``/é`` and ``café`` by; h11 takes only ASCII. Before: a
+    UnicodeEncodeError out of the call (no reason), on every call of a probe so configured."""
+    with hostile.serving(hostile.answer(b"[]")) as server:
+        assert outbound.request(server.url + "/caf\u00e9?q=\u00e9 x", timeout=5, max_body=10,
+                                headers={"X-Note": "caf\u00e9"}).body == b"[]"
+        head = server.requests[0].head
+        assert head.startswith(b"GET /caf%C3%A9?q=%C3%A9%20x HTTP/1.1\r\n") and b"X-Note: caf\xe9" in head
+        for headers in ({"X-\u00e9": "1"}, {"X-A": "\u20ac" + SECRET}):
+            _, error = fails(server.url, "protocol", headers=headers)
+            assert SECRET not in str(error)
+        _, error = fails(server.url, "protocol", method="G\u00c9T")
+    assert len(server.requests) == 1  # a request that cannot be sent opens no connection
+
+
+
+def test_the_admin_client_shows_no_terminal_escape_of_an_error_answer(tmp_path: Path) -> None:
+    import argparse
+
+    from monitor.server.admin_client import AdminCallFailed, call_admin
+    token = tmp_path / "token"
+    token.write_text("t" * 64)
+    with hostile.serving(hostile.answer(b"bad\x1b]0;owned\x07\x1b[2J\r\nFAKE PROMPT $ ", 500)) as server:
+        args = argparse.Namespace(url=server.url, token_file=str(token), cafile=None, timeout=5.0)
+        with pytest.raises(AdminCallFailed) as caught:
+            call_admin(args, "POST", "/admin/x", {})
+    message = str(caught.value)
+    assert "500" in message and "bad" in message and "FAKE PROMPT" in message
+    assert not any(not c.isprintable() for c in message), repr(message)
