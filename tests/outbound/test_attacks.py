@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from monitor import outbound
 from monitor.index.connectors.qdrant import QdrantConnector
@@ -597,3 +599,47 @@ def test_the_admin_client_shows_no_terminal_escape_of_an_error_answer(tmp_path: 
     message = str(caught.value)
     assert "500" in message and "bad" in message and "FAKE PROMPT" in message
     assert not any(not c.isprintable() for c in message), repr(message)
+
+
+# -- the JSON budget, fuzzed ------------------------------------------------------------------------
+
+
+def values_of(document: Any) -> int:
+    """What :func:`outbound.parse_json` counts for a parsed value: containers and separators."""
+    if isinstance(document, list):
+        return 1 + max(0, len(document) - 1) + sum(values_of(item) for item in document)
+    if isinstance(document, dict):
+        return 1 + max(0, len(document) - 1) + sum(values_of(item) for item in document.values())
+    return 0
+
+
+# characters whose UTF-16/32 code units hold a quote's or a backslash's byte
+TRICKY = st.text(alphabet=st.sampled_from('ab"\\[],{}\u5c41\u5c5c\u2222\u225b\u5b22\u225c\U0001f600'), max_size=6)
+DOCUMENTS = st.recursive(st.none() | st.integers() | TRICKY,
+                         lambda inner: st.lists(inner, max_size=5) | st.dictionaries(TRICKY, inner, max_size=4),
+                         max_leaves=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(document=DOCUMENTS, encoding=st.sampled_from(["utf-8", "utf-8-sig", "utf-16", "utf-16-le", "utf-16-be",
+                                                      "utf-32", "utf-32-le"]))
+def test_the_budget_is_exact_in_every_encoding(document: Any, encoding: str) -> None:
+    """Any document, any encoding ``json.loads`` reads: at its count it parses to itself, one
+    below it is oversized. Before: UTF-16 strings could hide values from the count."""
+    raw = json.dumps(document, ensure_ascii=False).encode(encoding)
+    count = values_of(document)
+    assert outbound.parse_json(raw, count) == document
+    if count:
+        with pytest.raises(outbound.OutboundError):
+            outbound.parse_json(raw, count - 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(raw=st.binary(max_size=200) | st.lists(st.sampled_from([b'"', b"\\", b"[", b",", b"{", b"]", b"}", b"1",
+                                                               b"\x00", b"\xff"]), max_size=80).map(b"".join))
+def test_whatever_the_bytes_a_parse_stays_within_its_budget(raw: bytes) -> None:
+    try:
+        document = outbound.parse_json(raw, 8)
+    except (ValueError, outbound.OutboundError):
+        return
+    assert values_of(document) <= 8
