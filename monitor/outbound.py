@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import re
 import select
 import socket
@@ -46,14 +47,23 @@ REASONS = ("connect", "timeout", "oversized", "redirect", "protocol")
 MAX_HEAD_BYTES = 64 * 1024  # status line and header fields together
 ERROR_BODY_BYTES = 4096  # what is kept of a 4xx/5xx answer (a message, an HTML page's start)
 _RECV = 65536
+MAX_TIMEOUT = 86_400.0  # seconds; a longer timeout is a mistake (the settings allow minutes)
+MAX_INFORMATIONAL = 32  # 1xx answers before the real one: more is a storm (reason protocol)
+MAX_LOOKUPS = 8  # names being resolved at once; a call past it fails at once (a resolver that hangs)
+_SHOWN = 200  # what an error message shows of h11's reason for refusing an answer
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110 field name
+_NOT_ASCII = re.compile(r"[^\x21-\x7e]+")  # what a request target cannot carry as it is
 _FIELD_VALUE = re.compile(r"^[\t\x20-\x7e\x80-\xff]*$")  # no CR, LF, NUL or other controls
-_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
+# a JSON string, or an unterminated one to the end: every match succeeds from its quote, so
+# stripping them is linear (a pattern that needs the closing quote rescans the rest of the text
+# from each quote of ``"\"\"\"…``: quadratic, hours for an answer of a few MB)
+_STRING = re.compile(r'"(?:[^"\\]++|\\.?)*+"?', re.DOTALL)
 
 
 class OutboundError(Exception):
     """One call that did not produce an answer; ``reason`` is one of :data:`REASONS`. The message
-    never holds a header value or the URL's query."""
+    never holds a header value, the URL's query or the bytes the server sent (a server may echo
+    the request, credentials and all)."""
 
     def __init__(self, reason: str, message: str):
         super().__init__(message)
@@ -108,27 +118,35 @@ def request(
     timeout: float, max_body: int, ssl_context: ssl.SSLContext | None = None,
     clock: Any = time.monotonic,
 ) -> Response:
-    """One request, answered within ``timeout`` seconds in all, its body at most ``max_body`` bytes."""
+    """One request, answered within ``timeout`` seconds in all, its body at most ``max_body`` bytes.
+    A ``timeout`` that is not a number of seconds up to :data:`MAX_TIMEOUT` is a ``ValueError``
+    (infinity or NaN: the call would have no deadline). Characters past ASCII in the URL's path or query are sent
+    percent-encoded (UTF-8), header values as Latin-1 (RFC 9110's obs-text)."""
+    if not float(timeout) <= MAX_TIMEOUT:  # NaN too; one at or below 0 is out of time already
+        raise ValueError(f"timeout must be a number of seconds up to {MAX_TIMEOUT:g}, not {timeout}")
     deadline = clock() + max(0.0, float(timeout))
     parts = urllib.parse.urlsplit(url)
     host = parts.hostname or ""
     port = parts.port or (443 if parts.scheme == "https" else 80)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    target = _NOT_ASCII.sub(lambda m: urllib.parse.quote(m.group(), safe=""), target)
     host_field = parts.netloc.rpartition("@")[2]
     fields = [("Host", host_field), ("Connection", "close"), ("User-Agent", "embedding-monitor")]
     fields += [(k, v) for k, v in (headers or {}).items() if k.lower() not in ("host", "connection")]
     if body is not None:
         fields.append(("Content-Length", str(len(body))))
     conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
+    try:  # the request's bytes before any connection: one that cannot be sent opens none
+        latin = [(k.encode("ascii"), v.encode("latin-1")) for k, v in fields]
+        data = conn.send(h11.Request(method=method, target=target.encode("ascii"), headers=latin))
+        if body:
+            data = (data or b"") + (conn.send(h11.Data(data=body)) or b"")
+        data = (data or b"") + (conn.send(h11.EndOfMessage()) or b"")
+    except (h11.LocalProtocolError, UnicodeError):  # h11's message would show the bad value: a key
+        raise OutboundError("protocol", "the request cannot be sent: its target or a header "
+                            "is not valid HTTP") from None
     sock = _connect(parts.scheme, host, port, deadline, clock, ssl_context)
     try:
-        try:
-            data = conn.send(h11.Request(method=method, target=target, headers=fields))
-            if body:
-                data = (data or b"") + (conn.send(h11.Data(data=body)) or b"")
-            data = (data or b"") + (conn.send(h11.EndOfMessage()) or b"")
-        except h11.LocalProtocolError as exc:
-            raise OutboundError("protocol", f"the request cannot be sent: {exc}") from None
         _wait(sock, deadline, clock)
         try:
             sock.sendall(data)
@@ -145,14 +163,19 @@ def parse_json(raw: bytes, max_values: int) -> Any:
     """``raw`` parsed as JSON, when it holds at most ``max_values`` containers and list/object
     items (counted outside strings, before parsing: what a parsed value costs is per value, so
     counting them bounds the memory). ``OutboundError('oversized')`` past the budget; a
-    ``ValueError`` for what is not JSON (deep nesting included)."""
-    bare = _STRING.sub(b'""', raw)
-    values = bare.count(b"[") + bare.count(b"{") + bare.count(b",")
+    ``ValueError`` for what is not JSON (deep nesting and bytes that are not text included).
+
+    The values are counted in the decoded text (UTF-8, or the UTF-16/32 that ``json.loads``
+    detects), never in the bytes: in UTF-16 a character can hold a quote's or a backslash's byte,
+    which would hide structure from a count of bytes."""
+    text = raw.decode(json.detect_encoding(raw), "surrogatepass")
+    bare = _STRING.sub('""', text)
+    values = bare.count("[") + bare.count("{") + bare.count(",")
     del bare
     if values > max_values:
         raise OutboundError("oversized", f"the answer holds {values} values; at most {max_values} were asked for")
     try:
-        return json.loads(raw)
+        return json.loads(text)
     except RecursionError:
         raise ValueError("the answer nests too deeply") from None
 
@@ -168,33 +191,66 @@ def _wait(sock: socket.socket, deadline: float, clock: Any) -> None:
     sock.settimeout(_remaining(deadline, clock))
 
 
+@dataclass
+class _Lookup:
+    done: threading.Event
+    answer: list[Any] | OSError | None = None
+
+
+_lookups: dict[tuple[str, int], _Lookup] = {}  # the names being resolved now, each by one thread
+_lookups_lock = threading.Lock()
+
+
 def _resolve(host: str, port: int, deadline: float, clock: Any) -> list[Any]:
     """``getaddrinfo`` within the deadline: the system resolver has no timeout of its own, so a name
     is resolved in a thread of its own that the call stops waiting for (the thread ends when the
-    resolver gives up). A numeric address needs no thread."""
+    resolver gives up). A numeric address needs no thread. Calls for a name already being resolved
+    wait for that lookup instead of starting one more, and at most :data:`MAX_LOOKUPS` names are
+    resolved at once: a resolver that hangs costs a few threads, not one per timed-out call."""
     try:
         ipaddress.ip_address(host)
     except ValueError:
         pass
     else:
         return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    answer: list[list[Any] | OSError] = []
-    done = threading.Event()
-
-    def work() -> None:
-        try:
-            answer.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
-        except OSError as exc:
-            answer.append(exc)
-        done.set()
-
-    threading.Thread(target=work, name="embmon-resolve", daemon=True).start()
-    if not done.wait(_remaining(deadline, clock)):
+    key = (host, port)
+    with _lookups_lock:
+        lookup = _lookups.get(key)
+        if lookup is None:
+            if len(_lookups) >= MAX_LOOKUPS:
+                raise OutboundError("timeout", f"{host} was not resolved: {MAX_LOOKUPS} names are being "
+                                    "resolved already (the resolver does not answer?)")
+            lookup = _lookups[key] = _Lookup(threading.Event())
+            try:
+                threading.Thread(target=_lookup, args=(key, lookup), name="embmon-resolve", daemon=True).start()
+            except RuntimeError:
+                del _lookups[key]
+                raise OutboundError("connect", f"{host} cannot be resolved: no thread for it") from None
+    if not lookup.done.wait(_remaining(deadline, clock)):
         raise OutboundError("timeout", f"{host} was not resolved before the deadline")
-    result = answer[0]
-    if isinstance(result, OSError):
+    result = lookup.answer
+    if not isinstance(result, list):
         raise OutboundError("connect", f"{host} cannot be resolved: {type(result).__name__}")
     return result
+
+
+def _lookup(key: tuple[str, int], lookup: _Lookup) -> None:
+    try:
+        lookup.answer = socket.getaddrinfo(key[0], key[1], type=socket.SOCK_STREAM)
+    except OSError as exc:
+        lookup.answer = exc
+    finally:
+        with _lookups_lock:
+            _lookups.pop(key, None)
+        lookup.done.set()
+
+
+def _ready(sock: socket.socket, write: bool, deadline: float, clock: Any) -> bool:
+    """Whether ``sock`` can be read (written) before the deadline; ``poll``, which has no limit on
+    the descriptor's number (``select`` fails past 1023, as in a daemon with many files open)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLOUT if write else select.POLLIN)
+    return bool(poller.poll(math.ceil(_remaining(deadline, clock) * 1000)))
 
 
 def _connect(scheme: str, host: str, port: int, deadline: float, clock: Any,
@@ -233,17 +289,17 @@ def _connect(scheme: str, host: str, port: int, deadline: float, clock: Any,
                 tls.do_handshake()
                 return tls
             except ssl.SSLWantReadError:
-                ready = select.select([tls], [], [], _remaining(deadline, clock))[0]
+                write = False
             except ssl.SSLWantWriteError:
-                ready = select.select([], [tls], [], _remaining(deadline, clock))[1]
-            if not ready:
+                write = True
+            if not _ready(tls, write, deadline, clock):
                 raise OutboundError("timeout", "the TLS handshake did not end before the deadline")
-    except OutboundError:
-        tls.close()
-        raise
     except (ssl.SSLError, OSError) as exc:
         tls.close()
         raise OutboundError("connect", f"TLS with {host} failed: {type(exc).__name__}") from None
+    except BaseException:
+        tls.close()
+        raise
 
 
 def _receive(conn: h11.Connection, sock: socket.socket, deadline: float, clock: Any, timeout: float,
@@ -253,13 +309,16 @@ def _receive(conn: h11.Connection, sock: socket.socket, deadline: float, clock: 
     chunks: list[bytes] = []
     size = 0
     limit = max_body
+    informational = 0
     while True:
         try:
             event = conn.next_event()
         except h11.RemoteProtocolError as exc:
             if "buffer" in str(exc).lower():
                 raise OutboundError("oversized", f"an answer head over {MAX_HEAD_BYTES} bytes") from None
-            raise OutboundError("protocol", f"not a valid HTTP answer: {exc}") from None
+            # h11's words without the bytes it quotes: a server may echo the request, key and all
+            what = str(exc).partition(":")[0][:_SHOWN]
+            raise OutboundError("protocol", f"not a valid HTTP answer: {what}") from None
         if event is h11.NEED_DATA:
             try:
                 _wait(sock, deadline, clock)
@@ -271,6 +330,9 @@ def _receive(conn: h11.Connection, sock: socket.socket, deadline: float, clock: 
             conn.receive_data(data)
             continue
         if isinstance(event, h11.InformationalResponse):
+            informational += 1
+            if informational > MAX_INFORMATIONAL:
+                raise OutboundError("protocol", f"over {MAX_INFORMATIONAL} informational (1xx) answers")
             continue
         if isinstance(event, h11.Response):
             status = event.status_code
@@ -279,6 +341,9 @@ def _receive(conn: h11.Connection, sock: socket.socket, deadline: float, clock: 
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in event.headers}
             if status >= 400:
                 limit = min(max_body, ERROR_BODY_BYTES)
+            elif int(headers.get("content-length") or 0) > max_body:  # h11 checked: digits, 20 at most
+                raise OutboundError("oversized", f"an answer of {headers['content-length']} bytes; at most "
+                                    f"{max_body} were asked for")
             continue
         if isinstance(event, h11.Data):
             size += len(event.data)
@@ -291,4 +356,6 @@ def _receive(conn: h11.Connection, sock: socket.socket, deadline: float, clock: 
             continue
         if isinstance(event, h11.EndOfMessage):
             return Response(status, headers, b"".join(chunks))
+        if event is h11.PAUSED:  # a 101 Switching Protocols nobody asked for
+            raise OutboundError("protocol", "the server switched protocols")
         raise OutboundError("protocol", "the connection closed before a whole answer")  # h11.ConnectionClosed

@@ -67,11 +67,12 @@ def call_admin(args: argparse.Namespace, method: str, path: str, query: dict[str
     except outbound.OutboundError as exc:
         raise AdminCallFailed(f"cannot reach {args.url}: {exc}") from None
     if response.status >= 300:
-        detail = response.body.decode(errors="replace").strip()
+        # shown on a terminal: no escape sequence of the answer's reaches it
+        detail = "".join(c if c.isprintable() else " " for c in response.body.decode(errors="replace")).strip()
         raise AdminCallFailed(f"the daemon answered {response.status}: {detail}")
     try:
         return json.loads(response.body.decode())
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: an answer nested too deeply
         raise AdminCallFailed(f"the daemon's answer is not JSON ({len(response.body)} bytes)") from None
 
 

@@ -128,6 +128,9 @@ class QdrantConnector(Connector):
         self.dim: int | None = None
         self._base = f"{settings.url}/collections/{settings.collection}"
         self._key = settings.api_key_file.read_text().strip() if settings.api_key_file is not None else None
+        if self._key is not None and not (self._key.isascii() and self._key.isprintable()):
+            raise ValueError("index: qdrant api_key_file: the key holds characters a header cannot carry "
+                             "(a line break, a control or non-ASCII character)")
 
     def _post(self, path: str, body: dict[str, Any], rows: int = 0, vectors: bool = False) -> Any:
         """One call through :mod:`monitor.outbound` (one deadline, no redirects), its answer capped by
