@@ -1,0 +1,177 @@
+"""The image, built and run as its users run it.
+
+``scripts/build-image`` builds the Dockerfile with podman (on a Debian base made by debootstrap when no
+registry answers; it installs podman, runc and debootstrap when missing). The container then runs with a
+read-only root filesystem, as the image's non-root user, its state on a named volume, against the real test
+broker: it consumes what a producer wrote, its ``/metrics`` is scraped, its ``HEALTHCHECK`` passes, and
+SIGTERM stops it cleanly with a checkpoint on the volume. Image size, start-up and build times are printed
+(docs/deployment.md, The image).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.broker import Broker, free_port, running_broker
+from tests.support.paths import REPO
+from tests.support.producers import produce_rows
+from tests.support.scrape import http_status, scrape, value
+from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.broker]
+
+TAG = "localhost/embedding-monitor:test"
+CACHE = REPO / ".cache" / "image"
+UID = 10001  # the Dockerfile's USER
+STATE = "/var/lib/embedding-monitor"
+ROWS = 300
+
+
+def podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CONTAINERS_CONF": str(CACHE / "containers.conf")}
+    done = subprocess.run(["podman", "--runtime", "runc", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, check=False)
+    if check and done.returncode != 0:
+        raise AssertionError(f"podman {' '.join(args)}: rc {done.returncode}\n{done.stdout}\n{done.stderr}")
+    return done
+
+
+@dataclass
+class Built:
+    tag: str
+    seconds: float
+    size_bytes: int
+
+
+@pytest.fixture(scope="module")
+def image() -> Built:
+    start = time.monotonic()
+    done = subprocess.run([str(REPO / "scripts" / "build-image"), TAG], capture_output=True, text=True,
+                          timeout=1800, check=False)
+    seconds = time.monotonic() - start
+    assert done.returncode == 0, done.stderr[-4000:]
+    size = int(podman("image", "inspect", "--format", "{{.Size}}", TAG).stdout)
+    print(f"\nimage {TAG}: built in {seconds:.0f} s, {size / 1e6:.0f} MB")
+    return Built(TAG, seconds, size)
+
+
+@dataclass
+class Container:
+    name: str
+    volume: str
+    port: int
+    started: float
+
+    def logs(self) -> str:
+        done = podman("logs", self.name, check=False)
+        return done.stdout + done.stderr
+
+    def inspect(self) -> dict:  # type: ignore[type-arg]
+        return json.loads(podman("inspect", self.name).stdout)[0]  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[Broker]:
+    with running_broker() as running:
+        yield running
+
+
+@pytest.fixture
+def container(image: Built, broker: Broker) -> Iterator[Container]:
+    topic, suffix = "embeddings", uuid.uuid4().hex[:8]
+    broker.create_topics(topic)
+    produce_rows(broker, topic, ROWS, seed=39)
+    name, volume, port = f"embmon-test-{suffix}", f"embmon-state-{suffix}", free_port()
+    podman("volume", "create", volume)
+    started = time.monotonic()
+    podman("run", "--detach", "--name", name, "--read-only", "--tmpfs", "/tmp", "--network", "host",
+           "--volume", f"{volume}:{STATE}",
+           "--env", f"EMBMON_HTTP__PORT={port}", "--env", "EMBMON_KAFKA__AUTO_OFFSET_RESET=earliest",
+           "--env", "EMBMON_CHECKPOINT__INTERVAL_SECONDS=1",
+           image.tag, "run", "--bootstrap-servers", broker.bootstrap, "--embeddings-topic", topic,
+           "--group-id", f"image-{suffix}", "--refresh-seconds", "1")
+    running = Container(name, volume, port, started)
+    try:
+        yield running
+    finally:
+        print(running.logs()[-3000:])
+        podman("rm", "--force", "--time", "5", name, check=False)
+        podman("volume", "rm", "--force", volume, check=False)
+
+
+def answers(port: int) -> bool:
+    try:
+        return http_status(port, "/healthz") == 200
+    except OSError:
+        return False
+
+
+def test_the_image_is_small_runs_as_its_user_and_keeps_the_healthcheck(image: Built) -> None:
+    inspected = json.loads(podman("image", "inspect", image.tag).stdout)[0]
+    config = inspected["Config"]
+    assert config["User"] == f"{UID}:{UID}"
+    assert config["ExposedPorts"] == {"9464/tcp": {}}
+    assert STATE in config["Volumes"]
+    assert config["Entrypoint"] == ["embedding-monitor"] and config["Cmd"] == ["run"]
+    health = inspected["Healthcheck"]  # kept by the docker format (the OCI image config has no field for it)
+    assert health["Test"][0] == "CMD" and "/healthz" in health["Test"][-1] and "EMBMON_HTTP__PORT" in health["Test"][-1]
+    assert inspected["ManifestType"].startswith("application/vnd.docker")
+    # the CPU daemon: no torch, no CUDA (docs/deployment.md: the default build)
+    listing = podman("run", "--rm", "--read-only", "--network", "none", "--entrypoint", "python", image.tag,
+                     "-c", "import importlib.util as u; print([m for m in ('torch', 'sentence_transformers') "
+                           "if u.find_spec(m)])").stdout
+    assert listing.strip() == "[]"
+    assert image.size_bytes < 700e6, image.size_bytes
+
+
+def test_the_container_consumes_exports_passes_its_healthcheck_and_stops_on_sigterm(container: Container) -> None:
+    wait_until(lambda: answers(container.port), timeout=90, message="/healthz of the container",
+               on_timeout=container.logs)
+    startup = time.monotonic() - container.started
+    print(f"\nstart-up (podman run to /healthz 200): {startup:.1f} s")
+
+    # as its users run it: not root, read-only root filesystem, state on the volume
+    state = container.inspect()
+    assert state["Config"]["User"] == f"{UID}:{UID}" and state["HostConfig"]["ReadonlyRootfs"] is True
+    ident = podman("exec", container.name, "id", "-u").stdout.strip()
+    assert ident == str(UID)
+    refused = podman("exec", container.name, "touch", "/opt/venv/written", check=False)
+    assert refused.returncode != 0 and "Read-only file system" in refused.stderr
+
+    def consumed() -> bool:
+        return value(scrape(container.port), "embmon_records_total", model="m", stream="default") == ROWS
+
+    wait_until(consumed, timeout=90, message=f"{ROWS} records counted in the container's /metrics",
+               on_timeout=container.logs)
+    samples = scrape(container.port)
+    assert value(samples, "embmon_source_up") == 1.0
+    assert any(name == "embmon_build_info" for name, _ in samples)
+    with urllib.request.urlopen(f"http://127.0.0.1:{container.port}/metrics", timeout=5) as response:
+        assert response.headers["Content-Type"].startswith("text/plain")
+
+    # the image's own HEALTHCHECK, run by podman in the container
+    health = podman("healthcheck", "run", container.name, check=False)
+    assert health.returncode == 0, health.stdout + health.stderr
+
+    # SIGTERM (podman stop's signal): a clean exit well before the 30 s after which podman kills
+    stopping = time.monotonic()
+    podman("stop", "--time", "30", container.name, timeout=60)
+    took = time.monotonic() - stopping
+    print(f"stopped by SIGTERM in {took:.1f} s")
+    final = container.inspect()["State"]
+    assert final["ExitCode"] == 0 and took < 25, (final, container.logs()[-2000:])
+    # its checkpoint is on the volume, written by the image's user
+    mount = json.loads(podman("volume", "inspect", container.volume).stdout)[0]["Mountpoint"]
+    files = [p for p in Path(mount).rglob("*") if p.is_file()]
+    assert files, f"nothing written to the state volume {mount}"
+    assert {p.stat().st_uid for p in files} == {UID}
