@@ -204,9 +204,13 @@ def _serving_panels() -> list[Panel | Row]:
               "Cycles in which a check failed. Healthy: 0.", width=8, min=0),
         Panel("Serving latency", "s",
               [Target(f"max by (model) ({_model('embmon_serving_latency_median_seconds')})", "{{model}} median"),
-               Target(f"max by (model) ({_model('embmon_serving_latency_max_seconds')})", "{{model}} max")],
-              "Median (solid) and slowest (dashed) request of the last cycle.", width=8, min=0,
-              overrides=_DASHED_B),
+               Target(f"max by (model) ({_model('embmon_serving_latency_max_seconds')})", "{{model}} max"),
+               Target(f"histogram_quantile(0.99, sum by (model, le) "
+                      f"(rate({_model('embmon_serving_request_duration_seconds_bucket')}[$__rate_interval])))",
+                      "{{model}} p99")],
+              "Median (solid) and slowest (dashed) request of the last cycle, and the 99th percentile of the "
+              "requests over the interval (OpenTelemetry's gen_ai.client.operation.duration buckets).", width=8,
+              min=0, overrides=_DASHED_B),
         Panel("Requests, errors and unusable vectors / s", "cps",
               [Target(_model_rate("embmon_serving_requests_total", "model"), "{{model}} requests"),
                Target(_model_rate("embmon_serving_errors_total", "model, reason"), "{{model}} error {{reason}}"),
