@@ -24,7 +24,6 @@ from monitor.index.connectors.base import ConnectorError
 from monitor.index.connectors.chroma import ChromaConnector, parse_get, parse_query, where
 from monitor.index.probe import IndexProbe
 from monitor.index.settings import ChromaSettings, IndexProbeSpec
-from tests.index.test_lancedb import queries, tenant_of  # the same rows, tenants and queries as LanceDB's
 from tests.support import chroma
 from tests.support import vectorstores as vs
 from tests.support.broker import free_port
@@ -37,7 +36,7 @@ N, D, K = 3000, 32, 10
 def store() -> Iterator[dict[str, Any]]:
     rows = vs.unit_rows(N, D, seed=5)
     ids = [f"d{i}" for i in range(N)]
-    tenants = [tenant_of(i) for i in range(N)]
+    tenants = [vs.tenant_of(i) for i in range(N)]
     with chroma.server() as url:
         chroma.load(url, "cheap", ids, rows, tenants, ef_search=2, max_neighbors=4)
         chroma.load(url, "good", ids, rows, tenants, ef_search=200, max_neighbors=32)
@@ -64,7 +63,7 @@ def connector(store: dict[str, Any], collection: str = "cheap", **section: Any) 
 def test_exact_search_ranks_every_row_under_the_filter_in_chromas_own_distance(store: dict[str, Any]) -> None:
     c = connector(store, "good")
     rows, mask = store["rows"], store["tenants"] == "small"
-    for q in queries(rows, 4, seed=3):
+    for q in vs.probe_queries(rows, 4, seed=3):
         exact = c.search(q.vector, K, (("tenant", "small"),), "exact")
         d = 1.0 - rows[mask].astype(np.float64) @ q.vector
         assert list(exact.ids) == list(np.array(store["ids"])[mask][np.argsort(d, kind="stable")[:K]])
@@ -82,7 +81,7 @@ def test_the_cheap_hnsw_index_loses_recall_the_good_one_does_not(store: dict[str
     results = {}
     for collection in ("cheap", "good"):
         probe = IndexProbe(spec_for(store, collection), connector(store, collection))
-        for q in queries(store["rows"]):
+        for q in vs.probe_queries(store["rows"]):
             probe.buffer.add(q, 0.0)
         results[collection] = probe.run(Deadline.after(180), now=0.0).recall
     cheap, good = results["cheap"].row(), results["good"].row()
