@@ -60,7 +60,9 @@ VOLUME ["/var/lib/embedding-monitor"]
 WORKDIR /var/lib/embedding-monitor
 USER 10001:10001
 EXPOSE 9464
+# the port the daemon listens on (EMBMON_HTTP__PORT; --metrics-port or a config file's http.port need the same
+# value in EMBMON_HTTP__PORT for this check)
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9464/healthz', timeout=4)"]
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('EMBMON_HTTP__PORT', '9464'), timeout=4)"]
 ENTRYPOINT ["embedding-monitor"]
 CMD ["run"]

@@ -138,6 +138,7 @@ _SERVING_CODE = {  # the function that computes each serving-probe metric (modul
     "embmon_serving_collisions": "monitor.serving.probe:collisions",
     "embmon_serving_latency_median_seconds": "monitor.serving.probe:run_cycle",
     "embmon_serving_latency_max_seconds": "monitor.serving.probe:run_cycle",
+    "embmon_serving_request_duration_seconds": "monitor.serving.component:ServingComponent._cycle",
     "embmon_serving_last_success_timestamp_seconds": "monitor.serving.component:ServingComponent._cycle",
     "embmon_serving_backoff_seconds": "monitor.serving.component:ServingComponent._cycle",
 }
@@ -565,6 +566,9 @@ def _serving_rows() -> Iterable[MetricSpec]:
         ("embmon_serving_latency_median_seconds", "gauge", "Median latency of the last cycle's requests.",
          ("model",), "seconds"),
         ("embmon_serving_latency_max_seconds", "gauge", "Slowest request of the last cycle.", ("model",), "seconds"),
+        ("embmon_serving_request_duration_seconds", "histogram",
+         "Wall time of each successful serving-probe request, in OpenTelemetry's gen_ai.client.operation.duration "
+         "buckets.", ("model",), "seconds"),
         ("embmon_serving_last_success_timestamp_seconds", "gauge",
          "When a serving-probe cycle of the model last completed without a failed request.", ("model",), "seconds"),
         ("embmon_serving_backoff_seconds", "gauge",

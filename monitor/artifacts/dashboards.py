@@ -144,9 +144,11 @@ def intrinsic(rules: RuleSet) -> dict[str, Any]:
         plain("Effective dimension", "embmon_effective_dimension", "short", "Participation ratio, in dimensions."),
         plain("Dimension", "embmon_dimension", "short", "Nominal embedding dimension."),
         *_canary_panels(),
+        *_serving_panels(),
     ]
     return dashboard("embmon-intrinsic", "Embedding monitor / Intrinsic health",
-                     "Isotropy, dimension use and collapse per model and stream, against each model's own baseline.",
+                     "Isotropy, dimension use and collapse per model and stream, against each model's own baseline; "
+                     "the canaries and the serving probe: did the model or its endpoint change?",
                      panels, tags=("intrinsic",))
 
 
@@ -172,6 +174,64 @@ def _canary_panels() -> list[Panel | Row]:
         Panel("Pinned canaries", "short",
               [Target(f"max by (model) ({_model('embmon_canary_pins')})", "{{model}}")],
               "Canary ids of the model with a pinned vector (a re-pin unpins those not seen since start).", width=6),
+    ]
+
+
+def _model_rate(metric: str, by: str) -> str:
+    """Per-second rate of the selected models' counter ``metric``, summed by ``by``."""
+    return f"sum by ({by}) (rate({_model(metric)}[$__rate_interval]))"
+
+
+def _serving_panels() -> list[Panel | Row]:
+    """Is the embedding endpoint conformant? The serving probe's checks, requests and latency (docs/canaries.md)."""
+    deviation, tolerance = _model("embmon_serving_deviation"), _model("embmon_serving_tolerance")
+    check = "{{model}} {{check}}"
+    return [
+        Row("Serving probe: does the endpoint serve the model conformantly?"),
+        Panel("Conformance: deviation over tolerance per check", "none",
+              [Target(f"max by (model, check) ({deviation} / {tolerance})", check)],
+              "Each check's statistic of the last cycle over its tolerance: above 1 (red) the check fails "
+              "(alert: EmbeddingMonitorServingNonconformant, with a counted violation in the last 10 minutes). "
+              "repeat, batch and neighbour: 1 - cos; case, whitespace and prefix: the change from the pins; "
+              "norm: the relative norm change.", width=8, min=0, thresholds=[(None, "green"), (1, "red")]),
+        Panel("Deviation and tolerance per check", "none",
+              [Target(f"max by (model, check) ({deviation})", check),
+               Target(f"max by (model, check) ({tolerance})", f"{check} tolerance")],
+              "The statistic each check measured (solid) and the tolerance it is compared with (dashed); "
+              "0 is conformant.", width=8, min=0, overrides=_DASHED_B),
+        Panel("Violations per hour by check", "short",
+              [Target(f"sum by (model, check) (increase({_model('embmon_serving_violations_total')}[1h]))", check)],
+              "Cycles in which a check failed. Healthy: 0.", width=8, min=0),
+        Panel("Serving latency", "s",
+              [Target(f"max by (model) ({_model('embmon_serving_latency_median_seconds')})", "{{model}} median"),
+               Target(f"max by (model) ({_model('embmon_serving_latency_max_seconds')})", "{{model}} max"),
+               Target(f"histogram_quantile(0.99, sum by (model, le) "
+                      f"(rate({_model('embmon_serving_request_duration_seconds_bucket')}[$__rate_interval])))",
+                      "{{model}} p99")],
+              "Median (solid) and slowest (dashed) request of the last cycle, and the 99th percentile of the "
+              "requests over the interval (OpenTelemetry's gen_ai.client.operation.duration buckets).", width=8,
+              min=0, overrides=_DASHED_B),
+        Panel("Requests, errors and unusable vectors / s", "cps",
+              [Target(_model_rate("embmon_serving_requests_total", "model"), "{{model}} requests"),
+               Target(_model_rate("embmon_serving_errors_total", "model, reason"), "{{model}} error {{reason}}"),
+               Target(_model_rate("embmon_serving_invalid_vectors_total", "model, reason"),
+                      "{{model}} invalid {{reason}}")],
+              "Requests the probe sent, those that failed by reason (connect, timeout, rate_limited, auth, ...), "
+              "and returned vectors that cannot be used by reason (empty, zero, non_finite, wrong_dimension). "
+              "Healthy: no errors, no invalid vectors.", width=8, min=0),
+        Panel("Cycles / s by outcome", "cps",
+              [Target(_model_rate("embmon_serving_cycles_total", "model, outcome"), "{{model}} {{outcome}}")],
+              "ok; failed: a request failed; skipped: backing off after failures.", width=8, min=0),
+        Panel("Time since the last good cycle, and back-off", "s",
+              [Target(f"time() - max by (model) ({_model('embmon_serving_last_success_timestamp_seconds')})",
+                      "{{model}} since success"),
+               Target(f"max by (model) ({_model('embmon_serving_backoff_seconds')})", "{{model}} back-off")],
+              "A probe that cannot reach the endpoint checks nothing: the age grows and the probe waits longer "
+              "than its interval (dashed) before it tries again.", width=12, min=0, overrides=_DASHED_B),
+        Panel("Colliding canary texts", "short",
+              [Target(f"max by (model) ({_model('embmon_serving_collisions')})", "{{model}}")],
+              "Pairs of distinct canary texts (or of their upper-cased forms) with identical vectors: an "
+              "endpoint that truncates or ignores its input. Healthy: 0.", width=12, min=0),
     ]
 
 
@@ -266,20 +326,23 @@ def drift(rules: RuleSet) -> dict[str, Any]:
                      tags=("drift",))
 
 
+# a confidence band: series named lower and upper, drawn as a shaded area between them
+_HIDDEN = (("custom.lineWidth", 0), ("custom.hideFrom", {"legend": True, "tooltip": False, "viz": False}))
+_BAND = [Override("name", "lower", _HIDDEN),
+         Override("name", "upper", (*_HIDDEN, ("custom.fillOpacity", 20), ("custom.fillBelowTo", "lower")))]
+# queries B and C (an interval's bounds) drawn dashed
+_DASHED_BC = [Override("query", q, _DASHED_B[0].properties) for q in ("B", "C")]
+
+
 def _band(metric: str, title: str, desc: str) -> Panel:
     base = m(metric)
-    hide = (("custom.lineWidth", 0), ("custom.hideFrom", {"legend": True, "tooltip": False, "viz": False}))
     return Panel(title, "percentunit", [
         Target(f"{base}{{{RET}}}", "{{probe}} {{model}} {{slice}} @{{k}}"),
         Target(f"{m(base + '_ci_lower')}{{{RET}}}", "lower"),
         Target(f"{m(base + '_ci_upper')}{{{RET}}}", "upper"),
     ], desc + " Shaded: the probe's confidence interval (the band is drawn when one probe, model,"
        " slice and k are selected).",
-        min=0, max=1,
-        overrides=[
-            Override("name", "lower", hide),
-            Override("name", "upper", (*hide, ("custom.fillOpacity", 20), ("custom.fillBelowTo", "lower"))),
-        ])
+        min=0, max=1, overrides=_BAND)
 
 
 def retrieval(rules: RuleSet) -> dict[str, Any]:
@@ -323,53 +386,106 @@ def _index_panels() -> list[Panel | Row]:
     """The vector store itself (monitor/index/, docs/index.md): production search against exact, census."""
     sel = 'model=~"$model"'
     legend = "{{probe}} {{model}} {{scope}}"
+
+    def index(metric: str, extra: str = "") -> str:
+        return f"{m(metric)}{{{sel}{', ' + extra if extra else ''}}}"
+
+    def rate(metric: str, by: str) -> str:
+        return f"sum by ({by}) (rate({m(metric)}[$__rate_interval]))"
+
     return [
         Row("Index: the vector store that serves the queries"),
         Panel("Index recall@k (all queries)", "percentunit",
-              [Target(f'{m("embmon_index_recall_ratio")}{{{sel}, scope="all"}}', "{{probe}} {{model}}"),
-               Target(f'{m("embmon_index_recall_upper_ratio")}{{{sel}, scope="all"}}', "upper {{probe}}"),
-               Target(f'{m("embmon_index_recall_p5_ratio")}{{{sel}, scope="all"}}', "p5 {{probe}}")],
+              [Target(index("embmon_index_recall_ratio", 'scope="all"'), "{{probe}} {{model}} @{{k}}"),
+               Target(index("embmon_index_recall_lower_ratio", 'scope="all"'), "lower"),
+               Target(index("embmon_index_recall_upper_ratio", 'scope="all"'), "upper"),
+               Target(index("embmon_index_recall_p5_ratio", 'scope="all"'), "p5 {{probe}} @{{k}}"),
+               Target(index("embmon_index_recall_p10_ratio", 'scope="all"'), "p10 {{probe}} @{{k}}")],
               "Production search (the engine's settings and filter) against the engine's exact search with the "
-              "same filter, on sampled live queries; upper: the bootstrap bound the alert reads; p5: the tail.",
+              "same filter, on sampled live queries. Shaded: the bootstrap interval (drawn when one probe and "
+              "model are selected); its upper bound below the target fires EmbeddingMonitorIndexRecallLow. "
+              "p5 and p10: the tail of the per-query recall.", width=8, min=0, max=1,
+              overrides=_BAND),
+        Panel("Recall@k per scope, with intervals", "percentunit",
+              [Target(index("embmon_index_recall_ratio", 'scope!="all"'), legend),
+               Target(index("embmon_index_recall_lower_ratio", 'scope!="all"'), f"{legend} lower"),
+               Target(index("embmon_index_recall_upper_ratio", 'scope!="all"'), f"{legend} upper")],
+              "The worst scopes by the upper bound of their interval, by name, and the rest pooled as other; "
+              "dashed: the bounds of each scope's bootstrap interval.", width=8, min=0, max=1,
+              overrides=_DASHED_BC),
+        Panel("Under-return per scope", "percentunit",
+              [Target(index("embmon_index_under_return_ratio", 'scope!="all"'), legend)],
+              "Share of a scope's queries served fewer rows than exist under their filter (0 when healthy; "
+              "alert: EmbeddingMonitorIndexUnderReturn, on scopes with enough queries).",
               width=8, min=0, max=1),
-        Panel("Worst scopes: recall@k", "percentunit",
-              [Target(f'{m("embmon_index_recall_ratio")}{{{sel}, scope!="all"}}', legend)],
-              "The worst scopes by the upper bound of their interval, by name, and the rest pooled as other.",
-              width=8, min=0, max=1),
-        Panel("Worst scopes: under-return", "percentunit",
-              [Target(f'{m("embmon_index_under_return_ratio")}{{{sel}, scope!="all"}}', legend)],
-              "Share of a scope's queries served fewer rows than exist under their filter (0 when healthy).",
-              width=8, min=0, max=1),
+        Panel("Queries and flagged scopes", "short",
+              [Target(index("embmon_index_queries"), "{{probe}} {{scope}} queries"),
+               Target(index("embmon_index_scope_flagged"), "{{probe}} {{scope}} flagged"),
+               Target(index("embmon_index_scopes_hidden"), "{{probe}} scopes pooled as other")],
+              "Queries behind each scope's estimates (the interval narrows with more), 1 for a scope whose "
+              "recall is significantly below the rest or which mostly under-returns, and the scopes pooled "
+              "into other.", width=8, min=0),
+        Panel("Tie-aware recall@k", "percentunit",
+              [Target(index("embmon_index_epsilon_recall_ratio"), legend)],
+              "Served results within (1 + epsilon) of the exact k-th distance: near recall@k, unless ties "
+              "at the k-th distance make plain recall look worse than the search is.", width=8, min=0, max=1),
+        Panel("Distance inflation", "none",
+              [Target(index("embmon_index_distance_inflation"), legend)],
+              "Mean served k-th distance over the exact k-th distance: 1 is as near; above 1 the missed "
+              "neighbours were replaced by farther ones.", width=8),
         Panel("Recall lost, by part", "percentunit",
-              [Target(f'{m("embmon_index_recall_loss_ratio")}{{{sel}}}', "{{probe}} {{part}}")],
+              [Target(index("embmon_index_recall_loss_ratio"), "{{probe}} {{part}}")],
               "1 - recall split into filter (filtered vs unfiltered twins), quantization (exact search in the "
               "quantized space) and graph (the rest).", width=8, min=0, max=1),
-        Panel("Stale share of the index", "percentunit",
-              [Target(f'{m("embmon_index_stale_ratio")}{{{sel}}}', "{{probe}} {{model}}"),
-               Target(f'{m("embmon_index_stale_lower_ratio")}{{{sel}}}', "lower {{probe}}"),
-               Target(f'{m("embmon_index_generation_share_ratio")}{{{sel}, generation!="current"}}',
-                      "{{probe}} {{generation}}")],
-              "Sampled stored vectors that differ from their id's latest vector, with the Wilson lower bound the "
-              "alert reads, and the stale generations found.", width=8, min=0, max=1),
+        Panel("Stale share of the index, with interval", "percentunit",
+              [Target(index("embmon_index_stale_ratio"), "{{probe}} {{model}}"),
+               Target(index("embmon_index_stale_lower_ratio"), "{{probe}} {{model}} lower"),
+               Target(index("embmon_index_stale_upper_ratio"), "{{probe}} {{model}} upper")],
+              "Sampled stored vectors that differ from their id's latest vector, with the bounds of the Wilson "
+              "interval (dashed); the lower bound above the tolerated share fires EmbeddingMonitorIndexStale.",
+              width=8, min=0, max=1,
+              overrides=_DASHED_BC),
+        Panel("Generations in the index", "percentunit",
+              [Target(index("embmon_index_generation_share_ratio"), "{{probe}} {{generation}}")],
+              "Share of the sampled stored vectors in each generation: current, and stale_1, stale_2, ... for "
+              "each older model or recipe found (a re-embedding that has not finished).", width=8, min=0, max=1),
         Panel("Missing, orphan and degenerate rows", "percentunit",
-              [Target(f'{m("embmon_index_missing_ratio")}{{{sel}}}', "missing {{probe}}"),
-               Target(f'{m("embmon_index_orphan_ratio")}{{{sel}}}', "orphan {{probe}}"),
-               Target(f'{m("embmon_index_degenerate_ratio")}{{{sel}}}', "{{kind}} {{probe}}")],
+              [Target(index("embmon_index_missing_ratio"), "missing {{probe}}"),
+               Target(index("embmon_index_orphan_ratio"), "orphan {{probe}}"),
+               Target(index("embmon_index_degenerate_ratio"), "{{kind}} {{probe}}")],
               "Stream ids the index lacks, index ids the stream never carried, zero/NaN/duplicate rows.",
               width=8, min=0, max=1),
+        Panel("Census: rows and ids compared", "short",
+              [Target(index("embmon_index_rows"), "{{probe}} {{model}} rows"),
+               Target(index("embmon_index_census_ids"), "{{probe}} {{model}} ids compared")],
+              "Rows of the index as the engine counts them, and the stored vectors the last census compared "
+              "with their latest vector (the sample behind the stale share).", width=8, min=0),
+        Panel("Hubness", "none",
+              [Target(index("embmon_index_hubness_skewness"), "{{probe}} {{model}} skewness"),
+               Target(index("embmon_index_hub_occurrence_ratio"), "{{probe}} {{model}} top hub share")],
+              "Skewness of the k-occurrence over sampled stored rows (near 0 is even; a large value means a few "
+              "hubs are everyone's neighbours), and the share of k-NN lists holding the most frequent neighbour.",
+              width=8),
+        Panel("Index probe cycles / s by outcome", "cps",
+              [Target(rate("embmon_index_probe_runs_total", "probe, outcome"), "{{probe}} {{outcome}}"),
+               Target(rate("embmon_index_queries_skipped_total", "probe, reason"), "{{probe}} skipped {{reason}}")],
+              "Cycles by outcome (success, partial, failure, timeout, backoff), and sampled queries the probe "
+              "could not use, by reason.", width=6, min=0),
+        Panel("Index probe duration and age", "s",
+              [Target(f"max by (probe) ({m('embmon_index_probe_duration_seconds')})", "{{probe}} last cycle"),
+               Target(f"time() - max by (probe) ({m('embmon_index_probe_last_success_timestamp_seconds')})",
+                      "{{probe}} since success")],
+              "Wall time of the last cycle, and how long ago the probe last completed one (dashed; alert: "
+              "EmbeddingMonitorIndexProbeStale).", width=6, min=0, overrides=_DASHED_B),
         Panel("Index probe cost per second", "short",
-              [Target(f'sum by (probe, kind) (rate({m("embmon_index_searches_total")}[$__rate_interval]))',
-                      "{{probe}} {{kind}} searches"),
-               Target(f'sum by (probe) (rate({m("embmon_index_rows_read_total")}[$__rate_interval]))',
-                      "{{probe}} rows read"),
-               Target(f'sum by (probe, reason) (rate({m("embmon_index_errors_total")}[$__rate_interval]))',
-                      "{{probe}} errors {{reason}}")],
+              [Target(rate("embmon_index_searches_total", "probe, kind"), "{{probe}} {{kind}} searches"),
+               Target(rate("embmon_index_rows_read_total", "probe"), "{{probe}} rows read"),
+               Target(rate("embmon_index_errors_total", "probe, reason"), "{{probe}} errors {{reason}}")],
               "What the probe costs the engine (exact searches are bounded per cycle by the budget) and its "
-              "failures by reason.", width=12),
+              "failures by reason.", width=6),
         Panel("Index probe CPU", "percentunit",
-              [Target(f'sum by (probe) (rate({m("embmon_index_probe_cpu_seconds_total")}[$__rate_interval]))',
-                      "{{probe}}")],
-              "CPU of the probe's cycles in the monitor, in cores.", width=12),
+              [Target(rate("embmon_index_probe_cpu_seconds_total", "probe"), "{{probe}}")],
+              "CPU of the probe's cycles in the monitor, in cores.", width=6),
     ]
 
 
@@ -424,12 +540,45 @@ def monitor_health(rules: RuleSet) -> dict[str, Any]:
               "Age of the last successful run of each probe."),
         Panel("Build", "none", [Target(f"{m('embmon_build_info')}", "{{instance}} {{version}}", instant=True)],
               "Running versions.", kind="table"),
+        *_state_panels(),
         *_scale_out_panels(),
     ]
     return dashboard("embmon-self", "Embedding monitor / Monitor health",
                      "The monitor's own health: throughput, invalid records, lag, refresh and probe durations; "
                      "scaled out, the replicas' publications and the reducer's merge.",
                      panels, tags=("self",))
+
+
+def _state_panels() -> list[Panel | Row]:
+    """Is the monitor current (records and sources progress) and did it keep its state across restarts?"""
+    return [
+        Row("Sources and state: is the monitor current, and did it keep its state?"),
+        Panel("Time since the last record", "s",
+              [Target(f"time() - max by (model, stream) ({_ms('embmon_last_record_timestamp_seconds')})", PER_STREAM)],
+              "A stream whose records stopped arriving (alert: EmbeddingMonitorNoRecentRecords).", width=8, min=0),
+        Panel("Time since each source progressed", "s",
+              [Target(f"time() - max by (topic) ({m('embmon_source_last_progress_timestamp_seconds')})", "{{topic}}")],
+              "Since the consumer was last caught up on the topic or applied records from it: it grows while "
+              "records wait and none are applied (alert: EmbeddingMonitorSourceStalled).", width=8, min=0),
+        Panel("Source read failures / s", "cps",
+              [Target(f"sum by (instance, reason) (rate({m('embmon_source_errors_total')}[$__rate_interval]))",
+                      "{{instance}} {{reason}}")],
+              "Failed reads from the record source, by reason. Healthy: 0.", width=8, min=0),
+        Panel("Checkpoint age", "s",
+              [Target(f"max by (instance) ({m('embmon_checkpoint_age_seconds')})", "{{instance}}")],
+              "Seconds since the last checkpoint was written (alert: EmbeddingMonitorCheckpointStale): what a "
+              "restart now would lose.", width=12, min=0),
+        Panel("Checkpoint and state files refused", "short",
+              [Target(f"sum by (instance, reason) ({m('embmon_checkpoint_restore_failures_total')})",
+                      "{{instance}} restore refused: {{reason}}"),
+               Target(f"sum by (instance, file) ({m('embmon_state_files_rejected_total')})",
+                      "{{instance}} state file moved aside: {{file}}"),
+               Target(f"sum by (instance, stage) ({m('embmon_checkpoint_write_failures_total')})",
+                      "{{instance}} write failed: {{stage}}")],
+              "Since start-up: checkpoints rejected at start-up (alert: EmbeddingMonitorCheckpointRejected), "
+              "state files moved aside (alert: EmbeddingMonitorStateFileRejected), and checkpoints that could "
+              "not be written. Healthy: 0.", width=12, min=0),
+    ]
 
 
 def _scale_out_panels() -> list[Panel | Row]:

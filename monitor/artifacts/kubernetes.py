@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from monitor.artifacts._io import to_json
 from monitor.artifacts.prometheus import rule_file
 from monitor.artifacts.rules.model import RuleSet
 
@@ -25,7 +25,10 @@ def prometheus_rule(rules: RuleSet) -> dict[str, Any]:
 
 
 def dashboards_configmap(dashboards: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """One ConfigMap the Grafana sidecar picks up (label ``grafana_dashboard: "1"``)."""
+    """One ConfigMap the Grafana sidecar picks up (label ``grafana_dashboard: "1"``).
+
+    Each board is compact JSON (one line): ``kubectl apply`` keeps the whole object in an annotation limited
+    to 256 KiB, which the five boards indented would pass. The indented boards are in dashboards/."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -35,5 +38,6 @@ def dashboards_configmap(dashboards: dict[str, dict[str, Any]]) -> dict[str, Any
             # kiwigrid/k8s-sidecar (the Grafana chart's sidecar) puts them in this folder
             "annotations": {"grafana_folder": "Embedding monitor"},
         },
-        "data": {f"{stem}.json": to_json(model) for stem, model in sorted(dashboards.items())},
+        "data": {f"{stem}.json": json.dumps(model, separators=(",", ":"), ensure_ascii=False) + "\n"
+                 for stem, model in sorted(dashboards.items())},
     }

@@ -38,6 +38,7 @@ _LABEL = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,64}$")
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 Metric = Literal["cosine", "l2", "dot"]
+ENGINES = ("pgvector", "lancedb", "qdrant", "chroma")
 
 
 def _identifier(value: str, what: str) -> str:
@@ -80,6 +81,11 @@ def check_order_expression(value: str) -> str:
     if depth != 0:
         raise ValueError("order_expression: unbalanced parentheses")
     return value
+
+
+def _http_url(value: str) -> str:
+    """An engine's HTTP(S) base URL, checked as every outbound URL is (monitor/outbound.py)."""
+    return check_url(value).rstrip("/")
 
 
 class _EngineSettings(Section):
@@ -200,15 +206,38 @@ class QdrantSettings(_EngineSettings):
     api_key_file: Path | None = None
     timeout_seconds: float = Field(10.0, gt=0, le=300)
 
-    @field_validator("url")
-    @classmethod
-    def _url(cls, value: str) -> str:
-        return check_url(value).rstrip("/")
+    _url = field_validator("url")(classmethod(lambda cls, value: _http_url(value)))
 
     @field_validator("collection")
     @classmethod
     def _collection(cls, value: str) -> str:
         return _identifier(value, "collection")
+
+
+class ChromaSettings(_EngineSettings):
+    """A Chroma server's collection, over its HTTP API (v2). The served search is the collection's own
+    HNSW settings; the exact search reads every row under the filter, at most ``exact_max_rows``."""
+
+    url: str = Field(..., description="the server's base URL, e.g. http://chroma:8000")
+    collection: str = Field(..., description="the collection's name")
+    tenant: str = "default_tenant"
+    database: str = "default_database"
+    token_file: Path | None = Field(None, description="a file holding a bearer token (a mounted secret)")
+    timeout_seconds: float = Field(10.0, gt=0, le=300, description="each request's deadline")
+    exact_max_rows: int = Field(
+        50_000, ge=1, le=10_000_000,
+        description="most rows one exact search may read (Chroma has no brute-force search: it is done here)",
+    )
+    page_rows: int = Field(1000, ge=1, le=100_000, description="rows per get request")
+
+    _url = field_validator("url")(classmethod(lambda cls, value: _http_url(value)))
+
+    @field_validator("collection", "tenant", "database")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,126}[A-Za-z0-9]", value):
+            raise ValueError(f"{value!r}: 3-128 of letters, digits, '.', '_', '-', starting and ending alphanumeric")
+        return value
 
 
 class BudgetSettings(Section):
@@ -290,7 +319,7 @@ class IndexProbeSpec(Section):
 
     name: str
     model: str = Field(..., description="the model whose queries and vectors the index holds")
-    engine: Literal["pgvector", "lancedb", "qdrant"]
+    engine: Literal["pgvector", "lancedb", "qdrant", "chroma"]
     k: int = Field(10, ge=1, le=1000)
     interval_seconds: float = Field(300.0, gt=0, le=7 * 86400)
     timeout_seconds: float = Field(120.0, gt=0, le=86400)
@@ -310,6 +339,7 @@ class IndexProbeSpec(Section):
     pgvector: PgvectorSettings | None = None
     lancedb: LanceDbSettings | None = None
     qdrant: QdrantSettings | None = None
+    chroma: ChromaSettings | None = None
 
     @field_validator("name", "model")
     @classmethod
@@ -322,7 +352,7 @@ class IndexProbeSpec(Section):
     def _engine_section(self) -> IndexProbeSpec:
         if getattr(self, self.engine) is None:
             raise ValueError(f"engine {self.engine} needs its section {self.engine}:")
-        others = [e for e in ("pgvector", "lancedb", "qdrant") if e != self.engine and getattr(self, e) is not None]
+        others = [e for e in ENGINES if e != self.engine and getattr(self, e) is not None]
         if others:
             raise ValueError(f"engine {self.engine}: remove the section(s) {others}")
         if not self.queries.stream and self.queries.golden_file is None:

@@ -15,6 +15,7 @@ endpoints go on. ``collect`` reads a snapshot published at the end of each cycle
 
 from __future__ import annotations
 
+import bisect
 import logging
 import statistics
 import threading
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 
 from monitor import catalog
 from monitor.canary.component import CanaryComponent
@@ -41,6 +42,9 @@ from monitor.state import checks as restored
 
 logger = logging.getLogger(__name__)
 STREAM = "serving"
+# The bucket boundaries OpenTelemetry's GenAI semantic conventions advise for gen_ai.client.operation.duration
+# (seconds): what embmon_serving_request_duration_seconds uses (docs/canaries.md, "OpenTelemetry").
+GEN_AI_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
 
 
 @dataclass
@@ -56,6 +60,9 @@ class EndpointState:
     collisions: int | None = None
     latency_median: float | None = None
     latency_max: float | None = None
+    # successful requests' durations: counts per GEN_AI_DURATION_BUCKETS bucket (+Inf last), and their sum
+    durations: list[int] = field(default_factory=lambda: [0] * (len(GEN_AI_DURATION_BUCKETS) + 1))
+    durations_sum: float = 0.0
     last_success: float | None = None
     failures: int = 0  # consecutive failed cycles
     skip_until: float = 0.0
@@ -136,6 +143,9 @@ class ServingComponent(Component):
             state.cycle += 1
             state.requests += result.calls
             state.invalid.update(result.invalid)
+            for latency in result.latencies:
+                state.durations[bisect.bisect_left(GEN_AI_DURATION_BUCKETS, latency)] += 1
+                state.durations_sum += latency
             if result.latencies:
                 state.latency_median = statistics.median(result.latencies)
                 state.latency_max = max(result.latencies)
@@ -209,6 +219,7 @@ class ServingComponent(Component):
                     tolerance.add_metric([model, check], held_to(check, tolerances, state.deviations))
         yield deviation
         yield tolerance
+        yield _durations(snap)
         requests = catalog.counter("embmon_serving_requests_total")
         for model, state in sorted(snap.items()):
             requests.add_metric([model], float(state.requests))
@@ -260,8 +271,23 @@ def _copy(state: EndpointState) -> EndpointState:
         requests=state.requests, errors=Counter(state.errors), invalid=Counter(state.invalid),
         cycles=Counter(state.cycles), violations=Counter(state.violations), deviations=dict(state.deviations),
         collisions=state.collisions, latency_median=state.latency_median, latency_max=state.latency_max,
+        durations=list(state.durations), durations_sum=state.durations_sum,
         last_success=state.last_success, backoff=state.backoff,
     )
+
+
+def _durations(snap: Mapping[str, EndpointState]) -> HistogramMetricFamily:
+    """``embmon_serving_request_duration_seconds``: OpenTelemetry's gen_ai.client.operation.duration as
+    Prometheus names it, for the successful requests (a failed one is counted by reason instead)."""
+    spec = catalog.spec("embmon_serving_request_duration_seconds")
+    family = HistogramMetricFamily(spec.family, spec.help, labels=list(spec.labels))
+    for model, state in sorted(snap.items()):
+        cumulative, buckets = 0, []
+        for bound, count in zip((*map(str, GEN_AI_DURATION_BUCKETS), "+Inf"), state.durations, strict=True):
+            cumulative += count
+            buckets.append((bound, float(cumulative)))
+        family.add_metric([model], buckets, state.durations_sum)
+    return family
 
 
 def serving_factories(canary_class: type[CanaryComponent] = CanaryComponent,

@@ -233,3 +233,65 @@ def test_panels_read_the_daemons_own_job_label_as_prometheus_stores_it() -> None
         matched = set(re.findall(r"[{,]\s*(\w+)\s*(?:=~|!=|!~|=)", expr))
         # `job` is the scrape job there: grouping by it would add every scheduled job together
         assert "job" not in grouped | matched and "exported_job" in grouped | matched, expr
+
+
+def _source_metrics(expr: str, recorded: dict[str, str]) -> set[str]:
+    """The declared metrics ``expr`` reads: directly, or through the recording rules it names (a histogram's
+    ``_bucket``/``_sum``/``_count`` series count as the histogram)."""
+    names = set(referenced_metrics(expr))
+    for record, source in recorded.items():
+        if re.search(rf"(?<![\w:]){re.escape(record)}(?![\w:])", expr):
+            names |= _source_metrics(source, recorded)
+    return {n if n in METRICS else re.sub(r"_(bucket|sum|count)$", "", n) for n in names}
+
+
+def _on_a_board(boards: dict[str, dict[str, Any]], recorded: dict[str, str]) -> set[str]:
+    return set().union(*(_source_metrics(expr, recorded) for b in boards.values() for _, expr in panel_queries(b)))
+
+
+def test_every_metric_an_alert_reads_is_on_a_board() -> None:
+    """Whoever is paged can look at what paged them: every metric of every alert (enabled or not, its condition
+    and its gate, through the recording rules it reads) is drawn on at least one board."""
+    rules = build_rules()
+    recorded = {rule.record: rule.expr for rule in rules.recording}
+    on_boards = _on_a_board(committed(), recorded)
+    alerts = rules.all_alerts
+    assert len(alerts) >= 35
+    off = {alert.name: sorted(_source_metrics(alert.promql(), recorded) - on_boards) for alert in alerts}
+    assert {name: metrics for name, metrics in off.items() if metrics} == {}
+    # and the check sees through a recording rule: the invalid-records alert reads only a recorded ratio
+    (invalid,) = [a for a in alerts if a.name == "EmbeddingMonitorInvalidRecordsHigh"]
+    assert not referenced_metrics(invalid.promql()) & {"embmon_records_invalid_total"}
+    assert "embmon_records_invalid_total" in _source_metrics(invalid.promql(), recorded)
+
+
+def test_the_alert_board_check_fails_for_a_metric_on_no_board() -> None:
+    rules = build_rules()
+    recorded = {rule.record: rule.expr for rule in rules.recording}
+    boards = copy.deepcopy(committed())
+    for board in boards.values():  # take the serving probe's panels off every board
+        board["panels"] = [p for p in board["panels"]
+                           if not any("embmon_serving_" in t["expr"] for t in p.get("targets", ()))]
+    (alert,) = [a for a in rules.all_alerts if a.name == "EmbeddingMonitorServingNonconformant"]
+    assert _source_metrics(alert.promql(), recorded) - _on_a_board(boards, recorded) == {
+        "embmon_serving_deviation", "embmon_serving_tolerance", "embmon_serving_violations_total"}
+
+
+@pytest.mark.parametrize("area", ["serving", "index"])
+def test_every_serving_and_index_metric_is_on_a_board(area: str) -> None:
+    rules = build_rules()
+    on_boards = _on_a_board(committed(), {rule.record: rule.expr for rule in rules.recording})
+    declared = {name for name, spec in METRICS.items() if spec.area == area}
+    assert len(declared) >= 12 and declared - on_boards == set()
+
+
+def test_serving_row_shows_each_check_against_its_tolerance_as_the_alert_does() -> None:
+    (serving,) = [panels for title, panels in rows(committed()["embedding-monitor-intrinsic"]).items()
+                  if title.startswith("Serving probe")]
+    (ratio,) = [p for p in serving if p["title"] == "Conformance: deviation over tolerance per check"]
+    (alert,) = [a for a in build_rules().alerts if a.name == "EmbeddingMonitorServingNonconformant"]
+    # the panel draws the alert's value (per model and check), with the selected models, and 1 as the red line
+    expr = ratio["targets"][0]["expr"]
+    assert expr.replace('{model=~"$model"}', "") == alert.condition.expr
+    steps = ratio["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert [(s["value"], s["color"]) for s in steps] == [(None, "green"), (alert.condition.threshold, "red")]

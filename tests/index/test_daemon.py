@@ -74,3 +74,34 @@ def test_index_probes_in_the_daemon(tmp_path: Path) -> None:
 
 def _closed_port() -> int:
     return free_port()  # nothing listens there
+
+
+@pytest.mark.slow
+def test_a_chroma_probe_in_the_daemon(tmp_path: Path) -> None:
+    """The same catalog in a real Chroma server's collection: the daemon's probe measures it and exports."""
+    from tests.support import chroma
+
+    rows = vs.unit_rows(200, DIM, seed=2)
+    with chroma.server() as url:
+        chroma.load(url, "catalog", [f"item-{i}" for i in range(200)], rows)
+        settings = load_settings(overrides={
+            "source": "synthetic",
+            "synthetic": {"models": [{"name": "m", "dim": DIM}], "rate": 200.0, "batch_size": 20,
+                          "interactions": {"rate": 50.0, "catalog_size": 200, "catalog_period_seconds": 1.0}},
+            "http": {"host": "127.0.0.1", "port": 0}, "state_dir": str(tmp_path / "state"), "refresh_seconds": 0.5,
+            "index": {"probes": [{
+                "name": "chroma", "engine": "chroma", "model": "m", "interval_seconds": 0.5, "timeout_seconds": 20,
+                "budget": {"exact_searches": 40},
+                "census": {"stream": "catalog", "grace_seconds": 0, "hub_queries": 5, "degenerate_rows": 50},
+                "chroma": {"url": url, "collection": "catalog"}}]},
+        })
+        with daemons.monitor(settings) as monitor:
+            port = monitor.http.port
+            wait_until(lambda: (value(scrape(port), "embmon_index_probe_runs_total", probe="chroma",
+                                      outcome="success") or 0) >= 2, timeout=60, message="the Chroma probe measured")
+            s = scrape(port)
+    recall = value(s, "embmon_index_recall_ratio", probe="chroma", model="m", scope="all", k="10")
+    assert recall is not None and 0 < recall <= 1
+    assert value(s, "embmon_index_rows", probe="chroma", model="m") == 200
+    assert value(s, "embmon_index_stale_ratio", probe="chroma", model="m") == 1.0  # random vectors, as above
+    assert value(s, "embmon_index_searches_total", probe="chroma", kind="exact") > 0

