@@ -48,7 +48,7 @@ def test_the_ks_pooled_basis_from_the_cached_scatter_gives_the_same_p_values() -
         assert fast.extra["component_statistics"] == plain.extra["component_statistics"]
 
 
-def test_the_cache_serves_one_entry_per_reference_object_and_forgets_dead_ones() -> None:
+def test_the_cache_serves_one_entry_per_reference_object_forgets_dead_ones_and_keeps_its_budget() -> None:
     cache_module.clear()
     rng = np.random.default_rng(1)
     first = _cloud(rng, 50, 8)
@@ -59,9 +59,13 @@ def test_the_cache_serves_one_entry_per_reference_object_and_forgets_dead_ones()
     del first
     gc.collect()
     assert key not in cache_module._cache  # a later object with the same id is not served its pieces
-    for _ in range(cache_module.CACHED_REFERENCES + 3):
-        reference_cache(_cloud(rng, 10, 8))
-    assert len(cache_module._cache) <= cache_module.CACHED_REFERENCES
+    kept = [_cloud(rng, 1000, 384) for _ in range(10)]  # 11 MB each: 22 fit in the 256 MB budget
+    assert all(reference_cache(r) is not None for r in kept)
+    big = np.zeros((2048, 3000), dtype=np.float32)  # 81 MB of pieces: over the budget beside the others
+    used = sum(entry[2] for entry in cache_module._cache.values())
+    assert ReferenceCache.bytes_for(*big.shape) > cache_module.CACHE_BYTES - used
+    assert reference_cache(big) is None
+    assert all(reference_cache(r) is not None for r in kept)  # nothing was evicted for it
 
 
 def test_a_reference_above_the_gram_limit_keeps_no_gram_and_the_test_takes_the_plain_path() -> None:

@@ -356,7 +356,7 @@ def heldout_mmd_from_gram(
     if rr is None:
         raise ValueError("the reference cache holds no Gram matrix (the reference has too many rows)")
     x64 = np.asarray(x, dtype=np.float64) - reference.mean
-    m, n = len(x64), len(reference.rows)
+    m, n = len(x64), reference.size
     x_order, y_order = split_indices(m, n, rng)
     m_train, n_train = int(m * 0.5), int(n * 0.5)
     ordered = x64[x_order]
@@ -434,7 +434,7 @@ def _heldout_mmd(
     held-out rows stay exchangeable under no drift. With ``reference`` (its cached Gram, on the
     CPU) the distances come from one pooled Gram (:func:`heldout_mmd_from_gram`)."""
     m, n = len(x), len(y)
-    cached = reference is not None and len(reference.rows) == n and not use_cuda(device)
+    cached = reference is not None and reference.size == n and not use_cuda(device)
     if cached and reference is not None and reference.centred_gram is not None:
         sigma, ranked, observed = heldout_mmd_from_gram(x, reference, rng, bandwidth, bandwidth_points)
     else:

@@ -12,14 +12,16 @@ the tests depend on the reference rows alone:
 - ``scatter`` and ``total``: ``Rᵀ R`` (``d × d``) and the column sums, the reference's share of
   the pooled scatter matrix whose top eigenvectors are the KS test's ``pca_pooled`` basis
   (:func:`monitor.drift.twosample.ks.pooled_pca_basis`).
-- ``rows``, ``mean``, ``centred_rows``, ``centred_squared_norms``: the float64 copy, its mean, and
-  the centred rows and their squared norms.
+- ``mean``, ``centred_rows``, ``centred_squared_norms``: the reference mean, and the float64
+  rows less it and their squared norms.
 
 The cache is keyed by the sample *object* (:func:`reference_cache`): a caller that edited a
 reference array in place would be served stale pieces (the daemon does not: a new reference
-is a new array). An entry goes when its sample is collected; the cache holds the
-last :data:`CACHED_REFERENCES` references, so a daemon
-with more streams than that recomputes (correct, only slower). numpy only.
+is a new array). An entry lives as long as its sample and no longer. The entries together stay
+under :data:`CACHE_BYTES` (their float64 rows, Gram and scatter matrices, counted before they
+are computed): a reference that would not fit gets no entry and its tests compute as before, so
+a daemon with more streams than fit never evicts and recomputes one stream's pieces for another's
+(round-robin use would make every lookup a miss). numpy only.
 """
 
 from __future__ import annotations
@@ -27,34 +29,32 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
-from collections import OrderedDict
 
 import numpy as np
 
 MAX_GRAM_ROWS = 2048
-CACHED_REFERENCES = 16
+CACHE_BYTES = 256 * 2**20
 
 
 class ReferenceCache:
     """The reference-only pieces of a drift cycle (module docstring); the Gram matrix on first use."""
 
     def __init__(self, reference: np.ndarray, max_gram_rows: int = MAX_GRAM_ROWS):
-        rows = np.ascontiguousarray(reference, dtype=np.float64)
+        rows = np.asarray(reference, dtype=np.float64)
         if rows.ndim != 2:
             raise ValueError(f"a reference sample is 2-D (rows, dim); got shape {rows.shape}")
-        self.rows = rows
+        self.size = len(rows)
         self.total = rows.sum(axis=0)
         self.scatter = rows.T @ rows
+        self.mean = self.total / max(self.size, 1)
+        self.centred_rows = rows - self.mean  # pairwise distances unchanged, dot products small
         self.max_gram_rows = max_gram_rows
 
-    @functools.cached_property
-    def mean(self) -> np.ndarray:
-        return self.total / len(self.rows)
-
-    @functools.cached_property
-    def centred_rows(self) -> np.ndarray:
-        """The rows less the reference mean (pairwise distances unchanged, dot products small)."""
-        return self.rows - self.mean
+    @staticmethod
+    def bytes_for(rows: int, dim: int, max_gram_rows: int = MAX_GRAM_ROWS) -> int:
+        """What the pieces of a ``rows × dim`` reference hold, float64 (the Gram matrix included)."""
+        gram = rows * rows if rows <= max_gram_rows else 0
+        return 8 * (rows * dim + dim * dim + 2 * dim + rows + gram)
 
     @functools.cached_property
     def centred_squared_norms(self) -> np.ndarray:
@@ -63,17 +63,18 @@ class ReferenceCache:
     @functools.cached_property
     def centred_gram(self) -> np.ndarray | None:
         """The centred rows' Gram matrix in float64, or None above ``max_gram_rows`` rows."""
-        if len(self.rows) > self.max_gram_rows:
+        if self.size > self.max_gram_rows:
             return None
         return self.centred_rows @ self.centred_rows.T
 
 
 _lock = threading.RLock()  # reentrant: a weakref callback may run in a collection inside the lock
-_cache: OrderedDict[int, tuple[weakref.ref[np.ndarray], ReferenceCache]] = OrderedDict()
+_cache: dict[int, tuple[weakref.ref[np.ndarray], ReferenceCache, int]] = {}
 
 
-def reference_cache(reference: np.ndarray) -> ReferenceCache:
-    """The cached pieces of this reference sample object, computed on first use.
+def reference_cache(reference: np.ndarray) -> ReferenceCache | None:
+    """The cached pieces of this reference sample object, computed on first use; None when they
+    would not fit in :data:`CACHE_BYTES` beside the others (module docstring).
 
     Examples
     --------
@@ -88,8 +89,10 @@ def reference_cache(reference: np.ndarray) -> ReferenceCache:
     with _lock:
         hit = _cache.get(key)
         if hit is not None and hit[0]() is reference:
-            _cache.move_to_end(key)
             return hit[1]
+        size = ReferenceCache.bytes_for(*np.shape(reference)) if np.ndim(reference) == 2 else 0
+        if sum(entry[2] for entry in _cache.values()) + size > CACHE_BYTES:
+            return None
     pieces = ReferenceCache(reference)
 
     def forget(dead: weakref.ref[np.ndarray]) -> None:  # the sample is gone: its id may be reused
@@ -98,10 +101,7 @@ def reference_cache(reference: np.ndarray) -> ReferenceCache:
                 del _cache[key]
 
     with _lock:
-        _cache[key] = (weakref.ref(reference, forget), pieces)
-        _cache.move_to_end(key)
-        while len(_cache) > CACHED_REFERENCES:
-            _cache.popitem(last=False)
+        _cache[key] = (weakref.ref(reference, forget), pieces, size)
     return pieces
 
 
