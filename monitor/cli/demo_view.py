@@ -44,7 +44,7 @@ class RegionView:
     window_share: float
     p_adjusted: float
     shifted: bool
-    exemplars: tuple[str, ...] = ()  # the window's own ids least like any reference row
+    exemplars: tuple[str, ...] = ()  # the window's own ids with the largest MMD witness
     mmd_share: float = 0.0  # its part of the MMD statistic (0: a report from before the ranking)
 
 

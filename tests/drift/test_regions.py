@@ -292,3 +292,37 @@ def test_a_rotated_model_swap_is_explained_as_everything_novel() -> None:
         shares.append(report.regions.novel_share)
     print(f"\nrotated swap: novel share {min(shares):.3f}-{max(shares):.3f} at the first verdict")
     assert min(shares) >= 0.5
+
+
+@pytest.mark.parametrize("shift", ["new topic", "share of a kind the reference had"])
+def test_the_first_named_regions_window_exemplars_are_the_arrivals(shift: str) -> None:
+    """Exemplars ranked by the MMD witness: at the first named cycle, at least 80% of the first
+    region's window exemplars are items of what arrived (a new topic beside an old one, or more of
+    a sub-topic the reference already held a little of), not the region's old items or outliers."""
+    dim = 16
+    eye = np.eye(dim)
+
+    def topic(rng: np.random.Generator, centre: np.ndarray, n: int) -> np.ndarray:
+        x = centre + 0.25 * rng.standard_normal((n, dim))
+        return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+    arrivals_centre = 0.8 * eye[0] + 0.6 * eye[5]
+    hits = total = 0
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        if shift == "new topic":  # the arrivals: a topic the reference never had, beside topic 0
+            parts = [("old", eye[i], 300, 150) for i in range(4)]
+        else:  # the arrivals: more of a sub-topic that was 20% of topic 0's rows in the reference
+            parts = ([("old", eye[0], 240, 120), ("kind", arrivals_centre, 60, 30)]
+                     + [("old", eye[i], 300, 150) for i in range(1, 4)])
+        reference = np.concatenate([topic(rng, c, n) for _, c, n, _ in parts])
+        window = np.concatenate([topic(rng, c, n) for _, c, _, n in parts] + [topic(rng, arrivals_centre, 200)])
+        ids = [f"{name}-{i}" for name, _, _, n in parts for i in range(n)] + [f"new-{i}" for i in range(200)]
+        regions = fit_regions(reference.astype(np.float32), max_regions=4, seed=seed)
+        assert regions is not None
+        report = compare_regions(regions, window, ids, reference, 0.05, exemplars=3, seed=seed)
+        first = report.ranked()[0]
+        assert first.shifted and first.change > 0
+        hits += sum(e.startswith(("new", "kind")) for e in first.window_exemplars)
+        total += len(first.window_exemplars)
+    assert total == 18 and hits >= 0.8 * total, (hits, total)

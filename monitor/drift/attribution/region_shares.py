@@ -23,10 +23,12 @@ carry their share change beside it.
 
 Exemplars, so a person can open the items that moved: per region, the reference's ids nearest
 its centre (what the region is about, chosen when the regions were fitted) and the window's ids
-*least like any reference row* among the window rows of that region (largest distance to the
-nearest reference row: in a region that gained share, the arrivals; the rows nearest the centre
-would show the same old items as the reference's); for the novel share, the novel rows nearest
-the novel rows' own mean (the most typical of what is new).
+with the *largest MMD witness* among the window rows of that region (the witness is the window's
+kernel density less the reference's: the rows where the window has most more than the
+reference, the arrivals of a share that rose; the rows nearest the centre would show the same
+old items as the reference's, and the rows least like any reference row, the earlier rule, are
+the region's outliers when the arrivals are items of a kind the reference already had); for the
+novel share, the novel rows nearest the novel rows' own mean (the most typical of what is new).
 
 The share test does not enter the cycle's drift verdict (the suite's tests decide, with the whole
 budget); it explains it. numpy and scipy.
@@ -203,10 +205,9 @@ def compare_regions(
                        np.array([novel_reference, calibration_rows - novel_reference]))[0],
     ]
     adjusted = benjamini_hochberg(p_values)
-    unfamiliar = -nearest_distance(window, reference)
-    mmd_shares = witness_shares(window, labels, reference, regions.assign(reference)[0], regions.k,
-                                np.random.default_rng(seed))
-    window_exemplars = ranked_ids(labels, unfamiliar, window_ids, regions.k, exemplars)
+    mmd_shares, window_witness = witness_parts(window, labels, reference, regions.assign(reference)[0], regions.k,
+                                               np.random.default_rng(seed))
+    window_exemplars = ranked_ids(labels, -window_witness, window_ids, regions.k, exemplars)
     novel_exemplars: tuple[str, ...] = ()
     if novel.any() and window_ids is not None:
         novel_rows = np.flatnonzero(novel)
@@ -239,7 +240,17 @@ def witness_shares(
     window: np.ndarray, window_labels: np.ndarray, reference: np.ndarray, reference_labels: np.ndarray, k: int,
     rng: np.random.Generator, points: int = WITNESS_POINTS,
 ) -> np.ndarray:
-    """Each region's part of the MMD statistic: where the kernel test sees the window differ.
+    """Each region's part of the MMD statistic (:func:`witness_parts` without the rows' witness values)."""
+    return witness_parts(window, window_labels, reference, reference_labels, k, rng, points)[0]
+
+
+def witness_parts(
+    window: np.ndarray, window_labels: np.ndarray, reference: np.ndarray, reference_labels: np.ndarray, k: int,
+    rng: np.random.Generator, points: int = WITNESS_POINTS,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each region's part of the MMD statistic, and the witness at each window row.
+
+    The parts: where the kernel test sees the window differ.
 
     The MMD witness ``f(z) = mean k(z, window) - mean k(z, reference)`` (Gretton et al. 2012; the
     suite's RBF kernel and median bandwidth) has ``mean_window f - mean_reference f`` = the biased
@@ -249,16 +260,18 @@ def witness_shares(
     (``f < 0`` there), so both rank high; evaluating the witness at the window's rows only would
     miss what left. Returned as shares of the sum (0 everywhere when it is not positive). The
     kernel means use at most ``points`` rows per side, drawn from ``rng`` (bounded cost:
-    ``(m + n) × 2·points`` kernel entries).
+    ``(m + n) × 2·points`` kernel entries). The window rows' witness values rank a region's
+    window exemplars: the rows where the window's density most exceeds the reference's.
     """
     sigma = median_bandwidth(np.concatenate([window, reference]), rng)
     fit = kernel_witness(sigma)
     witness = fit(window[subsample_index(len(window), points, rng)],
                   reference[subsample_index(len(reference), points, rng)])
-    parts = (np.bincount(window_labels, weights=witness(window), minlength=k) / len(window)
+    at_window = witness(window)
+    parts = (np.bincount(window_labels, weights=at_window, minlength=k) / len(window)
              - np.bincount(reference_labels, weights=witness(reference), minlength=k) / len(reference))
     total = float(parts.sum())
-    return parts / total if total > 0 else np.zeros(k)
+    return (parts / total if total > 0 else np.zeros(k)), at_window
 
 
 def calibrated_novelty(

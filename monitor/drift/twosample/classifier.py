@@ -29,6 +29,7 @@ from sklearn.preprocessing import StandardScaler
 
 from monitor.drift.twosample.calibration import TestResult
 from monitor.drift.twosample.heldout import rank_test, split_halves
+from monitor.drift.twosample.ks import top_eigenvectors
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +82,7 @@ def classifier_test(
     components = min(squared_components, train.shape[1])
     if components > 0:
         centred = train - mean
-        eigenvalues, eigenvectors = np.linalg.eigh(centred.T @ centred)
-        axes = eigenvectors[:, np.argsort(eigenvalues)[::-1][:components]]
+        axes = top_eigenvectors(centred.T @ centred, components)
     else:
         axes = np.zeros((train.shape[1], 0))
     scaler = StandardScaler().fit(_features(train, mean, axes))

@@ -69,15 +69,23 @@ def split_halves(
     x: np.ndarray, y: np.ndarray, rng: np.random.Generator, train_fraction: float = 0.5
 ) -> Halves:
     """Shuffle each sample (seeded) and cut it at ``train_fraction``; ValueError when a part has < 2 rows."""
+    m_train, n_train = int(len(x) * train_fraction), int(len(y) * train_fraction)
+    x_order, y_order = split_indices(len(x), len(y), rng, train_fraction)
+    x, y = x[x_order], y[y_order]
+    return Halves(x[:m_train], x[m_train:], y[:n_train], y[n_train:])
+
+
+def split_indices(
+    m: int, n: int, rng: np.random.Generator, train_fraction: float = 0.5
+) -> tuple[np.ndarray, np.ndarray]:
+    """The row orders :func:`split_halves` cuts (the first ``int(m · train_fraction)`` of the
+    window's train), drawn from ``rng`` the same way."""
     if not 0 < train_fraction < 1:
         raise ValueError(f"train_fraction must be in (0, 1), got {train_fraction}")
-    m, n = len(x), len(y)
     m_train, n_train = int(m * train_fraction), int(n * train_fraction)
     if min(m_train, n_train, m - m_train, n - n_train) < 2:
         raise ValueError(f"samples too small to split: {m} and {n} rows at train_fraction={train_fraction}")
-    x = x[rng.permutation(m)]
-    y = y[rng.permutation(n)]
-    return Halves(x[:m_train], x[m_train:], y[:n_train], y[n_train:])
+    return rng.permutation(m), rng.permutation(n)
 
 
 def rank_test(window_scores: np.ndarray, reference_scores: np.ndarray) -> RankOutcome:

@@ -36,6 +36,7 @@ from monitor.drift.twosample.centroid import centroid_test
 from monitor.drift.twosample.classifier import classifier_test
 from monitor.drift.twosample.ks import ks_test
 from monitor.drift.twosample.mmd import mmd_test
+from monitor.drift.twosample.reference_cache import reference_cache
 from monitor.multiple_testing import holm_reject, holm_thresholds
 
 logger = logging.getLogger(__name__)
@@ -180,7 +181,10 @@ def run_drift_suite(
     seeds = np.random.SeedSequence(settings.seed if seed is None else seed).spawn(7)
     kept = subsample_index(len(window), settings.window_sample_size, np.random.default_rng(seeds[0]))
     window, window_ids = window[kept], subsample_ids(window_ids, kept)
+    whole = len(reference) <= settings.reference_sample_size
     reference = uniform_subsample(reference, settings.reference_sample_size, np.random.default_rng(seeds[1]))
+    # the same reference object every cycle unless it is subsampled anew: only then are its pieces worth keeping
+    cached = reference_cache(reference) if whole else None
     deadline = deadline or Deadline.never()
 
     alpha = settings.test_alpha
@@ -189,11 +193,11 @@ def run_drift_suite(
             window, reference, alpha=alpha, permutations=settings.permutations_for("mmd"),
             stop_after=settings.mmd.stop_after, bandwidth=settings.mmd.bandwidth, seed=seeds[2],
             device=settings.device, block_size=settings.mmd.block_size, null=settings.null_for("mmd"),
-            deadline=deadline,
+            deadline=deadline, reference=cached,
         ),
         "ks": lambda: ks_test(
             window, reference, alpha=alpha, basis=settings.ks.basis, components=settings.ks.components,
-            seed=seeds[3],
+            seed=seeds[3], reference=cached,
         ),
         "centroid": lambda: centroid_test(
             window, reference, alpha=alpha, permutations=settings.permutations_for("centroid"),

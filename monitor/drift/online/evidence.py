@@ -1,0 +1,240 @@
+"""Evidence that accumulates: an anytime-valid change detector on the reference's regions.
+
+The drift suite decides on one window at a time and forgets it, so a shift too small for one
+window is missed in every window. This detector keeps the evidence. Each fresh row (a row of a
+sub-window that no earlier cycle saw: every row is bet on once, so overlapping windows never
+count the same row twice) is turned into a *conformal p-value*, the evidence in a cycle's rows is
+a product of bets on those p-values, and a Shiryaev–Roberts statistic accumulates the cycles'
+evidence with a false-alarm guarantee that holds however long the stream runs.
+
+Conformal p-values. The rows' score is their region (:class:`~monitor.drift.attribution.regions.Regions`:
+the nearest of the k centres fitted on one half of the reference). The *bag* starts with the
+region counts of the reference's other, held-out half and takes in every stream row after it
+is scored. A row of region ``b`` arriving when the bag holds ``N`` rows, ``G`` of them in a
+region numbered above ``b`` and ``C`` in ``b``, gets ``p = (G + U (C + 1)) / (N + 1)`` with
+``U`` uniform on (0, 1) (Vovk, Gammerman & Shafer 2005, smoothed conformal p-values). When
+the held-out reference rows and the stream rows are exchangeable (in particular: independent
+draws from one distribution), these p-values are independent and uniform on (0, 1), exactly,
+whatever the centres, the region numbering or the distribution are (Vovk et al. 2003).
+
+Betting. Before each cycle the detector picks a density ``f`` on [0, 1] from the past alone: the
+interval of region ``b``'s p-values (its share of the bag, by region number) gets the height
+``(1 - λ) + λ q_b / π_b``, with ``π_b`` the bag's share of region ``b`` and ``q_b`` a forgetful
+estimate of the recent stream's share (a prior of ``prior_rows`` rows at the bag's shares plus
+the recent rows' counts, each cycle's weighing ``forget`` times the last). The density
+integrates to one, so under no change each row's factor ``f(p)`` has mean 1 given the past,
+and so does the cycle's evidence ``e_t``, the product of its rows' factors.
+
+Accumulation. The Shiryaev–Roberts statistic ``R_t = (1 + R_{t-1}) e_t`` (``R_0 = 0``) alarms
+when ``R_t ≥ A`` and restarts at 0. Under no change ``R_t - t`` is a martingale, so the mean
+number of cycles to a false alarm is at least ``A`` (optional stopping; Shin, Ramdas & Rinaldo
+2023, e-detectors); between restarts false alarms come at most once per ``A`` cycles on
+average. ``log_evidence`` is ``log R_t``, exported per stream.
+
+Assumptions, stated where the guarantee is used (docs/drift.md, "Evidence that accumulates"):
+the held-out reference rows and every stream row since the detector started are exchangeable
+(the stream has the reference's distribution and its rows are independent); the regions and
+their held-out counts do not change (a new reference starts a new detector). Not assumed: any
+model of the embeddings, the number of rows per cycle, or how the bets were chosen (they depend
+on the past only).
+
+numpy only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+DEFAULT_LAMBDA = 0.5
+DEFAULT_FORGET = 0.8
+DEFAULT_PRIOR_ROWS = 200.0
+
+
+@dataclass(frozen=True)
+class EvidenceStep:
+    """One cycle's outcome: its rows' log-evidence, the statistic after it, and whether it alarmed."""
+
+    rows: int
+    log_e: float
+    log_evidence: float
+    alarmed: bool
+
+
+def conformal_p_values(labels: np.ndarray, bag: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Smoothed conformal p-values of ``labels`` (n,), scored in order, each against ``bag`` and the rows before it.
+
+    ``bag`` (k,) holds the counts per label before the first row; it is not changed. Also for many
+    streams at once: ``labels`` (S, n) against ``bag`` (S, k) gives (S, n).
+
+    Examples
+    --------
+    >>> p = conformal_p_values(np.array([0, 1]), np.array([3, 1]), np.random.default_rng(0))
+    >>> bool(1 / 5 <= p[0] <= 1.0), bool(0.0 <= p[1] <= 2 / 6)
+    (True, True)
+    """
+    labels = np.asarray(labels, dtype=np.int64)
+    bag = np.asarray(bag)
+    k = bag.shape[-1]
+    onehot = (labels[..., None] == np.arange(k)).astype(np.int64)  # (..., n, k)
+    before = np.cumsum(onehot, axis=-2) - onehot + bag[..., None, :]  # counts before each row, bag included
+    at_least = np.cumsum(before[..., ::-1], axis=-1)[..., ::-1]  # at_least[..., b]: rows with a label >= b
+    equal = np.take_along_axis(before, labels[..., None], axis=-1)[..., 0]
+    greater = np.take_along_axis(at_least, labels[..., None], axis=-1)[..., 0] - equal
+    total = before.sum(axis=-1)
+    return (greater + rng.random(labels.shape) * (equal + 1)) / (total + 1)
+
+
+def bet_density(bag: np.ndarray, recent: np.ndarray, bet: float, prior_rows: float) -> tuple[np.ndarray, np.ndarray]:
+    """The bet fixed from the past: cell edges (..., k + 1), decreasing, and heights (..., k).
+
+    Region ``b``'s cell is ``[edges[b + 1], edges[b])``, its share of the bag in region order from
+    the top (its p-values lie above those of the regions numbered after it); its height is
+    ``(1 - bet) + bet · q_b / π_b`` (module docstring). The heights times the cell widths sum to 1.
+    """
+    shares = bag / bag.sum(axis=-1, keepdims=True)
+    predicted = (prior_rows * shares + recent) / (prior_rows + recent.sum(axis=-1, keepdims=True))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(shares > 0, predicted / np.where(shares > 0, shares, 1.0), 1.0)
+    heights = (1.0 - bet) + bet * ratio
+    tail = np.cumsum(shares[..., ::-1], axis=-1)[..., ::-1]  # tail[..., b]: share of regions >= b
+    edges = np.concatenate([np.ones_like(tail[..., :1]), tail[..., 1:], np.zeros_like(tail[..., :1])], axis=-1)
+    return edges, heights
+
+
+def log_evidence_of(p_values: np.ndarray, edges: np.ndarray, heights: np.ndarray) -> np.ndarray:
+    """``log Π f(p)`` over the last axis of ``p_values`` (..., n) for the cells ``edges`` at ``heights``."""
+    k = heights.shape[-1]
+    # the cell of p: how many of edges[1..k] (decreasing) are at least p
+    cell = (edges[..., None, 1:] >= p_values[..., None]).sum(axis=-1)
+    cell = np.minimum(cell, k - 1)
+    return np.log(np.take_along_axis(heights, cell, axis=-1)).sum(axis=-1)
+
+
+def bet_cycle(
+    bag: np.ndarray, recent: np.ndarray, labels: np.ndarray, rng: np.random.Generator, bet: float, prior_rows: float
+) -> np.ndarray:
+    """One cycle's log-evidence (...,) of ``labels`` (..., n) against ``bag`` and ``recent`` (..., k), unchanged."""
+    edges, heights = bet_density(bag, recent, bet, prior_rows)
+    return log_evidence_of(conformal_p_values(labels, bag, rng), edges, heights)
+
+
+def sr_step(log_evidence: np.ndarray, log_e: np.ndarray) -> np.ndarray:
+    """The Shiryaev–Roberts recursion ``R_t = (1 + R_{t-1}) e_t`` in logs (``R_0 = 0``: ``-inf``)."""
+    return np.logaddexp(0.0, log_evidence) + log_e
+
+
+def simulate_null_alarms(
+    reference_counts: np.ndarray, shares: np.ndarray, rows: int, cycles: int, streams: int, threshold: float,
+    *, bet: float = DEFAULT_LAMBDA, forget: float = DEFAULT_FORGET, prior_rows: float = DEFAULT_PRIOR_ROWS,
+    seed: int = 0,
+) -> int:
+    """False alarms of ``streams`` detectors over ``cycles`` cycles each when nothing changes.
+
+    Each stream's rows fall in the regions at ``shares`` and the bag starts at ``reference_counts``
+    (drawn from the same ``shares`` for the guarantee to apply); the same steps as
+    :meth:`EvidenceDetector.update`, for all streams at once. A stream restarts after an alarm.
+    """
+    rng = np.random.default_rng(seed)
+    k = len(shares)
+    bag = np.tile(np.asarray(reference_counts, dtype=np.int64), (streams, 1))
+    recent = np.zeros((streams, k))
+    log_evidence = np.full(streams, -np.inf)
+    alarms, limit = 0, math.log(threshold)
+    cumulative = np.cumsum(shares)
+    for _ in range(cycles):
+        labels = np.minimum(np.searchsorted(cumulative, rng.random((streams, rows)), side="right"), k - 1)
+        log_e = bet_cycle(bag, recent, labels, rng, bet, prior_rows)
+        counts = (labels[..., None] == np.arange(k)).sum(axis=1)
+        bag += counts
+        recent = forget * recent + counts
+        log_evidence = sr_step(log_evidence, log_e)
+        alarmed = log_evidence >= limit
+        alarms += int(alarmed.sum())
+        log_evidence[alarmed] = -np.inf
+    return alarms
+
+
+class EvidenceDetector:
+    """The per-stream accumulator (module docstring); ``update`` once per cycle with its fresh rows' regions.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> shares = np.full(8, 1 / 8)
+    >>> detector = EvidenceDetector(np.full(8, 100), threshold=1000.0, seed=1)
+    >>> quiet = [detector.update(rng.choice(8, 200, p=shares)) for _ in range(50)]
+    >>> any(step.alarmed for step in quiet)
+    False
+    >>> moved = np.r_[0.3, np.full(7, 0.1)]
+    >>> delay = next(i for i in range(1, 20) if detector.update(rng.choice(8, 200, p=moved)).alarmed)
+    >>> delay <= 3
+    True
+    """
+
+    def __init__(
+        self,
+        reference_counts: np.ndarray,
+        threshold: float,
+        *,
+        bet: float = DEFAULT_LAMBDA,
+        forget: float = DEFAULT_FORGET,
+        prior_rows: float = DEFAULT_PRIOR_ROWS,
+        seed: int | np.random.SeedSequence | None = 0,
+    ):
+        counts = np.asarray(reference_counts, dtype=np.int64)
+        if counts.ndim != 1 or len(counts) < 2 or (counts < 0).any() or counts.sum() < 1:
+            raise ValueError(f"reference_counts must be k >= 2 non-negative counts, not all zero; got {counts}")
+        if not threshold > 1:
+            raise ValueError(f"threshold must be above 1 (the mean cycles to a false alarm), got {threshold}")
+        if not 0 < bet < 1 or not 0 <= forget < 1 or not prior_rows > 0:
+            raise ValueError(f"need 0 < bet < 1, 0 <= forget < 1, prior_rows > 0; got {bet}, {forget}, {prior_rows}")
+        self.bag = counts.copy()
+        self.threshold = float(threshold)
+        self.bet, self.forget, self.prior_rows = bet, forget, prior_rows
+        self.recent = np.zeros(len(counts))
+        self.log_evidence = -math.inf  # log R_t; R_0 = 0
+        self.rng = np.random.default_rng(seed)
+        self.cycles = 0
+        self.alarms = 0
+
+    @property
+    def k(self) -> int:
+        return len(self.bag)
+
+    def update(self, labels: np.ndarray) -> EvidenceStep:
+        """Bet on one cycle's fresh rows (their region labels, in arrival order); the statistic after it."""
+        labels = np.asarray(labels, dtype=np.int64).ravel()
+        if labels.size and (labels.min() < 0 or labels.max() >= self.k):
+            raise ValueError(f"region labels must be in [0, {self.k}); got {labels.min()}..{labels.max()}")
+        log_e = float(bet_cycle(self.bag, self.recent, labels, self.rng, self.bet, self.prior_rows))
+        counts = np.bincount(labels, minlength=self.k)
+        self.bag += counts
+        self.recent = self.forget * self.recent + counts
+        self.log_evidence = float(sr_step(np.array(self.log_evidence), np.array(log_e)))
+        self.cycles += 1
+        alarmed = self.log_evidence >= math.log(self.threshold)
+        step = EvidenceStep(int(labels.size), log_e, self.log_evidence, alarmed)
+        if alarmed:
+            self.alarms += 1
+            self.log_evidence = -math.inf
+        return step
+
+
+def threshold_for(cycle_alpha: float, share: float) -> float:
+    """The Shiryaev–Roberts threshold that spends ``share`` of a cycle false-alarm budget ``cycle_alpha``.
+
+    A mean of at least ``1 / (share · cycle_alpha)`` cycles between false alarms: with the suite
+    deciding at ``(1 - share) · cycle_alpha``, the two together raise false alarms at most
+    ``cycle_alpha`` times per cycle in the long run.
+
+    Examples
+    --------
+    >>> threshold_for(60 / (7 * 86400), 0.5)  # a 60 s cycle, one false alarm a week, half of it here
+    20160.0
+    """
+    if not 0 < cycle_alpha < 1 or not 0 < share < 1:
+        raise ValueError(f"need 0 < cycle_alpha < 1 and 0 < share < 1; got {cycle_alpha}, {share}")
+    return 1.0 / (share * cycle_alpha)
