@@ -9,7 +9,8 @@ one whose own ``gc.collect()`` (hypothesis runs one) happens to find it. A threa
 left running fails the test the same way.
 
 Every run records each test's wall time (setup, call and teardown), the CPU time of the process that
-ran it and the load average in ``.cache/test-durations.json`` (git-ignored; merged with what earlier
+ran it and the load average in ``.cache/test-durations.json`` (git-ignored, or
+``EMBMON_TEST_DURATIONS``; merged with what earlier
 runs recorded, so a run of one folder updates its tests only). With ``EMBMON_FAST_TIER_SECONDS`` set
 (``scripts/test --fast`` sets 5), a test not marked slow whose wall time is over that many seconds,
 scaled up by the machine's load (the 1-minute load average per core, when over 1), fails the run after
@@ -36,7 +37,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 _CONFIG: list[pytest.Config] = []  # pytest_runtest_logreport is given the report only
 TIMES = pytest.StashKey[dict[str, dict[str, Any]]]()
-DURATIONS_FILE = Path(__file__).resolve().parent.parent / ".cache" / "test-durations.json"
+DURATIONS_FILE = Path(os.environ.get("EMBMON_TEST_DURATIONS")
+                      or Path(__file__).resolve().parent.parent / ".cache" / "test-durations.json")
 FAST_TIER_VARIABLE = "EMBMON_FAST_TIER_SECONDS"
 
 
