@@ -1,12 +1,12 @@
 """Shared fixtures: a real broker per test module, a fresh settings builder; the session's hygiene; the
 record of every test's duration and the fast tier's 5 s rule.
 
-After each test the cyclic garbage collector runs (only over what was made since collection: the
-imports are frozen first, ``gc.freeze``), so a socket, file or thread a test leaves open in a reference
-cycle is finalised in that test's teardown: its ``ResourceWarning`` (an error, pyproject's
-``filterwarnings``) reaches pytest's unraisable-exception hook there, and that test errors, not a later
-one whose own ``gc.collect()`` (hypothesis runs one) happens to find it. A thread a test started and
-left running fails the test the same way.
+After each test the cyclic garbage collector runs over what the test made (what was there before is
+frozen, ``gc.freeze``: the imports, then whatever outlived each test), so a socket, file or thread a
+test leaves open in a reference cycle is finalised in that test's teardown: its ``ResourceWarning``
+(an error, pyproject's ``filterwarnings``) reaches pytest's unraisable-exception hook there, and that
+test errors, not a later one whose own ``gc.collect()`` (hypothesis runs one) happens to find it. A
+thread a test started and left running fails the test the same way.
 
 Every run records each test's wall time (setup, call and teardown), the CPU time of the process that
 ran it and the load average in ``.cache/test-durations.json`` (git-ignored, or
@@ -135,12 +135,17 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     gc.freeze()
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    gc.unfreeze()  # pytest's last collection, after this, then walks everything (a module fixture's leaks)
+
+
 @pytest.fixture(autouse=True)
 def _leaks_fail_the_test_that_made_them(request: pytest.FixtureRequest) -> Iterator[None]:
     before = set(threading.enumerate())
     yield
     started = time.process_time()
     gc.collect()
+    gc.freeze()  # what outlives the test (caches, module fixtures) is not walked again by the next one
     request.node.user_properties.append(("gc_seconds", time.process_time() - started))
     left = [t for t in threading.enumerate() if t not in before and t.is_alive()]
     for thread in left:
