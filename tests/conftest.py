@@ -6,7 +6,7 @@ frozen, ``gc.freeze``: the imports, then whatever outlived each test), so a sock
 test leaves open in a reference cycle is finalised in that test's teardown: its ``ResourceWarning``
 (an error, pyproject's ``filterwarnings``) reaches pytest's unraisable-exception hook there, and that
 test errors, not a later one whose own ``gc.collect()`` (hypothesis runs one) happens to find it. A
-thread a test started and left running fails the test the same way.
+thread that a module's tests or fixtures started and left running after its last test fails that test.
 
 Every run records each test's wall time (setup, call and teardown), the CPU time of the process that
 ran it and the load average in ``.cache/test-durations.json`` (git-ignored, or
@@ -141,19 +141,45 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.fixture(autouse=True)
 def _leaks_fail_the_test_that_made_them(request: pytest.FixtureRequest) -> Iterator[None]:
-    before = set(threading.enumerate())
     yield
     started = time.process_time()
     gc.collect()
     gc.freeze()  # what outlives the test (caches, module fixtures) is not walked again by the next one
     request.node.user_properties.append(("gc_seconds", time.process_time() - started))
-    left = [t for t in threading.enumerate() if t not in before and t.is_alive()]
-    for thread in left:
-        thread.join(timeout=2)  # a thread on its way out
-    left = [t for t in left if t.is_alive()]
-    if left:
-        names = ", ".join(f"{t.name} ({'daemon' if t.daemon else 'not daemon'})" for t in left)
-        pytest.fail(f"the test left {len(left)} thread(s) running: {names}", pytrace=False)
+
+
+_MODULE_THREADS: dict[str, Any] = {}
+
+
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    if _MODULE_THREADS.get("module") != _module(item):
+        _MODULE_THREADS.update(module=_module(item), before=set(threading.enumerate()))
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After a module's last test (its module fixtures torn down), no thread its tests started runs.
+
+    Checked per module, not per test: a module fixture's daemon starts pool threads lazily, during
+    whichever test first needs one."""
+    result = yield
+    if nextitem is None or _module(nextitem) != _module(item):
+        left = [t for t in threading.enumerate() if t not in _MODULE_THREADS.get("before", set())]
+        deadline = time.monotonic() + 15  # threads on their way out, on a busy machine
+        for thread in left:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        left = [t for t in left if t.is_alive()]
+        _MODULE_THREADS.clear()
+        if left:
+            names = ", ".join(f"{t.name} ({'daemon' if t.daemon else 'not daemon'})" for t in left)
+            raise AssertionError(f"the tests of {_module(item)} left {len(left)} thread(s) running: {names}")
+    return result
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
