@@ -21,7 +21,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from monitor.canary.settings import CanarySettings
 from monitor.daemon.settings import CheckpointSettings
-from monitor.decoding.labels import LABEL_VALUE_RE
+from monitor.decoding.labels import check_label_value
 from monitor.decoding.settings import DecodingSettings, LimitSettings
 from monitor.drift.settings import DaemonDriftSettings
 from monitor.errors import ConfigError  # re-exported: ``monitor.config.ConfigError``
@@ -98,8 +98,7 @@ class Settings(BaseSettings):
         if self.kafka.interactions_topic == self.kafka.embeddings_topic:
             raise ValueError("kafka.interactions_topic must differ from kafka.embeddings_topic")
         for name in self.models:
-            if not LABEL_VALUE_RE.match(name):
-                raise ValueError(f"models: {name!r} is not a valid label value ({LABEL_VALUE_RE.pattern})")
+            check_label_value(name, "models:")
         return self
 
     def redacted(self) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from monitor.decoding.labels import LABEL_VALUE_RE
+from monitor.decoding.labels import check_label_value
 
 MAX_CANARIES_PER_MODEL = 1000
 
@@ -38,8 +38,7 @@ class CanarySettings(BaseModel):
     @classmethod
     def _check_ids(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
         for model, ids in value.items():
-            if not LABEL_VALUE_RE.match(model):
-                raise ValueError(f"{model!r} is not a valid model label value ({LABEL_VALUE_RE.pattern})")
+            check_label_value(model, "model")
             if not ids or len(ids) > MAX_CANARIES_PER_MODEL:
                 raise ValueError(f"{model}: give between 1 and {MAX_CANARIES_PER_MODEL} canary ids")
             if any(not isinstance(i, str) or not i for i in ids):

@@ -29,12 +29,12 @@ stays fast.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from monitor.decoding.labels import is_label_value
 from monitor.drift.online.detector_kinds import (
     DEFAULT_DETECTOR_PARAMS,
     DEFAULT_DETECTORS,
@@ -61,7 +61,6 @@ _NULL_HELP = (
     "permutations is set), else the held-out rank test; permutation; heldout"
 )
 REFERENCE_SUFFIXES = (".npz", ".npy")
-_TARGET_RE = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,129}$")  # MODEL or MODEL/STREAM (label characters)
 
 
 class MMDSettings(_Section):
@@ -301,6 +300,21 @@ class DriftSettings(_Section):
 
 
 # ---------------------------------------------------------------------------------- the daemon's
+def _is_target(target: str) -> bool:
+    """Whether a pin's key is MODEL or MODEL/STREAM: one label value, or two joined by a ``/``.
+
+    >>> _is_target("minilm"), _is_target("minilm/queries"), _is_target("m" * 64 + "/" + "s" * 64)
+    (True, True, True)
+    >>> _is_target("minilm\\n"), _is_target("/minilm"), _is_target("m" * 65), _is_target("m\\x00/s")
+    (False, False, False, False)
+    """
+    if target.startswith("/") or target.endswith("/"):
+        return False
+    return is_label_value(target) or any(
+        is_label_value(target[:i]) and is_label_value(target[i + 1:]) for i, c in enumerate(target) if c == "/"
+    )
+
+
 def _check_reference_file(path: Path, what: str) -> Path:
     if Path(path).suffix not in REFERENCE_SUFFIXES:
         raise ValueError(f"{what}: {str(path)!r} must be an .npz reference or an .npy (n, d) matrix")
@@ -325,7 +339,7 @@ class DaemonReferenceSettings(ReferenceSettings):
     @classmethod
     def _check_pinned(cls, value: dict[str, Path]) -> dict[str, Path]:
         for target, path in value.items():
-            if not _TARGET_RE.match(target) or target.startswith("/") or target.endswith("/"):
+            if not _is_target(target):
                 raise ValueError(f"{target!r} is not MODEL or MODEL/STREAM")
             _check_reference_file(path, f"pinned[{target}]")
         return value

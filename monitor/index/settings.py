@@ -27,13 +27,13 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
+from monitor.decoding.labels import LABEL_VALUE_RE, is_label_value
 from monitor.outbound import check_url
 from monitor.retrieval.settings import EncoderSettings
 from monitor.settings_base import Section
 
 MAX_INDEX_PROBES = 16
 MAX_FILTER_COLUMNS = 16
-_LABEL = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,64}$")
 # a SQL/engine identifier we may interpolate (quoted) into a statement: letters, digits, underscore
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
@@ -344,8 +344,8 @@ class IndexProbeSpec(Section):
     @field_validator("name", "model")
     @classmethod
     def _label(cls, value: str) -> str:
-        if value == "all" or not _LABEL.match(value):
-            raise ValueError(f"{value!r} is not a valid label value ({_LABEL.pattern}, not 'all')")
+        if value == "all" or not is_label_value(value):
+            raise ValueError(f"{value!r} is not a valid label value ({LABEL_VALUE_RE.pattern}, not 'all')")
         return value
 
     @model_validator(mode="after")

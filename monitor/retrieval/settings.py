@@ -25,12 +25,12 @@ Value error, probe names must be unique across all probes; repeated: ['x']
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
+from monitor.decoding.labels import LabelValue, check_label_value
 from monitor.outbound import check_headers, check_url
 from monitor.retrieval.families import PROBE_METRIC_FAMILIES
 from monitor.retrieval.probes.ids_path import parse_ids_path
@@ -40,15 +40,8 @@ from monitor.settings_base import Section as _Section
 
 MAX_PROBES = 32
 MAX_CUTOFFS = 5
-_LABEL = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,64}$")
 
 Similarity = Literal["cosine", "dot", "l2"]
-
-
-def _label(value: str, what: str) -> str:
-    if not _LABEL.match(value):
-        raise ValueError(f"{what} {value!r} is not a valid label value ({_LABEL.pattern})")
-    return value
 
 
 class StatisticsSettings(_Section):
@@ -74,7 +67,7 @@ class _ProbeBase(_Section):
     def _name(cls, value: str) -> str:
         if value == "all":
             raise ValueError("'all' is reserved")
-        return _label(value, "probe name")
+        return check_label_value(value, "probe name")
 
     @field_validator("k")
     @classmethod
@@ -100,7 +93,7 @@ def _families(value: list[str]) -> list[str]:
 
 
 # a label value (model, stream): checked once here for every probe kind
-Label = Annotated[str, AfterValidator(lambda value: _label(value, "label"))]
+Label = LabelValue
 # metric families a probe exports, each once
 MetricFamilies = Annotated[list[str], AfterValidator(_families)]
 
@@ -171,7 +164,7 @@ class KnnRetrieverSettings(_Section):
     @field_validator("stream")
     @classmethod
     def _stream(cls, value: str) -> str:
-        return _label(value, "stream")
+        return check_label_value(value, "stream")
 
 
 class EncoderSettings(_Section):
@@ -205,7 +198,7 @@ class GoldenProbeSettings(_ProbeBase):
     @field_validator("model")
     @classmethod
     def _model(cls, value: str) -> str:
-        return _label(value, "model")
+        return check_label_value(value, "model")
 
     @field_validator("file")
     @classmethod

@@ -254,14 +254,16 @@ class PartialsPublisher:
                 self._producer = new_producer(producer_config(self._settings), self._settings.kafka)
         return self._producer
 
-    def _drop_producer(self) -> None:
+    def _drop_producer(self, timeout: float = 1.0) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
             try:
-                producer.close(timeout=1)
+                producer.close(timeout=timeout)
             except Exception:  # already failing; a fresh producer comes next time
                 logger.debug("closing the partials producer", exc_info=True)
 
     def close(self) -> None:
         with self._lock:
-            self._drop_producer()
+            # at shutdown, time for the producer's network thread to end and close its sockets (1 s was
+            # not always enough on a busy machine: the thread and a socket outlived the daemon)
+            self._drop_producer(timeout=5.0)

@@ -6,18 +6,17 @@ anything heavy is loaded.
 
 from __future__ import annotations
 
-import re
 import socket
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from monitor.decoding.labels import check_label_value
 from monitor.drift.online.detector_kinds import DetectorKind, check_detectors
 from monitor.settings_base import MAX_DURATION_SECONDS
 
 Role = Literal["single", "replica", "reducer"]
-_LABEL_SAFE = re.compile(r"^[A-Za-z0-9_.:/@+-]{1,64}$")  # the replica id becomes a label value
 
 
 SUBWINDOW_DETECTORS: dict[DetectorKind, dict[str, Any]] = {
@@ -87,9 +86,7 @@ class ScaleOutSettings(BaseModel):
     @field_validator("replica_id")
     @classmethod
     def _label_safe(cls, value: str) -> str:
-        if not _LABEL_SAFE.match(value):
-            raise ValueError(f"{value!r} must be 1-64 characters of [A-Za-z0-9_.:/@+-] (it is a label value)")
-        return value
+        return check_label_value(value, "replica_id")  # it becomes a label value
 
     @field_validator("replicas")
     @classmethod

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from monitor.decoding.labels import LABEL_VALUE_RE
+from monitor.decoding.labels import check_label_value
 from monitor.outbound import check_headers, check_url
 from monitor.retrieval.probes.ids_path import parse_ids_path
 from monitor.retrieval.probes.request_template import RequestTemplate
@@ -112,9 +112,7 @@ class EndpointSettings(Section):
     @field_validator("model")
     @classmethod
     def _model(cls, value: str) -> str:
-        if not LABEL_VALUE_RE.match(value):
-            raise ValueError(f"{value!r} is not a valid model label value ({LABEL_VALUE_RE.pattern})")
-        return value
+        return check_label_value(value, "model")
 
     @field_validator("url")
     @classmethod

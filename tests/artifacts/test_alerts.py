@@ -413,6 +413,7 @@ alerts:
 """
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine (.cache/test-durations.json)
 def test_thresholds_file_overrides_and_its_generated_tests_pass(tmp_path: Path) -> None:
     path = tmp_path / "thresholds.yaml"
     path.write_text(OVERRIDES)

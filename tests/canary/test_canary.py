@@ -80,6 +80,7 @@ def samples(monitor: Monitor) -> dict[str, float]:
     }
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine (.cache/test-durations.json)
 def test_a_rotated_model_is_caught_on_its_first_canary_record_and_float_noise_is_not(
     tmp_path: Path, vectors: np.ndarray, monitors: list[Monitor]
 ) -> None:

@@ -165,6 +165,7 @@ def test_demo_shows_healthy_then_collapsed(tmp_path: Path) -> None:
     assert "phase collapsed" in out and "collapse YES" in out
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine (.cache/test-durations.json)
 def test_demo_runs_in_a_fresh_temporary_state_directory_not_the_working_directory(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "monitor", "demo", "--metrics-port", str(free_port()), "--duration", "2",

@@ -77,19 +77,24 @@ def test_sigterm_while_kafka_python_bootstraps_against_an_unreachable_broker(tmp
 def black_hole() -> Iterator[tuple[int, list[socket.socket]]]:
     """A port that accepts connections and never reads from or writes to them."""
     accepted: list[socket.socket] = []
+    done = threading.Event()
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
+        listener.settimeout(0.1)  # so the thread sees ``done``: a close does not wake a blocked accept()
 
         def accept() -> None:
-            with contextlib.suppress(OSError):
-                while True:
+            while not done.is_set():
+                with contextlib.suppress(TimeoutError):
                     accepted.append(listener.accept()[0])
 
-        threading.Thread(target=accept, daemon=True).start()
+        thread = threading.Thread(target=accept, daemon=True)
+        thread.start()
         try:
             yield listener.getsockname()[1], accepted
         finally:
+            done.set()
+            thread.join(timeout=10)  # then nothing is accepted after the connections are closed
             for connection in accepted:
                 connection.close()
 

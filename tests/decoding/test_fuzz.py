@@ -137,6 +137,7 @@ def seeds(rng: np.random.Generator) -> list[bytes]:
     ]
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine (.cache/test-durations.json)
 def test_one_hundred_thousand_mutated_and_pathological_messages() -> None:
     rng, nprng = random.Random(7), np.random.default_rng(7)
     decoder = fresh_decoder()

@@ -257,6 +257,7 @@ def test_the_default_image_installs_neither_torch_nor_sentence_transformers() ->
     assert "torch" in installed_closure(["sentence-transformers>=3.0"])  # why encoder needs no gpu
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine (.cache/test-durations.json)
 def test_dockerfile_install_steps_succeed_in_a_clean_virtualenv(tmp_path: Path) -> None:
     """The image's steps 2 and 3 offline: the requirements extraction, and the project install.
 

@@ -38,6 +38,7 @@ def test_the_corpus_is_labelled_text_that_is_not_the_projects_fixture() -> None:
     assert set(np.unique(texts.labels)) == set(range(20))
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine (.cache/test-durations.json)
 def test_the_suites_null_false_alarms_are_within_budget_and_it_detects_a_pooling_change(
     plan: protocol.Plan,
 ) -> None:

@@ -47,6 +47,7 @@ def test_about_fifty_held_out_rows_per_region_and_at_most_thirty_two(rows: int, 
         assert regions.reference_rows / regions.k >= MIN_ROWS_PER_REGION
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine (.cache/test-durations.json)
 def test_the_novel_share_of_unchanged_data_is_about_one_percent() -> None:
     rng = np.random.default_rng(2)
     shares = []

@@ -141,6 +141,7 @@ _MEASURED_CLI = (
 )
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine (.cache/test-durations.json)
 @pytest.mark.parametrize(("craft", "message"), CRAFTED, ids=IDS)
 def test_a_crafted_reference_file_pinned_on_the_command_line_exits_2_with_one_line(
     tmp_path: Path, craft: Callable[[Path], None], message: str

@@ -128,6 +128,7 @@ def mutated(draw: st.DrawFn, victim: list[Record]) -> Record:
     return key, value, headers
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine (.cache/test-durations.json)
 def test_the_partials_decoder_refuses_and_counts_whatever_arrives_and_the_merge_stays_exact(world: dict[str, Any]
                                                                                          ) -> None:
     refusals = []

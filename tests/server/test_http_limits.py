@@ -355,6 +355,7 @@ def basic(user: str, password: str) -> dict[str, str]:
     return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine (.cache/test-durations.json)
 def test_unknown_users_cost_what_a_wrong_password_costs(tmp_path: Path) -> None:
     users = f'{{"prometheus": "{hash_password(PASSWORD, iterations=ITERATIONS)}"}}'
     with daemon(tmp_path, warm=False, EMBMON_HTTP__BASIC_AUTH_USERS=users,
@@ -381,6 +382,7 @@ def test_unknown_users_cost_what_a_wrong_password_costs(tmp_path: Path) -> None:
     assert quartiles_known[0] <= quartiles_unknown[2] and quartiles_unknown[0] <= quartiles_known[2]  # overlap
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine (.cache/test-durations.json)
 @pytest.mark.parametrize("backoff", ["5", "0"], ids=["with-backoff", "hash-cap-only"])
 def test_a_wrong_password_flood_does_not_slow_scrapes(tmp_path: Path, backoff: str) -> None:
     """16 guessers. With the back-off their address gets 429 without a hash after 5 failures; without

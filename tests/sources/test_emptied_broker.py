@@ -38,7 +38,8 @@ def test_a_broker_back_with_an_emptied_log_has_every_new_record_counted(
         settings = load_settings(overrides=kafka_daemon_overrides(
             broker, topic, group, tmp_path / "state", client=client,
             # the test creates the topic again, with one partition: the consumer must not create it first (tansu
-            # would make four), which it did under load
+            # would make four); kafka-python sent its metadata requests with auto-creation on whatever this said
+            # until the client factory passed it on (tests/sources/test_kafka_auto_create.py)
             kafka={"commit_interval_seconds": 0.3, "options": {"allow_auto_create_topics": False}},
             checkpoint={"interval_seconds": 0.3}))  # fmt: skip
         with daemons.monitor(settings) as monitor:

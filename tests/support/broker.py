@@ -104,7 +104,10 @@ class Broker:
         """Create the topics; one that already exists is accepted only with ``partitions`` partitions.
 
         Right after a start, kafka-python's admin can meet the broker's controller not ready, retry, and
-        be told the topic its first request created already exists (seen once in a full CI run)."""
+        be told the topic its first request created already exists. tansu creates a topic (four
+        partitions) for any metadata request that names it with auto-creation allowed, kafka-python's
+        default: a client that may reach the broker before this call must say
+        ``allow_auto_create_topics=False`` (the monitor's clients pass it on, ``kafka_clients.py``)."""
         from kafka.admin import KafkaAdminClient, NewTopic
         from kafka.errors import TopicAlreadyExistsError
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from monitor.deadline import Deadline
-from monitor.decoding.labels import LABEL_VALUE_RE
+from monitor.decoding.labels import LABEL_VALUE_RE, is_label_value
 from monitor.retrieval.metrics import RankedResults, evaluate
 from monitor.retrieval.probes.base import ConfiguredProbe, ProbeResult, identified_rows, summarise
 from monitor.retrieval.probes.deadline import ProbeError
@@ -120,7 +120,7 @@ def _golden_query(doc: Any, where: str) -> GoldenQuery:
     if text is None and array is None:
         raise ValueError(f"{where}: give a vector or a text")
     slice_ = doc.get("slice")
-    if slice_ is not None and (not isinstance(slice_, str) or not LABEL_VALUE_RE.match(slice_)):
+    if slice_ is not None and not is_label_value(slice_):
         raise ValueError(f"{where}: slice must be a label-safe string ({LABEL_VALUE_RE.pattern})")
     return GoldenQuery(str(qid), grades, text, array, slice_)
 

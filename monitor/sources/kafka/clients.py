@@ -47,7 +47,9 @@ def new_consumer(config: Mapping[str, Any], kafka: KafkaSettings | None = None) 
         from monitor.sources.kafka.rdkafka import LibrdkafkaConsumer, consumer_properties
 
         return LibrdkafkaConsumer(consumer_properties(config, kafka))
-    return KafkaConsumer(**config)
+    consumer = KafkaConsumer(**config)
+    _honour_auto_create(consumer, config)
+    return consumer
 
 
 @overload
@@ -61,4 +63,19 @@ def new_producer(config: Mapping[str, Any], kafka: KafkaSettings | None = None) 
         from monitor.sources.kafka.rdkafka import LibrdkafkaProducer, producer_properties
 
         return LibrdkafkaProducer(producer_properties(config, kafka))
-    return KafkaProducer(**config)
+    producer = KafkaProducer(**config)
+    _honour_auto_create(producer, config)
+    return producer
+
+
+def _honour_auto_create(client: KafkaConsumer | KafkaProducer, config: Mapping[str, Any]) -> None:
+    """Pass ``allow_auto_create_topics`` on to the client's metadata requests.
+
+    kafka-python 3.0 takes the option but builds its cluster metadata without it, so every metadata
+    request asks the broker to create a topic it does not know (tansu then makes one of four partitions):
+    a topic deleted or emptied under a running monitor came back before its owner created it. The
+    client's cluster metadata is set here to what the settings say (its default, True, otherwise)."""
+    cluster = getattr(client, "_cluster", None) or getattr(client, "_metadata", None)  # consumer, producer
+    cluster_config = getattr(cluster, "config", None)
+    if isinstance(cluster_config, dict):
+        cluster_config["allow_auto_create_topics"] = bool(config.get("allow_auto_create_topics", True))

@@ -60,6 +60,7 @@ def run_agreement(tmp_path: Path, embeddings: dict[str, Any], candidate: str, **
     return collect(component)
 
 
+@pytest.mark.slow  # over 5 s on the 2-core machine (.cache/test-durations.json)
 def test_identical_models_agree_perfectly(tmp_path: Path, embeddings: dict[str, Any]) -> None:
     s = run_agreement(tmp_path, embeddings, "same")
     labels = {"probe": "shadow", "model": "same", "slice": "all"}
