@@ -12,7 +12,7 @@ from kafka import TopicPartition
 from kafka.admin import KafkaAdminClient
 from kafka.errors import KafkaTimeoutError
 
-from monitor.sources.kafka_clients import new_consumer, new_producer
+from monitor.sources.kafka.clients import new_consumer, new_producer
 from tests.support.broker import Broker
 
 pytestmark = [pytest.mark.broker]

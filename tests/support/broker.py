@@ -107,7 +107,7 @@ class Broker:
         be told the topic its first request created already exists. tansu creates a topic (four
         partitions) for any metadata request that names it with auto-creation allowed, kafka-python's
         default: a client that may reach the broker before this call must say
-        ``allow_auto_create_topics=False`` (the monitor's clients pass it on, ``kafka_clients.py``)."""
+        ``allow_auto_create_topics=False`` (the monitor's clients pass it on, ``sources/kafka/clients.py``)."""
         from kafka.admin import KafkaAdminClient, NewTopic
         from kafka.errors import TopicAlreadyExistsError
 
