@@ -45,7 +45,7 @@ def declarations(heading: str) -> list[str]:
     for name in heading.split(", "):
         if _PLACEHOLDER not in name:
             if name not in CATALOG:
-                raise KeyError(f"docs/metrics.md documents {name}, which monitor/catalog.py does not declare")
+                raise KeyError(f"docs/metrics.md documents {name}, which monitor/catalog/ does not declare")
             lines.append(declaration(CATALOG[name]))
             continue
         before, after = name.split(_PLACEHOLDER)
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     if synced == text:
         return 0
     if args.check:
-        print(f"{args.docs}: metric declarations differ from monitor/catalog.py; "
+        print(f"{args.docs}: metric declarations differ from monitor/catalog/; "
               "run python -m monitor.artifacts.metric_docs", file=sys.stderr)
         return 1
     args.docs.write_text(synced, encoding="utf-8")

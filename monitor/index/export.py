@@ -1,6 +1,6 @@
 """Metric families of the index probes, from the published snapshot (no arithmetic at scrape time).
 
-Every name is declared in monitor/catalog.py (area ``index``) and documented in docs/metrics.md
+Every name is declared in monitor/catalog/index.py and documented in docs/metrics.md
 ("Index probes").
 """
 

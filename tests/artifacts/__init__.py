@@ -1,1 +1,1 @@
-"""Generated alerts, dashboards and the metric catalog (monitor/artifacts, monitor/catalog.py)."""
+"""Generated alerts, dashboards and the metric catalog (monitor/artifacts, monitor/catalog/)."""

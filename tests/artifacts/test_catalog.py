@@ -1,4 +1,4 @@
-"""One metric catalog: what a scrape shows is exactly what monitor/catalog.py declares and docs show."""
+"""One metric catalog: what a scrape shows is exactly what monitor/catalog/ declares and docs show."""
 
 from __future__ import annotations
 

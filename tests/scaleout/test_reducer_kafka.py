@@ -220,7 +220,7 @@ def probe_estimates(daemon: Monitor | Reducer) -> dict[tuple[str, ...], float]:
 
 
 def assert_families_are_declared(*ports: int) -> None:
-    """What the roles export is exactly what monitor/catalog.py declares (tests/artifacts/test_catalog.py's rule)."""
+    """What the roles export is exactly what monitor/catalog/ declares (tests/artifacts/test_catalog.py's rule)."""
     import urllib.request
 
     for port in ports:

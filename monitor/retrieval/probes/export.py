@@ -1,6 +1,6 @@
 """Metric families of the probes, built from the published snapshot at scrape time (no arithmetic).
 
-Every name here is declared in monitor/catalog.py and documented in docs/metrics.md
+Every name here is declared in monitor/catalog/ and documented in docs/metrics.md
 ("Retrieval quality").
 """
 

@@ -119,7 +119,7 @@ def test_every_exported_name_is_catalogued_with_its_labels() -> None:
     exported = every_exported_family()
     assert len(exported) == 8 * 3 + 1 + len(SAMPLE_SCHEMA) + 5
     for name, labels in exported.items():
-        assert name in METRICS, f"{name} is exported but not in monitor/catalog.py"
+        assert name in METRICS, f"{name} is exported but not in monitor/catalog/"
         assert sorted(METRICS[name].labels) == labels, name
         assert METRICS[name].area == "retrieval"
     catalogued = {n for n, spec in METRICS.items() if spec.area == "retrieval"}
