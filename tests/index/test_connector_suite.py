@@ -185,7 +185,7 @@ def test_exact_search_is_numpys_exact_top_k_under_the_same_filter(store: Store) 
 
 def test_fetch_by_ids_absent_ids_absent(store: Store) -> None:
     c = store.connector()
-    got = c.fetch(["4", "8", "999999", "600"])
+    got = c.fetch(["4", "8", "999999", "600", "d4", "550e8400-e29b-41d4-a716-446655440000"])
     assert set(got) == {"4", "8", "600"}
     for ident, vector in got.items():
         assert np.allclose(vector, ROWS[int(ident) - 1], atol=1e-5)

@@ -155,7 +155,7 @@ def test_a_garbage_answering_engine_is_counted_and_the_scrape_answers(
     component = IndexComponent(probe_context(settings_))
     probe = component.probes["q"]
     probe.buffer.add(_query(), component.context.clock())
-    probe.sketch.add(["d1"], np.ones((1, 4), np.float32), now=0.0)
+    probe.sketch.add(["1"], np.ones((1, 4), np.float32), now=0.0)
     component.run_probe("q")
     runs = component.snapshot.runs
     assert runs[("q", "success")] + runs[("q", "failure")] == 1

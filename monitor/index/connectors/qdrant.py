@@ -21,6 +21,7 @@ OpenSearch/Elasticsearch (``knn`` query vs ``script_score`` with ``cosineSimilar
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -70,15 +71,23 @@ def similarity_to_distance(metric: str, score: float) -> float:
     return score
 
 
-def point_id(ident: str) -> int | str:
-    """An id as a point id: ASCII digits within uint64 as an integer (Qdrant's numeric ids), any other
-    id as its string (a UUID, or an engine's string key); never an error.
+def point_id(ident: str) -> int | str | None:
+    """An id as a Qdrant point id: ASCII digits within uint64 as an integer, a UUID as its canonical
+    (lower-case, hyphenated) string, the form Qdrant answers with; None for any other id, which no
+    collection can hold (Qdrant refuses the whole request that names one, so it is never sent).
 
-    >>> point_id("42"), point_id("²36"), point_id("1" * 21)
-    (42, '²36', '111111111111111111111')
+    >>> point_id("42"), point_id("550E8400-E29B-41D4-A716-446655440000"), point_id("²36"), point_id("d3")
+    (42, '550e8400-e29b-41d4-a716-446655440000', None, None)
     """
     number = integer_id(ident, "uint64")
-    return ident if number is None else number
+    if number is not None:
+        return number
+    if len(ident) != 36:  # the hyphenated form only: the one Qdrant answers with, so the one an id can match
+        return None
+    try:
+        return str(uuid.UUID(ident))
+    except ValueError:
+        return None
 
 
 def match_value(key: str, value: FilterValue) -> FilterValue:
@@ -185,10 +194,14 @@ class QdrantConnector(Connector):
     def fetch(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
         if not ids:
             return {}
-        keys = [point_id(i) for i in ids]
+        # the ids a collection can hold, as Qdrant writes them back -> as asked; the others are absent
+        asked = {str(key): ident for ident in ids if (key := point_id(ident)) is not None}
+        if not asked:
+            return {}
+        keys = [point_id(ident) for ident in asked.values()]
         doc = self._post("/points", {"ids": keys, "with_vector": True, "with_payload": False},
-                         rows=len(ids), vectors=True)
-        return dict(parse_points(doc, self.dim, len(ids)))
+                         rows=len(keys), vectors=True)
+        return {asked.get(ident, ident): vector for ident, vector in parse_points(doc, self.dim, len(keys))}
 
     def sample(self, n: int) -> list[tuple[str, np.ndarray]]:
         if n <= 0:
