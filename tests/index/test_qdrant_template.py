@@ -1,9 +1,9 @@
 """The HTTP template (monitor/index/connectors/qdrant.py) against LanceDB's own answers, by shape.
 
-A Qdrant server cannot run here: tests/support/qdrant_shaped.py serves Qdrant's request and
-response shapes from a real LanceDB table. The template must give exactly the LanceDB connector's
-exact answers, run a whole probe cycle, and turn HTTP failures into counted reasons. This verifies
-the template's handling of the shapes; Qdrant itself stays a template (docs/index.md).
+tests/support/qdrant_shaped.py serves Qdrant's request and response shapes from a real LanceDB
+table. The template must give exactly the LanceDB connector's exact answers, run a whole probe
+cycle, and turn HTTP failures into counted reasons. Qdrant's own engine (qdrant-edge) answers the
+same connector in tests/index/test_connector_suite.py (docs/index.md, "Engines compared").
 """
 
 from __future__ import annotations

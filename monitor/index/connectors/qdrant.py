@@ -1,8 +1,9 @@
 """A Qdrant-shaped HTTP API: the template for engines with an exact mode over HTTP.
 
-This connector is a **template**: it is tested against a local HTTP server of the test suite that
-fronts a real LanceDB table with Qdrant's JSON shapes (tests/index/test_qdrant_template.py), not
-against a Qdrant server. It speaks:
+It is tested against Qdrant's own engine (qdrant-edge-py, in-process) behind a loopback shim of the
+test suite speaking Qdrant's REST shapes (tests/index/test_connector_suite.py), and against the same
+shapes served from a LanceDB table (tests/index/test_qdrant_template.py); not against a Qdrant
+server's own HTTP layer. It speaks:
 
 * ``POST /collections/{c}/points/search`` with ``{"vector", "limit", "filter": {"must": [{"key",
   "match": {"value"}}]}, "params": {"hnsw_ef", "exact"}}`` -> ``{"result": [{"id", "score"}]}``
