@@ -60,7 +60,8 @@ CAPABILITIES: dict[str, Capabilities] = {
                             fractional_for_text="bad_filter", unreachable="missing_table"),
     "chroma": Capabilities(dimension_described=True, scope_counts=False, sample_exact_size=True,
                            fractional_for_text="admitted", unreachable="unreachable"),
-    "qdrant": Capabilities(dimension_described=False, scope_counts=False, sample_exact_size=True,
+    # fill rates from Qdrant's exact facet, which needs a payload index on the field (the suite makes one)
+    "qdrant": Capabilities(dimension_described=False, scope_counts=True, sample_exact_size=True,
                            fractional_for_text="bad_filter", unreachable="unreachable"),
 }
 ENGINES = list(CAPABILITIES)

@@ -77,6 +77,9 @@ def test_http_failures_become_reasons(table: tuple[str, object, np.ndarray], tmp
         with pytest.raises(ConnectorError) as caught:
             right.search(np.ones(D + 2, np.float32), K, (), "exact")
         assert caught.value.reason == "dimension"
+        with pytest.raises(ConnectorError) as caught:  # a 400 to the facet (no payload index): no fill rates
+            right.scope_counts("tenant")
+        assert caught.value.reason == "unsupported"
         server.body = b"<html>proxy error</html>"
         with pytest.raises(ConnectorError) as caught:
             right.count()

@@ -12,7 +12,9 @@ server's own HTTP layer. It speaks:
   "vector"}]}``;
 * ``POST /collections/{c}/points/query`` with ``{"query": {"sample": "random"}, "limit",
   "with_vector": true}`` -> ``{"result": {"points": [{"id", "vector"}]}}``;
-* ``POST /collections/{c}/points/count`` with ``{"exact": true}`` -> ``{"result": {"count"}}``.
+* ``POST /collections/{c}/points/count`` with ``{"exact": true}`` -> ``{"result": {"count"}}``;
+* ``POST /collections/{c}/facet`` with ``{"key", "limit", "exact": true}`` -> ``{"result": {"hits": [{"value",
+  "count"}]}}`` (rows per scope value; 400 without a payload index on the key: ``unsupported``).
 
 Another engine is the same four calls in its own shapes (docs/index.md, "Other engines"):
 OpenSearch/Elasticsearch (``knn`` query vs ``script_score`` with ``cosineSimilarity``), Weaviate
@@ -30,6 +32,7 @@ import numpy as np
 
 from monitor import outbound
 from monitor.index.connectors.base import (
+    MAX_SCOPE_VALUES,
     Answer,
     Connector,
     ConnectorError,
@@ -45,6 +48,7 @@ from monitor.index.connectors.base import (
     parse_distance,
     parse_id,
     parse_rows,
+    parse_scope_counts,
     parse_vector_rows,
 )
 from monitor.index.settings import QdrantSettings
@@ -126,6 +130,20 @@ def parse_points(doc: Any, dim: int | None, limit: int, nested: bool = False) ->
             raise ConnectorError("bad_result", "a point that is not an object")
         rows.append((point.get("id"), point.get("vector")))
     return parse_vector_rows(rows, dim, limit)
+
+
+def parse_facet(doc: Any) -> dict[str, int]:
+    """A facet answer ``{"result": {"hits": [{"value", "count"}]}}`` as rows per value (values as ``str``)."""
+    result = doc.get("result") if isinstance(doc, dict) else None
+    hits = result.get("hits") if isinstance(result, dict) else None
+    if not isinstance(hits, list):
+        raise ConnectorError("bad_result", "a facet answer without a list of hits")
+    rows = []
+    for hit in hits:
+        if not isinstance(hit, dict) or isinstance(hit.get("value"), (dict, list)):
+            raise ConnectorError("bad_result", "a facet hit that is not {value, count}")
+        rows.append((hit.get("value"), hit.get("count")))
+    return parse_scope_counts(rows)
 
 
 class QdrantConnector(Connector):
@@ -210,6 +228,18 @@ class QdrantConnector(Connector):
         doc = self._post("/points/query", {"query": {"sample": "random"}, "limit": n, "with_vector": True},
                          rows=n, vectors=True)
         return parse_points(doc, self.dim, n, nested=True)
+
+    def scope_counts(self, field_name: str) -> dict[str, int]:
+        """Qdrant's exact facet of ``field_name``: it needs a keyword (or integer, boolean) payload index
+        on the field; without one Qdrant answers 400 and fill rates are ``unsupported``."""
+        try:
+            doc = self._post("/facet", {"key": field_name, "limit": MAX_SCOPE_VALUES + 1, "exact": True},
+                             rows=MAX_SCOPE_VALUES + 1)
+        except ConnectorError as exc:
+            if str(exc).startswith("HTTP 400 "):  # no index to facet on (or a server before facets)
+                raise ConnectorError("unsupported", f"qdrant: no facet of {field_name!r}: {exc}") from None
+            raise
+        return parse_facet(doc)
 
     def count(self) -> int:
         doc = self._post("/points/count", {"exact": True})
