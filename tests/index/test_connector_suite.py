@@ -27,8 +27,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from monitor.deadline import Deadline
 from monitor.index.connectors import build_connector
 from monitor.index.connectors.base import Connector, ConnectorError, Filter
+from monitor.index.probe import IndexProbe
 from monitor.index.settings import IndexProbeSpec
 from tests.support import chroma, qdrant_edge
 from tests.support import vectorstores as vs
@@ -76,11 +78,13 @@ class Store:
 
     made: list[Connector] = field(default_factory=list)
 
-    def connector(self, section: dict[str, Any] | None = None) -> Connector:
-        spec = IndexProbeSpec.model_validate({
-            "name": "suite", "model": "m", "engine": self.engine, "k": K,
+    def spec(self, section: dict[str, Any] | None = None, **probe: Any) -> IndexProbeSpec:
+        return IndexProbeSpec.model_validate({
+            "name": "suite", "model": "m", "engine": self.engine, "k": K, **probe,
             self.engine: {"filter_columns": ["tenant"], **(section or self.section)}})
-        self.made.append(build_connector(spec))
+
+    def connector(self, section: dict[str, Any] | None = None, spec: IndexProbeSpec | None = None) -> Connector:
+        self.made.append(build_connector(spec or self.spec(section)))
         return self.made[-1]
 
 
@@ -247,3 +251,16 @@ def test_a_query_of_the_wrong_dimension(store: Store) -> None:
 def test_an_engine_that_cannot_be_reached(store: Store) -> None:
     c = store.connector(store.nowhere)
     assert reason(lambda: c.search(ROWS[0], K, (), "served")) == CAPABILITIES[store.engine].unreachable
+
+
+def test_a_probe_cycle_with_scopes_and_census(store: Store) -> None:
+    spec = store.spec(queries={"scope_field": "tenant", "min_per_scope": 4},
+                      budget={"exact_searches": 40, "census_rows": 100},
+                      census={"hub_queries": 5, "degenerate_rows": 50, "grace_seconds": 0})
+    probe = IndexProbe(spec, store.connector(spec=spec))
+    for q in vs.probe_queries(ROWS, 30, seed=1):
+        probe.buffer.add(q, 0.0)
+    probe.sketch.add(IDS[:100], ROWS[:100], now=-1.0)
+    result = probe.run(Deadline.after(60), now=0.0)
+    assert result.queries > 0 and result.skipped == {} and result.recall.row() is not None
+    assert result.census is not None and result.census.sampled == 100 and result.census.missing == 0
