@@ -33,7 +33,7 @@ from monitor.index.connectors.base import (
     parse_vector,
     parse_vector_rows,
 )
-from monitor.index.connectors.qdrant import parse_points, parse_search
+from monitor.index.connectors.qdrant import parse_facet, parse_points, parse_search
 from tests.support import vectorstores as vs
 from tests.support.probes import collect, probe_context
 from tests.support.qdrant_shaped import serving
@@ -107,7 +107,7 @@ def test_pgvector_text_vector_round_trip() -> None:
 @given(doc=values, k=st.integers(1, 5))
 def test_qdrant_answers_parse_or_raise_a_reason(doc: Any, k: int) -> None:
     for parse in (lambda: parse_search(doc, "cosine", k), lambda: parse_points(doc, None, k),
-                  lambda: parse_points(doc, 3, k, nested=True)):
+                  lambda: parse_points(doc, 3, k, nested=True), lambda: parse_facet(doc)):
         try:
             parse()
         except ConnectorError as exc:
@@ -155,7 +155,7 @@ def test_a_garbage_answering_engine_is_counted_and_the_scrape_answers(
     component = IndexComponent(probe_context(settings_))
     probe = component.probes["q"]
     probe.buffer.add(_query(), component.context.clock())
-    probe.sketch.add(["d1"], np.ones((1, 4), np.float32), now=0.0)
+    probe.sketch.add(["1"], np.ones((1, 4), np.float32), now=0.0)
     component.run_probe("q")
     runs = component.snapshot.runs
     assert runs[("q", "success")] + runs[("q", "failure")] == 1

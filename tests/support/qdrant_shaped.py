@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -95,7 +95,16 @@ class QdrantShaped(ThreadingHTTPServer):
 
 @contextmanager
 def serving(table: Any, collection: str = "docs") -> Iterator[QdrantShaped]:
-    server = QdrantShaped(table, collection)
+    with running(QdrantShaped(table, collection)) as server:
+        yield server
+
+
+S = TypeVar("S", bound=ThreadingHTTPServer)
+
+
+@contextmanager
+def running(server: S) -> Iterator[S]:
+    """``server`` answering in a thread of its own until the block ends."""
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -424,8 +424,11 @@ class PgvectorConnector(Connector):
             return []
         total = max(1, self.count())
         percent = min(100.0, 100.0 * 1.5 * n / total + 0.01)
+        # the Bernoulli sample holds about 1.5 n rows in the table's physical order: which n of them are
+        # kept is drawn at random too (a bare LIMIT would keep the first n, the table's first two thirds)
         rows = self._execute(
-            f"SELECT {self._id}::text, {self._col}::text FROM {self._table} TABLESAMPLE BERNOULLI (%s) LIMIT %s",
+            f"SELECT {self._id}::text, {self._col}::text FROM {self._table} TABLESAMPLE BERNOULLI (%s) "
+            f"ORDER BY random() LIMIT %s",
             [percent, n], settings=False,
         )
         return parse_vector_rows(rows, self.dim, n)

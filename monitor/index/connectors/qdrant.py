@@ -1,8 +1,9 @@
 """A Qdrant-shaped HTTP API: the template for engines with an exact mode over HTTP.
 
-This connector is a **template**: it is tested against a local HTTP server of the test suite that
-fronts a real LanceDB table with Qdrant's JSON shapes (tests/index/test_qdrant_template.py), not
-against a Qdrant server. It speaks:
+It is tested against Qdrant's own engine (qdrant-edge-py, in-process) behind a loopback shim of the
+test suite speaking Qdrant's REST shapes (tests/index/test_connector_suite.py), and against the same
+shapes served from a LanceDB table (tests/index/test_qdrant_template.py); not against a Qdrant
+server's own HTTP layer. It speaks:
 
 * ``POST /collections/{c}/points/search`` with ``{"vector", "limit", "filter": {"must": [{"key",
   "match": {"value"}}]}, "params": {"hnsw_ef", "exact"}}`` -> ``{"result": [{"id", "score"}]}``
@@ -11,7 +12,9 @@ against a Qdrant server. It speaks:
   "vector"}]}``;
 * ``POST /collections/{c}/points/query`` with ``{"query": {"sample": "random"}, "limit",
   "with_vector": true}`` -> ``{"result": {"points": [{"id", "vector"}]}}``;
-* ``POST /collections/{c}/points/count`` with ``{"exact": true}`` -> ``{"result": {"count"}}``.
+* ``POST /collections/{c}/points/count`` with ``{"exact": true}`` -> ``{"result": {"count"}}``;
+* ``POST /collections/{c}/facet`` with ``{"key", "limit", "exact": true}`` -> ``{"result": {"hits": [{"value",
+  "count"}]}}`` (rows per scope value; 400 without a payload index on the key: ``unsupported``).
 
 Another engine is the same four calls in its own shapes (docs/index.md, "Other engines"):
 OpenSearch/Elasticsearch (``knn`` query vs ``script_score`` with ``cosineSimilarity``), Weaviate
@@ -21,6 +24,7 @@ OpenSearch/Elasticsearch (``knn`` query vs ``script_score`` with ``cosineSimilar
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +32,7 @@ import numpy as np
 
 from monitor import outbound
 from monitor.index.connectors.base import (
+    MAX_SCOPE_VALUES,
     Answer,
     Connector,
     ConnectorError,
@@ -43,6 +48,7 @@ from monitor.index.connectors.base import (
     parse_distance,
     parse_id,
     parse_rows,
+    parse_scope_counts,
     parse_vector_rows,
 )
 from monitor.index.settings import QdrantSettings
@@ -70,15 +76,23 @@ def similarity_to_distance(metric: str, score: float) -> float:
     return score
 
 
-def point_id(ident: str) -> int | str:
-    """An id as a point id: ASCII digits within uint64 as an integer (Qdrant's numeric ids), any other
-    id as its string (a UUID, or an engine's string key); never an error.
+def point_id(ident: str) -> int | str | None:
+    """An id as a Qdrant point id: ASCII digits within uint64 as an integer, a UUID as its canonical
+    (lower-case, hyphenated) string, the form Qdrant answers with; None for any other id, which no
+    collection can hold (Qdrant refuses the whole request that names one, so it is never sent).
 
-    >>> point_id("42"), point_id("²36"), point_id("1" * 21)
-    (42, '²36', '111111111111111111111')
+    >>> point_id("42"), point_id("550E8400-E29B-41D4-A716-446655440000"), point_id("²36"), point_id("d3")
+    (42, '550e8400-e29b-41d4-a716-446655440000', None, None)
     """
     number = integer_id(ident, "uint64")
-    return ident if number is None else number
+    if number is not None:
+        return number
+    if len(ident) != 36:  # the hyphenated form only: the one Qdrant answers with, so the one an id can match
+        return None
+    try:
+        return str(uuid.UUID(ident))
+    except ValueError:
+        return None
 
 
 def match_value(key: str, value: FilterValue) -> FilterValue:
@@ -116,6 +130,20 @@ def parse_points(doc: Any, dim: int | None, limit: int, nested: bool = False) ->
             raise ConnectorError("bad_result", "a point that is not an object")
         rows.append((point.get("id"), point.get("vector")))
     return parse_vector_rows(rows, dim, limit)
+
+
+def parse_facet(doc: Any) -> dict[str, int]:
+    """A facet answer ``{"result": {"hits": [{"value", "count"}]}}`` as rows per value (values as ``str``)."""
+    result = doc.get("result") if isinstance(doc, dict) else None
+    hits = result.get("hits") if isinstance(result, dict) else None
+    if not isinstance(hits, list):
+        raise ConnectorError("bad_result", "a facet answer without a list of hits")
+    rows = []
+    for hit in hits:
+        if not isinstance(hit, dict) or isinstance(hit.get("value"), (dict, list)):
+            raise ConnectorError("bad_result", "a facet hit that is not {value, count}")
+        rows.append((hit.get("value"), hit.get("count")))
+    return parse_scope_counts(rows)
 
 
 class QdrantConnector(Connector):
@@ -185,10 +213,14 @@ class QdrantConnector(Connector):
     def fetch(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
         if not ids:
             return {}
-        keys = [point_id(i) for i in ids]
+        # the ids a collection can hold, as Qdrant writes them back -> as asked; the others are absent
+        asked = {str(key): ident for ident in ids if (key := point_id(ident)) is not None}
+        if not asked:
+            return {}
+        keys = [point_id(ident) for ident in asked.values()]
         doc = self._post("/points", {"ids": keys, "with_vector": True, "with_payload": False},
-                         rows=len(ids), vectors=True)
-        return dict(parse_points(doc, self.dim, len(ids)))
+                         rows=len(keys), vectors=True)
+        return {asked.get(ident, ident): vector for ident, vector in parse_points(doc, self.dim, len(keys))}
 
     def sample(self, n: int) -> list[tuple[str, np.ndarray]]:
         if n <= 0:
@@ -196,6 +228,18 @@ class QdrantConnector(Connector):
         doc = self._post("/points/query", {"query": {"sample": "random"}, "limit": n, "with_vector": True},
                          rows=n, vectors=True)
         return parse_points(doc, self.dim, n, nested=True)
+
+    def scope_counts(self, field_name: str) -> dict[str, int]:
+        """Qdrant's exact facet of ``field_name``: it needs a keyword (or integer, boolean) payload index
+        on the field; without one Qdrant answers 400 and fill rates are ``unsupported``."""
+        try:
+            doc = self._post("/facet", {"key": field_name, "limit": MAX_SCOPE_VALUES + 1, "exact": True},
+                             rows=MAX_SCOPE_VALUES + 1)
+        except ConnectorError as exc:
+            if str(exc).startswith("HTTP 400 "):  # no index to facet on (or a server before facets)
+                raise ConnectorError("unsupported", f"qdrant: no facet of {field_name!r}: {exc}") from None
+            raise
+        return parse_facet(doc)
 
     def count(self) -> int:
         doc = self._post("/points/count", {"exact": True})
