@@ -152,6 +152,9 @@ def _leaks_fail_the_test_that_made_them(request: pytest.FixtureRequest) -> Itera
 
 
 _MODULE_THREADS: dict[str, Any] = {}
+# threads a library starts once per process and keeps (they belong to whichever module first used the
+# library, which xdist's scheduling makes any of them): not a leak of that module
+PROCESS_THREADS = ("LanceDBBackgroundEventLoop",)
 
 
 def _module(item: pytest.Item) -> str:
@@ -173,7 +176,8 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     whichever test first needs one."""
     result = yield
     if nextitem is None or _module(nextitem) != _module(item):
-        left = [t for t in threading.enumerate() if t not in _MODULE_THREADS.get("before", set())]
+        left = [t for t in threading.enumerate()
+                if t not in _MODULE_THREADS.get("before", set()) and not t.name.startswith(PROCESS_THREADS)]
         deadline = time.monotonic() + 15  # threads on their way out, on a busy machine
         for thread in left:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
