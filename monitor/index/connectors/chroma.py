@@ -72,7 +72,8 @@ BYTES_PER_NUMBER = 32
 ROW_BYTES = 1024
 TEXT_BYTES = 64 * 1024  # a stored document, per row (texts())
 ANSWER_FLOOR_BYTES = 64 * 1024
-DESCRIPTION_BYTES = 256 * 1024  # a collection's description (its configuration and metadata)
+DESCRIPTION_BYTES = 256 * 1024  # a collection's description (its configuration, schema and metadata)
+DESCRIPTION_VALUES = DESCRIPTION_BYTES // 8  # JSON values in it (a value costs at least 2 bytes: `[]`, `,0`)
 COUNT_BYTES = 1024  # a count: one integer
 VALUES_PER_ROW = 64
 VALUES_FLOOR = 4096
@@ -216,7 +217,7 @@ class ChromaConnector(Connector):
         s = self.settings
         root = f"{s.url}/api/v2/tenants/{quote(s.tenant)}/databases/{quote(s.database)}"
         doc = self._request("GET", f"{root}/collections/{quote(s.collection)}", max_body=DESCRIPTION_BYTES,
-                            max_values=VALUES_FLOOR)
+                            max_values=DESCRIPTION_VALUES)
         if not isinstance(doc, dict) or not isinstance(doc.get("id"), str) or not chroma_id(doc["id"]):
             raise ConnectorError("bad_result", "a collection without an id")
         config = doc.get("configuration_json") or {}
