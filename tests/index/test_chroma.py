@@ -423,3 +423,23 @@ def test_whatever_the_server_sends_ends_in_an_answer_or_a_reason(fuzz_front: chr
     c.refresh()
     assert c.search(np.ones(4, np.float32), K, (), "served").ids == ("a",)
     assert not math.isnan(c.search(np.ones(4, np.float32), K, (), "served").distances[0])
+
+
+def test_an_answer_is_capped_by_what_was_asked(tmp_path: Path) -> None:
+    """A fetch of 2 ids of a 4-d collection may take 64 KiB + 2 x (1 KiB + 4 x 32) bytes: one byte
+    more is ``oversized``, however valid; a count 1 KiB."""
+    cap = 64 * 1024 + 2 * (1024 + 4 * 32)
+    doc = b'{"ids": ["a", "b"], "embeddings": [[1, 0, 0, 0], [0, 1, 0, 0]]}'
+    with chroma.Front(description=DESCRIPTION) as front:
+        front.spare_description = True
+        c = hostile_connector(front.url, 30.0, tmp_path)
+        front.fault = hostile.answer(doc + b" " * (cap - len(doc)))
+        assert set(c.fetch(["a", "b"])) == {"a", "b"}
+        front.fault = hostile.answer(doc + b" " * (cap - len(doc) + 1))
+        with pytest.raises(ConnectorError) as caught:
+            c.fetch(["a", "b"])
+        assert caught.value.reason == "oversized"
+        front.fault = hostile.answer(b" " * 1024 + b"7")
+        with pytest.raises(ConnectorError) as counted:
+            c.count()
+        assert counted.value.reason == "oversized"

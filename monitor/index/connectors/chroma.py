@@ -240,11 +240,11 @@ class ChromaConnector(Connector):
         self._base = None
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None, *, rows: int = 0,
-              row_bytes: int | None = None) -> Any:
+              row_bytes: int | None = None, dim: int | None = None) -> Any:
         """A call on the collection, its answer capped for ``rows`` rows of ``row_bytes`` (default: an id,
         a distance and a vector of the collection's dimension) or :data:`COUNT_BYTES` for none."""
         base = self._collection()
-        dim = self.dim or MAX_DIM
+        dim = self.dim or dim or MAX_DIM  # the collection's, else the query's (its rows must have it)
         if rows:
             per_row = ROW_BYTES + dim * BYTES_PER_NUMBER if row_bytes is None else row_bytes
             max_body, max_values = ANSWER_FLOOR_BYTES + rows * per_row, VALUES_FLOOR + rows * (VALUES_PER_ROW + dim)
@@ -257,8 +257,9 @@ class ChromaConnector(Connector):
                 self.refresh()  # a collection re-created (new id, another dimension), a server back
             raise
 
-    def _post(self, path: str, body: dict[str, Any], rows: int, row_bytes: int | None = None) -> Any:
-        return self._call("POST", path, body, rows=rows, row_bytes=row_bytes)
+    def _post(self, path: str, body: dict[str, Any], rows: int, row_bytes: int | None = None,
+              dim: int | None = None) -> Any:
+        return self._call("POST", path, body, rows=rows, row_bytes=row_bytes, dim=dim)
 
     def admit(self, filter_: Filter) -> Filter:
         out = []
@@ -295,7 +296,7 @@ class ChromaConnector(Connector):
             body: dict[str, Any] = {"limit": s.page_rows, "offset": offset, "include": ["embeddings"]}
             if clause is not None:
                 body["where"] = clause
-            page = parse_get(self._post("/get", body, rows=s.page_rows), self.dim, s.page_rows)
+            page = parse_get(self._post("/get", body, rows=s.page_rows, dim=q.size), self.dim or q.size, s.page_rows)
             rows.extend(page)
             offset += len(page)
             if len(rows) > s.exact_max_rows:
