@@ -8,6 +8,7 @@ import contextlib
 import json
 import subprocess
 import tempfile
+import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -86,3 +87,64 @@ def load(url: str, name: str, ids: Sequence[str], rows: np.ndarray, tenants: Seq
 
 def update(url: str, cid: str, ids: Sequence[str], rows: np.ndarray) -> None:
     call(f"{url}{ROOT}/collections/{cid}/upsert", "POST", {"ids": list(ids), "embeddings": rows.astype(float).tolist()})
+
+
+def delete(url: str, name: str) -> None:
+    call(f"{url}{ROOT}/collections/{name}", "DELETE")
+
+
+def description(name: str = "docs", dim: int = 4, space: str = "cosine") -> bytes:
+    """What ``GET .../collections/{name}`` answers, in Chroma's shape (the connector's first call)."""
+    return json.dumps({"id": f"{name}-0000", "name": name, "dimension": dim,
+                       "configuration_json": {"hnsw": {"space": space, "ef_search": 100}}, "metadata": None}).encode()
+
+
+class Front:
+    """A :class:`~tests.support.hostile_http.HostileServer` in front of a Chroma server. While ``fault`` (a
+    hostile behaviour) is set, it answers with it (every request, or with ``spare_description`` all but
+    the collection's description); otherwise it forwards the request to ``upstream`` (a real ``chroma
+    run``) and relays the answer. Without an upstream it answers the description with ``description``.
+    A test sets and clears faults between cycles: the connector meets one server that misbehaves, then
+    recovers."""
+
+    def __init__(self, upstream: str | None = None, description: bytes | None = None):
+        from tests.support import hostile_http
+
+        self.upstream = upstream
+        self.description = description
+        self.fault: hostile_http.Behaviour | None = None
+        self.spare_description = False
+        self.server = hostile_http.HostileServer(self._answer)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def __enter__(self) -> Front:
+        self.server.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.stop()
+
+    def _answer(self, conn: Any, stop: Any) -> None:
+        received = self.server.requests[-1]
+        method, target, _ = received.head.split(b"\r\n", 1)[0].decode("latin-1").split(" ", 2)
+        describing = method == "GET" and target.count("/") == 8  # /api/v2/tenants/t/databases/d/collections/c
+        fault = self.fault
+        if fault is not None and not (describing and self.spare_description):
+            fault(conn, stop)
+            return
+        if self.upstream is None:
+            status, body = (200, self.description or b"{}") if describing else (502, b"{}")
+        else:
+            request = urllib.request.Request(self.upstream + target, data=received.body or None, method=method,
+                                             headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    status, body = response.status, response.read()
+            except urllib.error.HTTPError as exc:
+                with exc:
+                    status, body = exc.code, exc.read()
+        conn.sendall(f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                     f"Content-Length: {len(body)}\r\n\r\n".encode() + body)

@@ -16,28 +16,47 @@
 Distances are Chroma's: cosine ``1 - cos``, l2 the *squared* Euclidean distance, ip ``1 - x·q``
 (:meth:`ChromaConnector.distance`). The collection's ``space`` decides them; a ``metric`` setting that
 disagrees with it is refused (``unsupported``), so recall is never measured in the wrong distance.
-Every request has the section's ``timeout_seconds``; every failure is a :class:`ConnectorError` by reason.
+Every request goes through :mod:`monitor.outbound` and is bounded three ways:
+
+* **time**: one total deadline per request (connect, send, head and whole body), the smaller of
+  ``timeout_seconds`` and what is left of the probe's cycle (``deadline``); reason ``timeout``;
+* **size**: the answer is capped by what was asked: ``rows x (dimension x 32 + 1 KiB) + 64 KiB``
+  bytes for a search or a ``get`` (the largest dimension, 16,384, until the collection says its own),
+  a small fixed cap for a count and for the collection's description, and the parsed JSON by its
+  number of values; reason ``oversized``;
+* **place**: no redirect is followed (``redirect``), so the bearer token never leaves the configured
+  origin; an answer HTTP cannot frame is ``bad_result``.
+
+Filter values are admitted before a query is sent (:meth:`ChromaConnector.admit`); ids Chroma cannot
+hold are absent from a fetch, never an error. The collection is described again at each cycle
+(:meth:`ChromaConnector.refresh`) and after a ``dimension`` or ``missing_table`` error, so a collection
+deleted and re-created (a new id, another dimension) is measured at the next cycle.
 """
 
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.parse
-import urllib.request
+import math
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 
+from monitor import outbound
 from monitor.index.connectors.base import (
+    MAX_ID_CHARS,
+    REDESCRIBE,
     Answer,
     Connector,
     ConnectorError,
     Filter,
+    FilterValue,
     Mode,
     Reason,
+    check_number,
     check_query,
+    check_text,
     distances,
     parse_count,
     parse_distance,
@@ -47,11 +66,54 @@ from monitor.index.connectors.base import (
 )
 from monitor.index.settings import ChromaSettings
 
-MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+# an answer is bounded by what was asked: rows of dimension numbers (BYTES_PER_NUMBER bytes each), ROW_BYTES
+# of id, distance and JSON per row, and a floor; MAX_DIM before the collection's dimension is known
+BYTES_PER_NUMBER = 32
+ROW_BYTES = 1024
+TEXT_BYTES = 64 * 1024  # a stored document, per row (texts())
+ANSWER_FLOOR_BYTES = 64 * 1024
+DESCRIPTION_BYTES = 256 * 1024  # a collection's description (its configuration, schema and metadata)
+DESCRIPTION_VALUES = DESCRIPTION_BYTES // 8  # JSON values in it (a value costs at least 2 bytes: `[]`, `,0`)
+COUNT_BYTES = 1024  # a count: one integer
+VALUES_PER_ROW = 64
+VALUES_FLOOR = 4096
+MAX_DIM = 16_384
+_OUTBOUND_REASONS: dict[str, Reason] = {"connect": "unreachable", "timeout": "timeout", "oversized": "oversized",
+                                        "redirect": "redirect", "protocol": "bad_result"}
 # Chroma's space -> this package's metric name
 SPACES = {"cosine": "cosine", "l2": "l2", "ip": "dot"}
 _HTTP_REASONS: dict[int, Reason] = {401: "permission", 403: "permission", 404: "missing_table", 408: "timeout",
                                     502: "unreachable", 503: "unreachable", 504: "timeout"}
+
+
+def where_value(key: str, value: FilterValue) -> FilterValue:
+    """A filter value as Chroma's metadata holds it (a string, a 64-bit integer, a finite double, a
+    boolean), or ``bad_filter``. A boolean stays a boolean (JSON ``true``: Chroma's ``true`` never
+    equals ``1``); a string must be UTF-8 without NUL; an integer beyond int64 and NaN/infinity are refused."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        check_text(key, value)
+        return value
+    if isinstance(value, int):
+        return check_number(key, value, "int64")
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConnectorError("bad_filter", f"filter field {key!r}: a non-finite number")
+        return value
+    raise ConnectorError("bad_filter", f"filter field {key!r}: a {type(value).__name__}")
+
+
+def chroma_id(ident: Any) -> bool:
+    """Whether ``ident`` can be an id Chroma holds: a non-empty string of at most
+    :data:`~monitor.index.connectors.base.MAX_ID_CHARS` characters, UTF-8 without NUL."""
+    if not isinstance(ident, str) or not 0 < len(ident) <= MAX_ID_CHARS or "\x00" in ident:
+        return False
+    try:
+        ident.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def where(filter_: Filter, allowed: frozenset[str]) -> dict[str, Any] | None:
@@ -60,17 +122,18 @@ def where(filter_: Filter, allowed: frozenset[str]) -> dict[str, Any] | None:
     for key, value in filter_:
         if key not in allowed:
             raise ConnectorError("unsupported", f"filter field {key!r} is not in filter_columns")
-        if isinstance(value, float) and not np.isfinite(value):
-            raise ConnectorError("unsupported", "a non-finite filter value")
-        clauses.append({key: {"$eq": value}})
+        clauses.append({key: {"$eq": where_value(key, value)}})
     if not clauses:
         return None
     return clauses[0] if len(clauses) == 1 else {"$and": clauses}
 
 
 def classify_http(code: int, body: bytes, path: str) -> ConnectorError:
-    text = body.decode("utf-8", "replace")[:300].strip()
+    """An HTTP error answer as a reason; the message shows the start of Chroma's own message (printable only)."""
+    text = "".join(c if c.isprintable() else " " for c in body.decode("utf-8", "replace")[:300]).strip()
     lowered = text.lower()
+    if code < 400:
+        return ConnectorError("other", f"HTTP {code} from {path}")
     if "dimension" in lowered:
         return ConnectorError("dimension", f"HTTP {code} from {path}: {text}")
     if code == 404 or ("does not exist" in lowered and "collection" in lowered):
@@ -111,63 +174,100 @@ class ChromaConnector(Connector):
         self.hnsw: dict[str, Any] = {}  # the collection's HNSW settings, as the server reports them
         self._base: str | None = None
         self._token = settings.token_file.read_text().strip() if settings.token_file is not None else None
+        if self._token is not None and not (self._token.isascii() and self._token.isprintable()):
+            raise ValueError("index: chroma token_file: the token holds characters a header cannot carry "
+                             "(a line break, a control or non-ASCII character)")
 
     # ------------------------------------------------------------------ HTTP
-    def _request(self, method: str, url: str, body: dict[str, Any] | None = None) -> Any:
+    def _timeout(self) -> float:
+        """This request's total deadline: ``timeout_seconds``, or what is left of the cycle when that is less."""
+        timeout = self.settings.timeout_seconds
+        if self.deadline is not None:
+            left = self.deadline.remaining()
+            if left <= 0:
+                raise ConnectorError("timeout", "the cycle's deadline has passed")
+            timeout = min(timeout, left)
+        return timeout
+
+    def _request(self, method: str, url: str, body: dict[str, Any] | None = None, *, max_body: int,
+                 max_values: int) -> Any:
+        """One call through :mod:`monitor.outbound` (one total deadline, no redirects), its answer at most
+        ``max_body`` bytes and ``max_values`` JSON values."""
         headers = {"Content-Type": "application/json"}
         if self._token:
             headers["Authorization"] = f"Bearer {self._token}"
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310 - http(s)
-        path = urllib.parse.urlsplit(url).path
+        path = url[len(self.settings.url):]
         try:
-            with urllib.request.urlopen(request, timeout=self.settings.timeout_seconds) as response:  # noqa: S310
-                raw = response.read(MAX_RESPONSE_BYTES + 1)
-        except urllib.error.HTTPError as exc:
-            raise classify_http(exc.code, exc.read(4096) or b"", path) from None
-        except TimeoutError:
-            raise ConnectorError("timeout", f"no answer from {path} within {self.settings.timeout_seconds}s") from None
-        except (urllib.error.URLError, OSError) as exc:
-            timed_out = isinstance(getattr(exc, "reason", None), TimeoutError)
-            raise ConnectorError("timeout" if timed_out else "unreachable", f"{path}: {exc}") from None
-        if len(raw) > MAX_RESPONSE_BYTES:
-            raise ConnectorError("bad_result", "an answer over 64 MiB")
-        try:
-            return json.loads(raw)
+            response = outbound.request(
+                url, method=method, body=json.dumps(body, allow_nan=False).encode() if body is not None else None,
+                headers=headers, timeout=self._timeout(), max_body=max_body)
+            if response.status >= 300:
+                raise classify_http(response.status, response.body, path)
+            return outbound.parse_json(response.body, max_values)
+        except outbound.OutboundError as exc:
+            raise ConnectorError(_OUTBOUND_REASONS[exc.reason], f"{path}: {exc}") from None
         except ValueError:
-            raise ConnectorError("bad_result", "an answer that is not JSON") from None
+            raise ConnectorError("bad_result", f"{path}: an answer that is not JSON") from None
 
     def _collection(self) -> str:
-        """The collection's URL; at the first call, its id, dimension and HNSW settings are read."""
+        """The collection's URL; at the first call after :meth:`refresh`, its id, dimension and HNSW
+        settings are read."""
         if self._base is not None:
             return self._base
         s = self.settings
-        root = f"{s.url}/api/v2/tenants/{urllib.parse.quote(s.tenant)}/databases/{urllib.parse.quote(s.database)}"
-        doc = self._request("GET", f"{root}/collections/{urllib.parse.quote(s.collection)}")
-        if not isinstance(doc, dict) or not isinstance(doc.get("id"), str):
+        root = f"{s.url}/api/v2/tenants/{quote(s.tenant)}/databases/{quote(s.database)}"
+        doc = self._request("GET", f"{root}/collections/{quote(s.collection)}", max_body=DESCRIPTION_BYTES,
+                            max_values=DESCRIPTION_VALUES)
+        if not isinstance(doc, dict) or not isinstance(doc.get("id"), str) or not chroma_id(doc["id"]):
             raise ConnectorError("bad_result", "a collection without an id")
         config = doc.get("configuration_json") or {}
         hnsw = config.get("hnsw") if isinstance(config, dict) else None
         hnsw = hnsw if isinstance(hnsw, dict) else {}
-        space = hnsw.get("space") or ((doc.get("metadata") or {}).get("hnsw:space")) or "l2"
-        if space not in SPACES:
-            raise ConnectorError("unsupported", f"chroma: collection space {space!r}")
+        metadata = doc.get("metadata")
+        space = hnsw.get("space") or (metadata.get("hnsw:space") if isinstance(metadata, dict) else None) or "l2"
+        if not isinstance(space, str) or space not in SPACES:
+            raise ConnectorError("unsupported", f"chroma: collection space {str(space)[:40]!r}")
         if SPACES[space] != s.metric:
             raise ConnectorError("unsupported", f"chroma: the collection's space is {space!r}, metric says {s.metric}")
         dim = doc.get("dimension")
-        self.dim = dim if isinstance(dim, int) and not isinstance(dim, bool) and dim > 0 else None
+        self.dim = dim if isinstance(dim, int) and not isinstance(dim, bool) and 0 < dim <= MAX_DIM else None
         self.hnsw = dict(hnsw)
-        self._base = f"{root}/collections/{doc['id']}"
+        self._base = f"{root}/collections/{quote(doc['id'], safe='')}"
         return self._base
 
-    def _post(self, path: str, body: dict[str, Any]) -> Any:
+    def refresh(self) -> None:
+        """Describe the collection again at the next call (each cycle; a collection re-created)."""
+        self._base = None
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None, *, rows: int = 0,
+              row_bytes: int | None = None, dim: int | None = None) -> Any:
+        """A call on the collection, its answer capped for ``rows`` rows of ``row_bytes`` (default: an id,
+        a distance and a vector of the collection's dimension) or :data:`COUNT_BYTES` for none."""
         base = self._collection()
+        dim = self.dim or dim or MAX_DIM  # the collection's, else the query's (its rows must have it)
+        if rows:
+            per_row = ROW_BYTES + dim * BYTES_PER_NUMBER if row_bytes is None else row_bytes
+            max_body, max_values = ANSWER_FLOOR_BYTES + rows * per_row, VALUES_FLOOR + rows * (VALUES_PER_ROW + dim)
+        else:
+            max_body, max_values = COUNT_BYTES, 16
         try:
-            return self._request("POST", base + path, body)
+            return self._request(method, base + path, body, max_body=max_body, max_values=max_values)
         except ConnectorError as exc:
-            if exc.reason in ("missing_table", "unreachable"):
-                self._base = None  # a collection recreated (new id), a server back: look it up again
+            if exc.reason in REDESCRIBE or exc.reason == "unreachable":
+                self.refresh()  # a collection re-created (new id, another dimension), a server back
             raise
+
+    def _post(self, path: str, body: dict[str, Any], rows: int, row_bytes: int | None = None,
+              dim: int | None = None) -> Any:
+        return self._call("POST", path, body, rows=rows, row_bytes=row_bytes, dim=dim)
+
+    def admit(self, filter_: Filter) -> Filter:
+        out = []
+        for key, value in filter_:
+            if key not in self.filter_columns:
+                raise ConnectorError("unsupported", f"filter field {key!r} is not in filter_columns")
+            out.append((key, where_value(key, value)))
+        return tuple(out)
 
     # ------------------------------------------------------------------ the four questions
     def search(self, query: np.ndarray, k: int, filter_: Filter, mode: Mode) -> Answer:
@@ -181,7 +281,7 @@ class ChromaConnector(Connector):
         body: dict[str, Any] = {"query_embeddings": [q.tolist()], "n_results": k, "include": ["distances"]}
         if clause is not None:
             body["where"] = clause
-        return parse_query(self._post("/query", body), k)
+        return parse_query(self._post("/query", body, rows=k, row_bytes=ROW_BYTES), k)
 
     def _exact(self, q: np.ndarray, k: int, clause: dict[str, Any] | None) -> Answer:
         """Every row under ``clause`` read and ranked here (bounded by ``exact_max_rows``)."""
@@ -196,7 +296,7 @@ class ChromaConnector(Connector):
             body: dict[str, Any] = {"limit": s.page_rows, "offset": offset, "include": ["embeddings"]}
             if clause is not None:
                 body["where"] = clause
-            page = parse_get(self._post("/get", body), self.dim, s.page_rows)
+            page = parse_get(self._post("/get", body, rows=s.page_rows, dim=q.size), self.dim or q.size, s.page_rows)
             rows.extend(page)
             offset += len(page)
             if len(rows) > s.exact_max_rows:
@@ -213,12 +313,12 @@ class ChromaConnector(Connector):
     def fetch(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
         if not ids:
             return {}
-        self._collection()
+        wanted = list(dict.fromkeys(i for i in ids if chroma_id(i)))  # an id Chroma cannot hold is absent
         out: dict[str, np.ndarray] = {}
         step = self.settings.page_rows
-        for start in range(0, len(ids), step):
-            chunk = list(ids[start:start + step])
-            doc = self._post("/get", {"ids": chunk, "include": ["embeddings"]})
+        for start in range(0, len(wanted), step):
+            chunk = wanted[start:start + step]
+            doc = self._post("/get", {"ids": chunk, "include": ["embeddings"]}, rows=len(chunk))
             out.update(parse_get(doc, self.dim, len(chunk)))
         return out
 
@@ -229,23 +329,19 @@ class ChromaConnector(Connector):
         offsets = np.sort(np.random.default_rng().choice(total, size=min(n, total), replace=False)).tolist()
         rows: list[tuple[str, np.ndarray]] = []
         for offset in offsets:  # one row per offset: Chroma has no random sample
-            rows.extend(parse_get(self._post("/get", {"limit": 1, "offset": offset, "include": ["embeddings"]}),
-                                  self.dim, 1))
+            rows.extend(parse_get(self._post("/get", {"limit": 1, "offset": offset, "include": ["embeddings"]},
+                                             rows=1), self.dim, 1))
         return list(dict(rows).items())  # a row met twice (rows moved under a write) counts once
 
     def count(self) -> int:
-        base = self._collection()
-        try:
-            return parse_count(self._request("GET", base + "/count"))
-        except ConnectorError as exc:
-            if exc.reason in ("missing_table", "unreachable"):
-                self._base = None
-            raise
+        return parse_count(self._call("GET", "/count"))
 
     def texts(self, ids: Sequence[str]) -> dict[str, str]:
-        if not ids:
+        wanted = list(dict.fromkeys(i for i in ids if chroma_id(i)))
+        if not wanted:
             return {}
-        doc = self._post("/get", {"ids": list(ids), "include": ["documents"]})
+        doc = self._post("/get", {"ids": wanted, "include": ["documents"]}, rows=len(wanted),
+                         row_bytes=ROW_BYTES + TEXT_BYTES)
         got, documents = (doc.get("ids"), doc.get("documents")) if isinstance(doc, dict) else (None, None)
         if not isinstance(got, list) or not isinstance(documents, list) or len(got) != len(documents):
             raise ConnectorError("bad_result", "a get answer without matching ids and documents")
