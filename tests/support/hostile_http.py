@@ -50,6 +50,8 @@ class HostileServer:
     tls: ssl.SSLContext | None = None  # serve https with this server-side context
     _stop: threading.Event = field(default_factory=threading.Event)
     _listener: socket.socket | None = None
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _conns: list[socket.socket] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -59,13 +61,27 @@ class HostileServer:
         listener = socket.create_server(("127.0.0.1", 0))
         self.port = listener.getsockname()[1]
         self._listener = listener
-        threading.Thread(target=self._accept, name="hostile-accept", daemon=True).start()
+        self._spawn(self._accept, "hostile-accept")
         return self
 
     def stop(self) -> None:
+        """Stops accepting, cuts every connection and waits for the server's threads (a test that
+        leaves one running fails: tests/conftest.py)."""
         self._stop.set()
         if self._listener is not None:
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept(); close() alone does not
             self._listener.close()
+        for conn in list(self._conns):
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        for thread in list(self._threads):
+            thread.join(timeout=5)
+
+    def _spawn(self, target: Callable[..., None], name: str, *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
 
     def __enter__(self) -> HostileServer:
         return self.start()
@@ -80,7 +96,8 @@ class HostileServer:
                 conn, _ = self._listener.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(conn,), name="hostile-conn", daemon=True).start()
+            self._conns.append(conn)
+            self._spawn(self._serve, "hostile-conn", conn)
 
     def _serve(self, plain: socket.socket) -> None:
         conn = plain

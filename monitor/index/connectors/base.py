@@ -117,6 +117,16 @@ class Connector:
     deadline: Deadline | None = None
     grace = 1.0  # seconds a call past the deadline may take to be cancelled, then cut
 
+    def call_timeout(self, limit: float) -> float:
+        """One HTTP call's total deadline: ``limit`` (the engine's ``timeout_seconds``), or what is left
+        of the cycle when that is less; ``timeout`` once the cycle's time is up."""
+        if self.deadline is None:
+            return limit
+        left = self.deadline.remaining()
+        if left <= 0:
+            raise ConnectorError("timeout", "the cycle's deadline has passed")
+        return min(limit, left)
+
     def admit(self, filter_: Filter) -> Filter:
         """``filter_`` as the engine can take it, or ``bad_filter`` for a value its column cannot hold.
 

@@ -179,16 +179,6 @@ class ChromaConnector(Connector):
                              "(a line break, a control or non-ASCII character)")
 
     # ------------------------------------------------------------------ HTTP
-    def _timeout(self) -> float:
-        """This request's total deadline: ``timeout_seconds``, or what is left of the cycle when that is less."""
-        timeout = self.settings.timeout_seconds
-        if self.deadline is not None:
-            left = self.deadline.remaining()
-            if left <= 0:
-                raise ConnectorError("timeout", "the cycle's deadline has passed")
-            timeout = min(timeout, left)
-        return timeout
-
     def _request(self, method: str, url: str, body: dict[str, Any] | None = None, *, max_body: int,
                  max_values: int) -> Any:
         """One call through :mod:`monitor.outbound` (one total deadline, no redirects), its answer at most
@@ -200,7 +190,7 @@ class ChromaConnector(Connector):
         try:
             response = outbound.request(
                 url, method=method, body=json.dumps(body, allow_nan=False).encode() if body is not None else None,
-                headers=headers, timeout=self._timeout(), max_body=max_body)
+                headers=headers, timeout=self.call_timeout(self.settings.timeout_seconds), max_body=max_body)
             if response.status >= 300:
                 raise classify_http(response.status, response.body, path)
             return outbound.parse_json(response.body, max_values)

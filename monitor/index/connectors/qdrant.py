@@ -168,7 +168,7 @@ class QdrantConnector(Connector):
             response = outbound.request(
                 self._base + path, method="POST", body=json.dumps(body).encode(),
                 headers={"Content-Type": "application/json", **({"api-key": self._key} if self._key else {})},
-                timeout=self.settings.timeout_seconds,
+                timeout=self.call_timeout(self.settings.timeout_seconds),
                 max_body=ANSWER_FLOOR_BYTES + rows * (ROW_BYTES + dim * BYTES_PER_NUMBER),
             )
             if response.status >= 300:
