@@ -92,7 +92,8 @@ def classify(exc: BaseException, filtered: bool = False) -> ConnectorError:
         return ConnectorError("missing_column", message)
     if isinstance(exc, psycopg.DataError) and "dimension" in message:
         return ConnectorError("dimension", message)
-    if isinstance(exc, psycopg.DataError) and filtered:
+    if filtered and isinstance(exc, (psycopg.DataError, errors.UndefinedFunction)):
+        # a value the column's type cannot take, or a column type with no '=' (json, point)
         return ConnectorError("bad_filter", message)
     if isinstance(exc, psycopg.OperationalError):
         return ConnectorError("unreachable", message)
