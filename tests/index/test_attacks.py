@@ -26,7 +26,7 @@ from tests.support.probes import probe_context
 
 D, K, ROWS = 8, 5, 120
 LONG = "\u05d0\u0301" * 128  # 256 characters: Hebrew (RTL) letters, each with a combining mark
-VALUES: list[Any] = ["x", "", LONG, "\ud800", "a\x00b", 5, 0, -(2**63) - 1, 2**63, 2**64, 10**400, 1.5, 1e39,
+VALUES: list[Any] = ["x", "", LONG, "\ud800", "a\x00b", 5, 0, -(2**63), -(2**63) - 1, 2**63, 2**64, 10**400, 1.5, 1e39,
                      -1e39, math.nan, math.inf, True, False]
 PG_COLUMNS = {  # column -> its type: every kind of filter column pgvector offers
     "t": "text", "vc": "varchar(4)", "ch": "char(3)", "s": "smallint", "i": "integer", "b": "bigint",
@@ -159,3 +159,45 @@ def _batch(ids: list[str], vectors: np.ndarray) -> Any:
 
     return EmbeddingBatch(model="m", stream="s", ids=tuple(ids), vectors=np.asarray(vectors, np.float32),
                           timestamps=np.zeros(len(ids)))
+
+
+ATTACK_IDS = ["1" * 21, "+5", " 5", "5 ", "0x10", "1_000", "\uff15", "-0", "007", "-9223372036854775808",
+              "9223372036854775808", "00000000-0000-0000-0000-000000000005", "5\x00", "\ud800", "5\n", "\u0665"]
+
+
+@pytest.mark.parametrize("engine", ["pgvector", "lancedb"])
+def test_attack_ids_against_an_integer_id_column_are_absent_never_an_error(
+    engine: str, server: str, tmp_path: Path
+) -> None:
+    vectors = vs.unit_rows(ROWS, D, seed=6)
+    if engine == "pgvector":
+        vs.load_pg_typed(server, "int_ids", vectors)
+        section: dict[str, Any] = {"dsn": server, "table": "int_ids"}
+    else:
+        vs.load_lance_typed(tmp_path / "lance", "int_ids", vectors)
+        section = {"uri": str(tmp_path / "lance"), "table": "int_ids"}
+    c = component(engine, section, tmp_path)
+    probe = c.probes["p"]
+    now = c.context.clock()
+    probe.buffer.add(ProbeQuery(vectors[0]), now)
+    good = [str(i) for i in range(1, 21)]  # ids 1..ROWS are stored, in canonical form
+    ids = good + ATTACK_IDS
+    probe.on_embeddings(_batch(ids, np.concatenate([vectors[:20], vectors[:len(ATTACK_IDS)]])), now)
+    for _ in range(2):
+        result = cycle(c)
+        assert result.census is not None and result.census_error is None
+        # the stored rows of the good ids are found and current; every attack id is absent
+        assert result.census.sampled == 20 and result.census.missing == len(ATTACK_IDS)
+    c.close()
+
+
+def test_the_sketch_keeps_different_ids_in_each_process() -> None:
+    """The key is random per process: no id an attacker picks is kept by every monitor."""
+    import subprocess
+    import sys
+
+    code = ("from monitor.index.sampling import id_hash\n"
+            "print(sorted(range(10000), key=lambda i: id_hash(str(i)))[:10])")
+    kept = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout
+            for _ in range(3)]
+    assert len(set(kept)) == 3, kept

@@ -145,6 +145,7 @@ class RelayProcess:
 def _serve(upstream: str) -> None:
     import signal
     import sys
+    import time
 
     relay = FreezableRelay(upstream)
     signal.signal(signal.SIGUSR1, lambda *_: relay.freeze())
@@ -152,8 +153,8 @@ def _serve(upstream: str) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with relay:
         print(relay.port, flush=True)
-        while True:
-            signal.pause()
+        while True:  # not signal.pause(): a signal the kernel hands a pump thread would not wake it
+            time.sleep(0.05)
 
 
 if __name__ == "__main__":
