@@ -277,3 +277,40 @@ def test_a_daemon_with_a_frozen_probe_scrapes_refreshes_and_stops_on_sigterm(ser
     print(f"daemon with a frozen probe: slowest scrape {slowest:.2f}s, SIGTERM to exit {stopped:.2f}s (rc {code})")
     assert code == 0 and stopped < 10
     assert slowest < 2.0
+
+
+def test_a_database_port_that_accepts_and_resets_is_unreachable_at_once(tmp_path: Path) -> None:
+    import socket
+    import struct
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    stop = threading.Event()
+
+    def reset_all() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+            conn.close()
+
+    thread = threading.Thread(target=reset_all, daemon=True)
+    thread.start()
+    try:
+        port = listener.getsockname()[1]
+        c = component("pgvector", {"dsn": f"postgresql://postgres@127.0.0.1:{port}/postgres", "table": "docs"},
+                      tmp_path, 10.0)
+        fill(c, vs.unit_rows(20, D))
+        for _ in range(3):
+            result, elapsed = now_cycle(c)
+            assert result is None and elapsed < 5
+        assert reasons(c) == {"unreachable": 3}
+        c.close()
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
