@@ -314,3 +314,19 @@ def test_a_database_port_that_accepts_and_resets_is_unreachable_at_once(tmp_path
         stop.set()
         thread.join(5)
         listener.close()
+
+
+def test_a_frozen_database_behind_a_two_host_dsn_cannot_hold_the_cycle(server: str, tmp_path: Path) -> None:
+    """An HA DSN names two hosts (primary, standby): libpq gives each attempt the whole connect
+    timeout, so both frozen must still end by the cycle's cutoff, not twice it."""
+    timeout = 4.0
+    with RelayProcess(vs.socket_path(server)) as relay:
+        dsn = f"host=127.0.0.1,127.0.0.1 port={relay.port},{relay.port} user=postgres dbname=postgres"
+        c = component("pgvector", {"dsn": dsn, "table": "docs", "connect_timeout_seconds": 30}, tmp_path, timeout)
+        fill(c, vs.unit_rows(20, D))
+        relay.freeze()
+        result, elapsed = now_cycle(c)
+        print(f"two-host frozen connect returned after {elapsed:.2f}s (timeout {timeout}s)")
+        assert result is None and reasons(c) == {"unreachable": 1}
+        assert elapsed < timeout * 0.85 + 0.5, elapsed
+        c.close()

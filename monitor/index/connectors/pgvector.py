@@ -213,6 +213,31 @@ class PgvectorConnector(Connector):
                                    "tcp_user_timeout": str(user_timeout), **KEEPALIVES}
         return {k: v for k, v in options.items() if k not in given or k == "connect_timeout"}
 
+    def _connect(self) -> Any:
+        """A new connection, its attempts (each host, each address a host name resolves to) made in
+        turn as psycopg makes them, but each given only the time left: libpq would give every
+        attempt the whole connect timeout, so two frozen hosts would take twice the cutoff."""
+        import psycopg
+        from psycopg.conninfo import conninfo_attempts, conninfo_to_dict, make_conninfo
+
+        conninfo = self.settings.connection_string()
+        attempts = conninfo_attempts(conninfo_to_dict(conninfo))
+        failure: Exception | None = None
+        for attempt in attempts:
+            single = make_conninfo("", **attempt)
+            try:
+                options = self._connect_options(single)
+            except ConnectorError:
+                if failure is None:
+                    raise
+                break  # no time left for another host: the last one's failure is the cycle's
+            try:
+                return psycopg.connect(single, autocommit=False, **options)
+            except psycopg.OperationalError as exc:
+                failure = exc
+        assert failure is not None
+        raise failure
+
     def _connection(self) -> Any:
         import psycopg
 
@@ -221,8 +246,7 @@ class PgvectorConnector(Connector):
                 self._describe()
             return self._conn
         try:
-            conninfo = self.settings.connection_string()
-            self._conn = psycopg.connect(conninfo, autocommit=False, **self._connect_options(conninfo))
+            self._conn = self._connect()
             self._describe()
         except psycopg.Error as exc:
             self._drop()
