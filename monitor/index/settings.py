@@ -314,6 +314,9 @@ class CensusSettings(Section):
     )
 
 
+PGVECTOR_MIN_TIMEOUT = 2.5  # seconds: 2 s to connect fit within the 85 % cutoff
+
+
 class IndexProbeSpec(Section):
     """One index (one model's vectors in one engine table or collection)."""
 
@@ -357,6 +360,11 @@ class IndexProbeSpec(Section):
             raise ValueError(f"engine {self.engine}: remove the section(s) {others}")
         if not self.queries.stream and self.queries.golden_file is None:
             raise ValueError("queries: enable stream or give golden_file")
+        if self.engine == "pgvector" and self.timeout_seconds < PGVECTOR_MIN_TIMEOUT:
+            # libpq waits whole seconds, at least 2, to connect, and the cycle cuts its calls at 85 %
+            # of timeout_seconds: under this, no connection could ever be made in time
+            raise ValueError(f"timeout_seconds: a pgvector probe needs at least {PGVECTOR_MIN_TIMEOUT} s "
+                             f"(a connection may take libpq's minimum of 2 s), not {self.timeout_seconds}")
         return self
 
     @property

@@ -60,3 +60,18 @@ def test_an_empty_dsn_file_is_refused_and_a_good_one_taken(tmp_path: Path) -> No
     settings = load_settings(config(tmp_path, {"dsn_file": str(empty), "order_expression": EXPRESSION}))
     pg = settings.index.probes[0].pgvector
     assert pg is not None and pg.connection_string() == "postgresql://u@db/x"
+
+
+def test_a_pgvector_timeout_too_short_to_ever_connect_is_refused(tmp_path: Path) -> None:
+    """libpq waits at least 2 s to connect and the cycle cuts its calls at 85 % of timeout_seconds:
+    at 2 s the probe could never connect to a healthy database (every cycle a ``timeout``)."""
+    path = config(tmp_path, {"dsn": "x"})
+    data = yaml.safe_load(path.read_text())
+    data["index"]["probes"][0]["timeout_seconds"] = 2
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as caught:
+        load_settings(path)
+    assert "timeout_seconds" in str(caught.value) and "at least 2.5" in str(caught.value), caught.value
+    data["index"]["probes"][0]["timeout_seconds"] = 2.5
+    path.write_text(yaml.safe_dump(data))
+    assert load_settings(path).index.probes[0].timeout_seconds == 2.5

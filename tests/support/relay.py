@@ -106,3 +106,58 @@ class FreezableRelay:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
+
+
+class RelayProcess:
+    """A :class:`FreezableRelay` in a child process (``python -m tests.support.relay UPSTREAM``), so
+    a test that counts its own threads and descriptors counts none of the relay's. SIGUSR1
+    freezes it, SIGUSR2 thaws it."""
+
+    def __init__(self, upstream: str):
+        import subprocess
+        import sys
+
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.support.relay", upstream],
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.port = int(self.proc.stdout.readline())
+
+    def freeze(self) -> None:
+        import signal
+
+        self.proc.send_signal(signal.SIGUSR1)
+
+    def thaw(self) -> None:
+        import signal
+
+        self.proc.send_signal(signal.SIGUSR2)
+
+    def __enter__(self) -> RelayProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def _serve(upstream: str) -> None:
+    import signal
+    import sys
+    import time
+
+    relay = FreezableRelay(upstream)
+    signal.signal(signal.SIGUSR1, lambda *_: relay.freeze())
+    signal.signal(signal.SIGUSR2, lambda *_: relay.thaw())
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    with relay:
+        print(relay.port, flush=True)
+        while True:  # not signal.pause(): a signal the kernel hands a pump thread would not wake it
+            time.sleep(0.05)
+
+
+if __name__ == "__main__":
+    import sys
+
+    _serve(sys.argv[1])

@@ -45,12 +45,22 @@ from monitor.index.settings import LanceDbSettings
 logger = logging.getLogger(__name__)
 
 
+def int_literal(value: int) -> str:
+    """An integer as Lance SQL reads it back: the least int64 is written as an expression, since
+    ``-9223372036854775808`` is read as the negation of a number beyond int64 (a float, refused).
+
+    >>> int_literal(-2**63), int_literal(7)
+    ('(-9223372036854775807 - 1)', '7')
+    """
+    return "(-9223372036854775807 - 1)" if value == -(2**63) else str(value)
+
+
 def literal(value: FilterValue) -> str:
     """A filter value as a Lance SQL literal (strings quoted, quotes doubled)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
-        return str(value)
+        return int_literal(value)
     if isinstance(value, float):
         if not math.isfinite(value):
             raise ConnectorError("unsupported", "a non-finite filter value")
@@ -232,7 +242,7 @@ class LanceDbConnector(Connector):
     def _id_list(self, ids: Sequence[str]) -> str:
         """The ids the id column can hold, as literals (strictly parsed); any other id is absent."""
         if self._id_kind != "text":
-            values = [str(v) for v in (integer_id(i, self._id_kind) for i in ids) if v is not None]
+            values = [int_literal(v) for v in (integer_id(i, self._id_kind) for i in ids) if v is not None]
         else:
             values = [literal(i) for i in ids if text_ok(i)]
         return ", ".join(values)

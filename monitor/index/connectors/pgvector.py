@@ -94,7 +94,8 @@ def classify(exc: BaseException, filtered: bool = False) -> ConnectorError:
         return ConnectorError("missing_column", message)
     if isinstance(exc, psycopg.DataError) and "dimension" in message:
         return ConnectorError("dimension", message)
-    if isinstance(exc, psycopg.DataError) and filtered:
+    if filtered and isinstance(exc, (psycopg.DataError, errors.UndefinedFunction)):
+        # a value the column's type cannot take, or a column type with no '=' (json, point)
         return ConnectorError("bad_filter", message)
     if isinstance(exc, psycopg.OperationalError):
         return ConnectorError("unreachable", message)
@@ -214,6 +215,31 @@ class PgvectorConnector(Connector):
                                    "tcp_user_timeout": str(user_timeout), **KEEPALIVES}
         return {k: v for k, v in options.items() if k not in given or k == "connect_timeout"}
 
+    def _connect(self) -> Any:
+        """A new connection, its attempts (each host, each address a host name resolves to) made in
+        turn as psycopg makes them, but each given only the time left: libpq would give every
+        attempt the whole connect timeout, so two frozen hosts would take twice the cutoff."""
+        import psycopg
+        from psycopg.conninfo import conninfo_attempts, conninfo_to_dict, make_conninfo
+
+        conninfo = self.settings.connection_string()
+        attempts = conninfo_attempts(conninfo_to_dict(conninfo))
+        failure: Exception | None = None
+        for attempt in attempts:
+            single = make_conninfo("", **attempt)
+            try:
+                options = self._connect_options(single)
+            except ConnectorError:
+                if failure is None:
+                    raise
+                break  # no time left for another host: the last one's failure is the cycle's
+            try:
+                return psycopg.connect(single, autocommit=False, **options)
+            except psycopg.OperationalError as exc:
+                failure = exc
+        assert failure is not None
+        raise failure
+
     def _connection(self) -> Any:
         import psycopg
 
@@ -222,8 +248,7 @@ class PgvectorConnector(Connector):
                 self._describe()
             return self._conn
         try:
-            conninfo = self.settings.connection_string()
-            self._conn = psycopg.connect(conninfo, autocommit=False, **self._connect_options(conninfo))
+            self._conn = self._connect()
             self._describe()
         except psycopg.Error as exc:
             self._drop()
