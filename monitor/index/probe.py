@@ -201,7 +201,8 @@ class IndexProbe:
         return outcomes, skipped, partial
 
     def _scope_counts(self) -> dict[str, int] | None:
-        """Rows per scope value (the fill rate's denominator), read once a cycle; None when the engine cannot."""
+        """Rows per scope value (the fill rate's denominator), read once a cycle; None when the engine cannot count
+        or answers what cannot be read."""
         field_name = self.spec.queries.scope_field
         counter = getattr(self.connector, "scope_counts", None)
         if field_name is None or counter is None:
@@ -209,8 +210,11 @@ class IndexProbe:
         try:
             return dict(counter(field_name))
         except ConnectorError as exc:
-            if exc.reason != "unsupported":
+            # an answer it cannot read (a tenant that wrote more than MAX_SCOPE_VALUES values, an
+            # oversized body) costs the fill rates only, never the cycle's recall
+            if exc.reason not in ("unsupported", "bad_result", "oversized"):
                 raise
+            logger.debug("index probe %s: screening without fill rates (%s: %s)", self.name, exc.reason, exc)
             return None
 
     def _scoped_cycle(self, queries: list[ProbeQuery], per_query: int, ledger: _Ledger, deadline: Deadline,
@@ -218,7 +222,6 @@ class IndexProbe:
         """With scopes: screen by fill rate, a uniform exact share, then the adaptive share (docs/index.md)."""
         spec = self.spec
         field_name = spec.queries.scope_field
-        k = spec.k
         allowed: frozenset[str] = getattr(self.connector, "filter_columns", frozenset())
         skipped: Counter[str] = Counter()
         outcomes: list[QueryOutcome] = []
@@ -260,9 +263,12 @@ class IndexProbe:
                 usable[i] = False
             return usable[i]
 
+        screened: list[tuple[str, int]] = []  # (scope, rows served) of the screen's answers
+        expired = False
         for i in plan:
             if deadline.expired():
-                return outcomes, skipped, True, dict(spent)
+                expired = True
+                break
             if not admit(i):
                 continue
             try:
@@ -274,13 +280,12 @@ class IndexProbe:
                 usable[i] = False
                 continue
             served[i] = answer
-            scope = scopes[i]
-            if scope != NONE:
-                self.evidence.touch(scope, now)
-                rows = None if counts is None else counts.get(scope, 0)
-                if rows:  # a scope holding no row has no fill rate
-                    expected = min(k, rows)
-                    self.evidence.add_fill(scope, len(answer) / expected, len(answer) < expected, now)
+            if scopes[i] != NONE:
+                self.evidence.touch(scopes[i], now)
+                screened.append((scopes[i], len(answer)))
+        self._add_fills(screened, counts, None if expired else deadline, now)
+        if expired:
+            return outcomes, skipped, True, dict(spent)
         done: set[int] = set()
 
         def probe(i: int, is_uniform: bool) -> QueryOutcome | None:
@@ -338,6 +343,28 @@ class IndexProbe:
                 if probe(i, False) is None and not self.evidence.bounds(now, 1.0 - CONFIDENCE, [scope]).n.any():
                     left[scope] = []  # an empty scope: nothing to learn this cycle
         return outcomes, skipped, False, dict(spent)
+
+    def _add_fills(self, screened: list[tuple[str, int]], counts: dict[str, int] | None, deadline: Deadline | None,
+                   now: float) -> None:
+        """The screen's fill rates against the rows counted before it, and after it where an answer
+        under-returned: rows deleted between the count and the search (a tenant emptying its scope)
+        are not an engine that under-returns, so a scope's denominator is the smaller count (an
+        under-return left unconfirmed, past the deadline or without a second count, is dropped)."""
+        if counts is None:
+            return
+        k = self.spec.k
+        after: dict[str, int] | None = None
+        if any(served < min(k, counts.get(scope, 0)) for scope, served in screened):
+            after = self._scope_counts() if deadline is not None and not deadline.expired() else None
+        for scope, served in screened:
+            rows = counts.get(scope, 0)
+            expected = min(k, rows)
+            if served < expected:
+                if after is None:
+                    continue
+                expected = min(expected, after.get(scope, 0))
+            if expected:  # a scope holding no row has no fill rate
+                self.evidence.add_fill(scope, served / expected, served < expected, now)
 
     def _search(self, ledger: _Ledger, query: ProbeQuery, mode: Any, filtered: bool = True,
                 k: int | None = None) -> Answer:
