@@ -46,6 +46,7 @@ from monitor.index.estimators import (
     generations,
     k_occurrence_skewness,
     outcome,
+    scope_label,
     summarise,
     wilson,
 )
@@ -208,7 +209,7 @@ class IndexProbe:
         if field_name is None or counter is None:
             return None
         try:
-            return dict(counter(field_name))
+            return {scope_label(value): rows for value, rows in counter(field_name).items()}
         except ConnectorError as exc:
             # an answer it cannot read (a tenant that wrote more than MAX_SCOPE_VALUES values, an
             # oversized body) costs the fill rates only, never the cycle's recall
@@ -226,6 +227,12 @@ class IndexProbe:
         skipped: Counter[str] = Counter()
         outcomes: list[QueryOutcome] = []
         spent: Counter[str] = Counter()
+        counts = self._scope_counts() if queries else None
+        if counts is not None:  # a scope the engine holds no row of has no recall: no search is spent on it
+            kept = [q for q in queries if not self._counted_empty(q, counts, allowed)]
+            if len(kept) < len(queries):
+                skipped["empty_scope"] += len(queries) - len(kept)
+            queries = kept
         scopes = [q.scope(field_name) for q in queries]
         by_scope: dict[str, list[int]] = {}
         for i, scope in enumerate(scopes):
@@ -235,7 +242,6 @@ class IndexProbe:
         n = len(queries)
         if n == 0:
             return outcomes, skipped, False, {}
-        counts = self._scope_counts()
         budget = spec.budget.exact_searches
         uniform_queries = max(1, int(budget * spec.budget.uniform_share) // per_query)
         uniform = self.rng.choice(n, size=min(n, uniform_queries), replace=False).tolist()
@@ -343,6 +349,24 @@ class IndexProbe:
                 if probe(i, False) is None and not self.evidence.bounds(now, 1.0 - CONFIDENCE, [scope]).n.any():
                     left[scope] = []  # an empty scope: nothing to learn this cycle
         return outcomes, skipped, False, dict(spent)
+
+    def _counted_empty(self, query: ProbeQuery, counts: dict[str, int], allowed: frozenset[str]) -> bool:
+        """Whether ``query``'s scope holds no row by the engine's count: a text or integer value (the
+        engine writes those as the label does) of a filter the engine takes (a query it cannot take
+        is counted as such where it is drawn)."""
+        field_name = self.spec.queries.scope_field
+        value = next((v for key, v in query.filter if key == field_name), None)
+        if not (isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))):
+            return False
+        if counts.get(query.scope(field_name), 0) or any(key not in allowed for key, _ in query.filter):
+            return False
+        try:
+            self.connector.admit(query.filter)
+        except ConnectorError as exc:
+            if exc.reason not in QUERY_REASONS:
+                raise
+            return False
+        return True
 
     def _add_fills(self, screened: list[tuple[str, int]], counts: dict[str, int] | None, deadline: Deadline | None,
                    now: float) -> None:

@@ -210,13 +210,17 @@ def test_a_flood_of_twenty_thousand_scope_values_neither_hides_the_broken_scope_
     traffic; the HNSW search of 'small' (1 % of the rows) under-returns. Over 3 cycles: 'small' is
     flagged, the evidence never exceeds max_scopes, labels stay bounded, and a cycle's time stays
     bounded."""
-    spec = spec_for(pg["uri"], budget={"exact_searches": 100}, queries={"buffer": 50_000, "max_scopes": 10_000})
+    rows = vs.unit_rows(12_000, D, seed=3)  # enough rows that the planner keeps HNSW for a 1 % filter
+    vs.load_pg(pg["uri"], "docs_big", [f"d{i}" for i in range(12_000)], rows,
+               [vs.tenant_of(i) for i in range(12_000)])
+    spec = spec_for(pg["uri"], "docs_big", budget={"exact_searches": 100},
+                    queries={"buffer": 50_000, "max_scopes": 10_000})
     probe = probe_of(spec)
     rng = np.random.default_rng(1)
     flagged = []
     for cycle in range(3):
         now = 300.0 * cycle
-        feed(probe, pg["rows"], now, seed=cycle)
+        feed(probe, rows, now, seed=cycle)
         junk = rng.normal(size=(20_000, D)).astype(np.float32)
         for j, v in enumerate(junk):
             probe.buffer.add(ProbeQuery(v / np.linalg.norm(v), (("tenant", f"x{cycle}-{j}"),)), now)
@@ -226,7 +230,9 @@ def test_a_flood_of_twenty_thousand_scope_values_neither_hides_the_broken_scope_
         assert took < 60, took
         assert len(probe.evidence) <= 10_000 and len(result.recall.rows) <= spec.worst_scopes + 2
         flagged.append("small" in result.recall.flagged)
-    assert flagged[-1], flagged
+        assert result.skipped.get("empty_scope", 0) >= 20_000  # the flood is counted, no search spent on it
+        assert result.recall.spent.get("small", 0) >= 1 and "x" not in "".join(result.recall.spent)
+    assert all(flagged), flagged
     probe.connector.close()
 
 
@@ -280,3 +286,34 @@ def test_evidence_memory_and_time_stay_bounded_under_a_flood() -> None:
     ev.add_fill("victim", 0.1, True, 1.0)
     assert len(ev) == 10_000 and "victim" in ev and ev._data.shape[0] == 10_000
     assert math.isfinite(time.monotonic() - t0)
+
+
+def test_a_scope_named_like_a_reserved_row_keeps_its_count(pg: dict[str, Any]) -> None:
+    """A tenant called 'all' (labelled 'all_' so it never collides with the overall row): its count
+    per scope is found under its label, so its queries are screened, not taken for an empty scope."""
+    vs.load_pg(pg["uri"], "docs_all", pg["ids"], pg["rows"],
+               ["all" if i % 10 == 0 else "t0" for i in range(N)], index=None)
+    spec = spec_for(pg["uri"], "docs_all")
+    probe = probe_of(spec)
+    counts = probe._scope_counts()
+    assert counts == {"all_": N // 10, "t0": N - N // 10}
+    for q in vs.probe_queries(pg["rows"], 60):
+        probe.buffer.add(ProbeQuery(q.vector, (("tenant", "all"),)), 0.0)
+    result = probe.run(Deadline.after(60), now=0.0)
+    assert result.recall.spent.get("all_", 0) >= 1 and result.skipped.get("empty_scope", 0) == 0
+    probe.connector.close()
+
+
+def test_queries_of_scopes_that_match_no_row_cost_no_search(pg: dict[str, Any]) -> None:
+    """500 queries whose scope value matches no row next to the real traffic: skipped as
+    empty_scope before any search, the exact budget all on real scopes."""
+    spec = spec_for(pg["uri"])
+    probe = probe_of(spec)
+    feed(probe, pg["rows"], 0.0)
+    for j, q in enumerate(vs.probe_queries(pg["rows"], 500, seed=9)):
+        probe.buffer.add(ProbeQuery(q.vector, (("tenant", f"ghost{j}"),)), 0.0)
+    result = probe.run(Deadline.after(60), now=0.0)
+    assert result.skipped.get("empty_scope", 0) == 500
+    assert set(result.recall.spent) <= {"t0", "t1", "small", "other"} and result.exact_searches == 60
+    assert not any(s.startswith("ghost") for s in probe.evidence.last_seen())
+    probe.connector.close()
