@@ -317,3 +317,37 @@ def test_queries_of_scopes_that_match_no_row_cost_no_search(pg: dict[str, Any]) 
     assert set(result.recall.spent) <= {"t0", "t1", "small", "other"} and result.exact_searches == 60
     assert not any(s.startswith("ghost") for s in probe.evidence.last_seen())
     probe.connector.close()
+
+
+def test_a_count_per_scope_that_hangs_ends_at_the_cycles_cutoff(pg: dict[str, Any]) -> None:
+    """The table locked by another session after a first cycle: the next cycle's count per scope
+    (its first statement on the table) blocks; the cycle is given up at its cutoff as a timeout."""
+    import threading
+
+    import psycopg
+
+    vs.load_pg(pg["uri"], "docs_lock", pg["ids"], pg["rows"], [vs.tenant_of(i) for i in range(N)], index=None)
+    probe = probe_of(spec_for(pg["uri"], "docs_lock"))
+    feed(probe, pg["rows"], 0.0)
+    assert probe.run(Deadline.after(60), now=0.0).queries > 0
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with psycopg.connect(pg["uri"]) as locker:
+            locker.execute("LOCK TABLE docs_lock IN ACCESS EXCLUSIVE MODE")
+            locked.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert locked.wait(30)
+        t0 = time.monotonic()
+        with pytest.raises(ConnectorError) as info:
+            probe.run(Deadline.after(1.0), now=1.0, cutoff=Deadline.after(2.0))
+        took = time.monotonic() - t0
+        assert info.value.reason == "timeout" and took < 10, (info.value.reason, took)
+    finally:
+        release.set()
+        holder.join(30)
+        probe.connector.close()
