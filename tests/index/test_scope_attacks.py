@@ -24,7 +24,7 @@ from monitor.index.connectors.pgvector import PgvectorConnector
 from monitor.index.estimators import QueryOutcome
 from monitor.index.probe import IndexProbe
 from monitor.index.sampling import ProbeQuery
-from monitor.index.scopes import ScopeEvidence, scope_summary
+from monitor.index.scopes import ScopeEvidence, next_scopes, scope_summary
 from monitor.index.settings import IndexProbeSpec
 from tests.support import vectorstores as vs
 
@@ -351,3 +351,40 @@ def test_a_count_per_scope_that_hangs_ends_at_the_cycles_cutoff(pg: dict[str, An
         release.set()
         holder.join(30)
         probe.connector.close()
+
+
+@pytest.mark.slow
+def test_near_threshold_decoys_do_not_starve_a_broken_scope_of_the_adaptive_share() -> None:
+    """Simulated outcomes through the real evidence and allocation (no engine: no fill rates, the
+    worst case): 300 decoy scopes at recall 0.80 with 10x the traffic, 50 at 0.95, one broken at
+    0.05 with the least traffic; 50 uniform and 50 adaptive exact draws a cycle. Before the lowest
+    estimate had its own draw the broken scope had 10 outcomes after 14 cycles and was never
+    flagged; it must be flagged within 8 cycles, and the decoys never."""
+    rng = np.random.default_rng(0)
+    recalls = {f"g{i}": 0.80 for i in range(300)} | {f"h{i}": 0.95 for i in range(50)} | {"bad": 0.05}
+    traffic = {s: (20 if s.startswith("g") else 10) for s in recalls} | {"bad": 2}
+    names = sorted(recalls)
+    p = np.array([traffic[s] for s in names], dtype=float)
+    p /= p.sum()
+    weights = np.array([traffic[s] for s in names], dtype=float)
+    ev = ScopeEvidence(window_seconds=3600, interval_seconds=300, max_scopes=10_000)
+
+    def draw(scope: str, uniform: bool, now: float) -> QueryOutcome:
+        v = float(rng.beta(20 * recalls[scope], 20 * (1 - recalls[scope])))
+        ev.add_exact(scope, [v], [v], [math.nan], now)
+        return QueryOutcome(scope, v, v, 1.0, False, uniform)
+
+    flagged: list[tuple[str, ...]] = []
+    for cycle in range(8):
+        now = 300.0 * cycle
+        outcomes = [draw(names[i], True, now) for i in rng.choice(len(names), size=50, p=p)]
+        for s in names:
+            ev.touch(s, now)
+        adaptive = 0
+        while adaptive < 50:
+            b = ev.bounds(now, 0.05, names)
+            for choice in next_scopes(b, np.ones(len(names), dtype=bool), weights, 5)[: 50 - adaptive]:
+                outcomes.append(draw(b.scopes[choice], False, now))
+                adaptive += 1
+        flagged.append(scope_summary(outcomes, ev, now, names, worst=5, margin=0.1).flagged)
+    assert ("bad",) in flagged and all(f in ((), ("bad",)) for f in flagged), flagged
