@@ -46,6 +46,7 @@ from monitor.index.estimators import (
     generations,
     k_occurrence_skewness,
     outcome,
+    scope_label,
     summarise,
     wilson,
 )
@@ -201,16 +202,20 @@ class IndexProbe:
         return outcomes, skipped, partial
 
     def _scope_counts(self) -> dict[str, int] | None:
-        """Rows per scope value (the fill rate's denominator), read once a cycle; None when the engine cannot."""
+        """Rows per scope value (the fill rate's denominator), read once a cycle; None when the engine cannot count
+        or answers what cannot be read."""
         field_name = self.spec.queries.scope_field
         counter = getattr(self.connector, "scope_counts", None)
         if field_name is None or counter is None:
             return None
         try:
-            return dict(counter(field_name))
+            return {scope_label(value): rows for value, rows in counter(field_name).items()}
         except ConnectorError as exc:
-            if exc.reason != "unsupported":
+            # an answer it cannot read (a tenant that wrote more than MAX_SCOPE_VALUES values, an
+            # oversized body) costs the fill rates only, never the cycle's recall
+            if exc.reason not in ("unsupported", "bad_result", "oversized"):
                 raise
+            logger.debug("index probe %s: screening without fill rates (%s: %s)", self.name, exc.reason, exc)
             return None
 
     def _scoped_cycle(self, queries: list[ProbeQuery], per_query: int, ledger: _Ledger, deadline: Deadline,
@@ -218,11 +223,16 @@ class IndexProbe:
         """With scopes: screen by fill rate, a uniform exact share, then the adaptive share (docs/index.md)."""
         spec = self.spec
         field_name = spec.queries.scope_field
-        k = spec.k
         allowed: frozenset[str] = getattr(self.connector, "filter_columns", frozenset())
         skipped: Counter[str] = Counter()
         outcomes: list[QueryOutcome] = []
         spent: Counter[str] = Counter()
+        counts = self._scope_counts() if queries else None
+        if counts is not None:  # a scope the engine holds no row of has no recall: no search is spent on it
+            kept = [q for q in queries if not self._counted_empty(q, counts, allowed)]
+            if len(kept) < len(queries):
+                skipped["empty_scope"] += len(queries) - len(kept)
+            queries = kept
         scopes = [q.scope(field_name) for q in queries]
         by_scope: dict[str, list[int]] = {}
         for i, scope in enumerate(scopes):
@@ -232,7 +242,6 @@ class IndexProbe:
         n = len(queries)
         if n == 0:
             return outcomes, skipped, False, {}
-        counts = self._scope_counts()
         budget = spec.budget.exact_searches
         uniform_queries = max(1, int(budget * spec.budget.uniform_share) // per_query)
         uniform = self.rng.choice(n, size=min(n, uniform_queries), replace=False).tolist()
@@ -260,9 +269,12 @@ class IndexProbe:
                 usable[i] = False
             return usable[i]
 
+        screened: list[tuple[str, int]] = []  # (scope, rows served) of the screen's answers
+        expired = False
         for i in plan:
             if deadline.expired():
-                return outcomes, skipped, True, dict(spent)
+                expired = True
+                break
             if not admit(i):
                 continue
             try:
@@ -274,13 +286,12 @@ class IndexProbe:
                 usable[i] = False
                 continue
             served[i] = answer
-            scope = scopes[i]
-            if scope != NONE:
-                self.evidence.touch(scope, now)
-                rows = None if counts is None else counts.get(scope, 0)
-                if rows:  # a scope holding no row has no fill rate
-                    expected = min(k, rows)
-                    self.evidence.add_fill(scope, len(answer) / expected, len(answer) < expected, now)
+            if scopes[i] != NONE:
+                self.evidence.touch(scopes[i], now)
+                screened.append((scopes[i], len(answer)))
+        self._add_fills(screened, counts, None if expired else deadline, now)
+        if expired:
+            return outcomes, skipped, True, dict(spent)
         done: set[int] = set()
 
         def probe(i: int, is_uniform: bool) -> QueryOutcome | None:
@@ -338,6 +349,46 @@ class IndexProbe:
                 if probe(i, False) is None and not self.evidence.bounds(now, 1.0 - CONFIDENCE, [scope]).n.any():
                     left[scope] = []  # an empty scope: nothing to learn this cycle
         return outcomes, skipped, False, dict(spent)
+
+    def _counted_empty(self, query: ProbeQuery, counts: dict[str, int], allowed: frozenset[str]) -> bool:
+        """Whether ``query``'s scope holds no row by the engine's count: a text or integer value (the
+        engine writes those as the label does) of a filter the engine takes (a query it cannot take
+        is counted as such where it is drawn)."""
+        field_name = self.spec.queries.scope_field
+        value = next((v for key, v in query.filter if key == field_name), None)
+        if not (isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))):
+            return False
+        if counts.get(query.scope(field_name), 0) or any(key not in allowed for key, _ in query.filter):
+            return False
+        try:
+            self.connector.admit(query.filter)
+        except ConnectorError as exc:
+            if exc.reason not in QUERY_REASONS:
+                raise
+            return False
+        return True
+
+    def _add_fills(self, screened: list[tuple[str, int]], counts: dict[str, int] | None, deadline: Deadline | None,
+                   now: float) -> None:
+        """The screen's fill rates against the rows counted before it, and after it where an answer
+        under-returned: rows deleted between the count and the search (a tenant emptying its scope)
+        are not an engine that under-returns, so a scope's denominator is the smaller count (an
+        under-return left unconfirmed, past the deadline or without a second count, is dropped)."""
+        if counts is None:
+            return
+        k = self.spec.k
+        after: dict[str, int] | None = None
+        if any(served < min(k, counts.get(scope, 0)) for scope, served in screened):
+            after = self._scope_counts() if deadline is not None and not deadline.expired() else None
+        for scope, served in screened:
+            rows = counts.get(scope, 0)
+            expected = min(k, rows)
+            if served < expected:
+                if after is None:
+                    continue
+                expected = min(expected, after.get(scope, 0))
+            if expected:  # a scope holding no row has no fill rate
+                self.evidence.add_fill(scope, served / expected, served < expected, now)
 
     def _search(self, ledger: _Ledger, query: ProbeQuery, mode: Any, filtered: bool = True,
                 k: int | None = None) -> Answer:

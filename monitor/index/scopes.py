@@ -10,7 +10,7 @@ Three parts (docs/index.md, "Many scopes", states the guarantees):
   rate of served searches) in time slots covering ``window_seconds``: bounded memory (a fixed
   array of ``max_scopes`` × :data:`SLOTS` × :data:`STATS` numbers), the least recently seen scope
   evicted when a new one arrives at capacity;
-* :func:`next_scopes`: the adaptive share of the exact budget, two draws at a time, by LUCB for
+* :func:`next_scopes`: the adaptive share of the exact budget, two or three draws at a time, by LUCB for
   the ``m`` worst scopes (Kalyanakrishnan et al., 2012, turned to the bottom m): the member of the
   current worst set whose interval is widest, and the outsider whose lower bound is lowest.
 
@@ -265,7 +265,9 @@ def next_scopes(bounds: Bounds, available: np.ndarray, traffic: np.ndarray, m: i
     (from exact outcomes alone) is widest, l the outsider with the lowest lower bound (ties: the
     lower point estimate, then more traffic). Both are drawn, h first: the pair whose overlap keeps
     the worst set uncertain, and the named scopes' recall estimated, not only bounded by their fill
-    rate. ``traffic`` is each scope's query count. Empty when nothing is available.
+    rate. Third, the lowest estimate (once it has an exact outcome, while its interval is more than
+    half as wide as h's), which near-tied decoys at the worst set's edge would otherwise starve.
+    ``traffic`` is each scope's query count. Empty when nothing is available.
     """
     idx = np.flatnonzero(available)
     if idx.size == 0:
@@ -277,10 +279,15 @@ def next_scopes(bounds: Bounds, available: np.ndarray, traffic: np.ndarray, m: i
     order = np.lexsort((-busy, point))
     worst, rest = order[:m], order[m:]
     h = worst[np.lexsort((-busy[worst], point[worst], -width[worst]))[0]]
+    # the lowest estimate too, once it has an exact outcome, while its interval is more than half as
+    # wide as h's: among many near-tied scopes at the worst set's edge (a tenant's decoys) LUCB's
+    # pair never settles on them, and this draw is what lets a scope far below them be flagged
+    low = worst[0]
+    extra = [int(idx[low])] if low != h and bounds.n[idx[low]] > 0 and 2 * width[low] > width[h] else []
     if rest.size == 0:
-        return [int(idx[h])]
+        return [int(idx[h]), *extra]
     l_ = rest[np.lexsort((-busy[rest], point[rest], bounds.lower[idx][rest]))[0]]
-    return [int(idx[h]), int(idx[l_])]
+    return [int(idx[h]), int(idx[l_]), *extra]
 
 
 def screen_plan(by_scope: dict[str, list[int]], uniform: Sequence[int], size: int, per_scope: int,

@@ -85,12 +85,12 @@ def _simulate(recalls: dict[str, float], traffic: dict[str, int], cycles: int, b
     for cycle in range(cycles):
         now = 300.0 * cycle
         spent: dict[str, int] = {}
-        for _ in range(budget // 2):
+        while sum(spent.values()) < budget:
             b = ev.bounds(now, 0.05, names)
             weights = np.array([traffic[s] for s in b.scopes], dtype=float)
             choices = next_scopes(b, np.ones(len(b.scopes), dtype=bool), weights, m)
-            assert len(choices) == 2
-            for choice in choices:
+            assert len(choices) in (2, 3) and len(set(choices)) == len(choices)
+            for choice in choices[: budget - sum(spent.values())]:
                 scope = b.scopes[choice]
                 value = float(rng.beta(20 * recalls[scope], 20 * (1 - recalls[scope])))
                 ev.add_exact(scope, [value], [value], [math.nan], now)
