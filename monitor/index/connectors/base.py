@@ -73,6 +73,21 @@ FLOAT32_MAX = 3.4028234663852886e38
 T = TypeVar("T")
 
 
+# HTTP engines (Qdrant, Chroma): an answer is bounded by what was asked, rows of dimension numbers
+# (HTTP_BYTES_PER_NUMBER bytes each), HTTP_ROW_BYTES of id, distance and JSON per row, and a floor;
+# HTTP_MAX_DIM before the index's dimension is known. How monitor/outbound.py's reasons and an
+# engine's HTTP statuses read as this package's reasons.
+HTTP_BYTES_PER_NUMBER = 32
+HTTP_ROW_BYTES = 1024
+HTTP_ANSWER_FLOOR_BYTES = 64 * 1024
+HTTP_VALUES_PER_ROW = 64
+HTTP_VALUES_FLOOR = 4096
+HTTP_MAX_DIM = 16_384
+OUTBOUND_REASONS: dict[str, Reason] = {"connect": "unreachable", "timeout": "timeout", "oversized": "oversized",
+                                       "redirect": "redirect", "protocol": "bad_result"}
+HTTP_STATUS_REASONS: dict[int, Reason] = {401: "permission", 403: "permission", 404: "missing_table", 408: "timeout",
+                                          502: "unreachable", 503: "unreachable", 504: "timeout"}
+
 class ConnectorError(Exception):
     """A failure of the engine or of its answer, with the reason it is counted under."""
 

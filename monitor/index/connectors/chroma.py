@@ -45,7 +45,15 @@ import numpy as np
 
 from monitor import outbound
 from monitor.index.connectors.base import (
+    HTTP_ANSWER_FLOOR_BYTES,
+    HTTP_BYTES_PER_NUMBER,
+    HTTP_MAX_DIM,
+    HTTP_ROW_BYTES,
+    HTTP_STATUS_REASONS,
+    HTTP_VALUES_FLOOR,
+    HTTP_VALUES_PER_ROW,
     MAX_ID_CHARS,
+    OUTBOUND_REASONS,
     REDESCRIBE,
     Answer,
     Connector,
@@ -53,7 +61,6 @@ from monitor.index.connectors.base import (
     Filter,
     FilterValue,
     Mode,
-    Reason,
     check_number,
     check_query,
     check_text,
@@ -66,24 +73,13 @@ from monitor.index.connectors.base import (
 )
 from monitor.index.settings import ChromaSettings
 
-# an answer is bounded by what was asked: rows of dimension numbers (BYTES_PER_NUMBER bytes each), ROW_BYTES
-# of id, distance and JSON per row, and a floor; MAX_DIM before the collection's dimension is known
-BYTES_PER_NUMBER = 32
-ROW_BYTES = 1024
+# answers are bounded by what was asked (base.py's HTTP_* budget per row); besides rows of vectors:
 TEXT_BYTES = 64 * 1024  # a stored document, per row (texts())
-ANSWER_FLOOR_BYTES = 64 * 1024
 DESCRIPTION_BYTES = 256 * 1024  # a collection's description (its configuration, schema and metadata)
 DESCRIPTION_VALUES = DESCRIPTION_BYTES // 8  # JSON values in it (a value costs at least 2 bytes: `[]`, `,0`)
 COUNT_BYTES = 1024  # a count: one integer
-VALUES_PER_ROW = 64
-VALUES_FLOOR = 4096
-MAX_DIM = 16_384
-_OUTBOUND_REASONS: dict[str, Reason] = {"connect": "unreachable", "timeout": "timeout", "oversized": "oversized",
-                                        "redirect": "redirect", "protocol": "bad_result"}
 # Chroma's space -> this package's metric name
 SPACES = {"cosine": "cosine", "l2": "l2", "ip": "dot"}
-_HTTP_REASONS: dict[int, Reason] = {401: "permission", 403: "permission", 404: "missing_table", 408: "timeout",
-                                    502: "unreachable", 503: "unreachable", 504: "timeout"}
 
 
 def where_value(key: str, value: FilterValue) -> FilterValue:
@@ -138,7 +134,7 @@ def classify_http(code: int, body: bytes, path: str) -> ConnectorError:
         return ConnectorError("dimension", f"HTTP {code} from {path}: {text}")
     if code == 404 or ("does not exist" in lowered and "collection" in lowered):
         return ConnectorError("missing_table", f"HTTP {code} from {path}: {text}")
-    return ConnectorError(_HTTP_REASONS.get(code, "other"), f"HTTP {code} from {path}: {text}")
+    return ConnectorError(HTTP_STATUS_REASONS.get(code, "other"), f"HTTP {code} from {path}: {text}")
 
 
 def parse_query(doc: Any, k: int) -> Answer:
@@ -195,7 +191,7 @@ class ChromaConnector(Connector):
                 raise classify_http(response.status, response.body, path)
             return outbound.parse_json(response.body, max_values)
         except outbound.OutboundError as exc:
-            raise ConnectorError(_OUTBOUND_REASONS[exc.reason], f"{path}: {exc}") from None
+            raise ConnectorError(OUTBOUND_REASONS[exc.reason], f"{path}: {exc}") from None
         except ValueError:
             raise ConnectorError("bad_result", f"{path}: an answer that is not JSON") from None
 
@@ -220,7 +216,7 @@ class ChromaConnector(Connector):
         if SPACES[space] != s.metric:
             raise ConnectorError("unsupported", f"chroma: the collection's space is {space!r}, metric says {s.metric}")
         dim = doc.get("dimension")
-        self.dim = dim if isinstance(dim, int) and not isinstance(dim, bool) and 0 < dim <= MAX_DIM else None
+        self.dim = dim if isinstance(dim, int) and not isinstance(dim, bool) and 0 < dim <= HTTP_MAX_DIM else None
         self.hnsw = dict(hnsw)
         self._base = f"{root}/collections/{quote(doc['id'], safe='')}"
         return self._base
@@ -234,10 +230,11 @@ class ChromaConnector(Connector):
         """A call on the collection, its answer capped for ``rows`` rows of ``row_bytes`` (default: an id,
         a distance and a vector of the collection's dimension) or :data:`COUNT_BYTES` for none."""
         base = self._collection()
-        dim = self.dim or dim or MAX_DIM  # the collection's, else the query's (its rows must have it)
+        dim = self.dim or dim or HTTP_MAX_DIM  # the collection's, else the query's (its rows must have it)
         if rows:
-            per_row = ROW_BYTES + dim * BYTES_PER_NUMBER if row_bytes is None else row_bytes
-            max_body, max_values = ANSWER_FLOOR_BYTES + rows * per_row, VALUES_FLOOR + rows * (VALUES_PER_ROW + dim)
+            per_row = HTTP_ROW_BYTES + dim * HTTP_BYTES_PER_NUMBER if row_bytes is None else row_bytes
+            max_body = HTTP_ANSWER_FLOOR_BYTES + rows * per_row
+            max_values = HTTP_VALUES_FLOOR + rows * (HTTP_VALUES_PER_ROW + dim)
         else:
             max_body, max_values = COUNT_BYTES, 16
         try:
@@ -271,7 +268,7 @@ class ChromaConnector(Connector):
         body: dict[str, Any] = {"query_embeddings": [q.tolist()], "n_results": k, "include": ["distances"]}
         if clause is not None:
             body["where"] = clause
-        return parse_query(self._post("/query", body, rows=k, row_bytes=ROW_BYTES), k)
+        return parse_query(self._post("/query", body, rows=k, row_bytes=HTTP_ROW_BYTES), k)
 
     def _exact(self, q: np.ndarray, k: int, clause: dict[str, Any] | None) -> Answer:
         """Every row under ``clause`` read and ranked here (bounded by ``exact_max_rows``)."""
@@ -331,7 +328,7 @@ class ChromaConnector(Connector):
         if not wanted:
             return {}
         doc = self._post("/get", {"ids": wanted, "include": ["documents"]}, rows=len(wanted),
-                         row_bytes=ROW_BYTES + TEXT_BYTES)
+                         row_bytes=HTTP_ROW_BYTES + TEXT_BYTES)
         got, documents = (doc.get("ids"), doc.get("documents")) if isinstance(doc, dict) else (None, None)
         if not isinstance(got, list) or not isinstance(documents, list) or len(got) != len(documents):
             raise ConnectorError("bad_result", "a get answer without matching ids and documents")

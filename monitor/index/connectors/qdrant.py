@@ -32,7 +32,15 @@ import numpy as np
 
 from monitor import outbound
 from monitor.index.connectors.base import (
+    HTTP_ANSWER_FLOOR_BYTES,
+    HTTP_BYTES_PER_NUMBER,
+    HTTP_MAX_DIM,
+    HTTP_ROW_BYTES,
+    HTTP_STATUS_REASONS,
+    HTTP_VALUES_FLOOR,
+    HTTP_VALUES_PER_ROW,
     MAX_SCOPE_VALUES,
+    OUTBOUND_REASONS,
     Answer,
     Connector,
     ConnectorError,
@@ -52,19 +60,6 @@ from monitor.index.connectors.base import (
     parse_vector_rows,
 )
 from monitor.index.settings import QdrantSettings
-
-# an answer is bounded by what was asked: limit points of dimension numbers (BYTES_PER_NUMBER bytes
-# each), ROW_BYTES of id and score per point, and a floor; MAX_DIM before the dimension is known
-BYTES_PER_NUMBER = 32
-ROW_BYTES = 1024
-ANSWER_FLOOR_BYTES = 64 * 1024
-VALUES_PER_ROW = 64
-VALUES_FLOOR = 4096
-MAX_DIM = 16_384
-_OUTBOUND_REASONS: dict[str, Reason] = {"connect": "unreachable", "timeout": "timeout", "oversized": "oversized",
-                                        "redirect": "redirect", "protocol": "bad_result"}
-_HTTP_REASONS: dict[int, Reason] = {401: "permission", 403: "permission", 404: "missing_table", 408: "timeout",
-                                    504: "timeout", 502: "unreachable", 503: "unreachable"}
 
 
 def similarity_to_distance(metric: str, score: float) -> float:
@@ -163,22 +158,22 @@ class QdrantConnector(Connector):
     def _post(self, path: str, body: dict[str, Any], rows: int = 0, vectors: bool = False) -> Any:
         """One call through :mod:`monitor.outbound` (one deadline, no redirects), its answer capped by
         what was asked: ``rows`` points, with their vectors when ``vectors``."""
-        dim = (self.dim or MAX_DIM) if vectors else 0
+        dim = (self.dim or HTTP_MAX_DIM) if vectors else 0
         try:
             response = outbound.request(
                 self._base + path, method="POST", body=json.dumps(body).encode(),
                 headers={"Content-Type": "application/json", **({"api-key": self._key} if self._key else {})},
                 timeout=self.call_timeout(self.settings.timeout_seconds),
-                max_body=ANSWER_FLOOR_BYTES + rows * (ROW_BYTES + dim * BYTES_PER_NUMBER),
+                max_body=HTTP_ANSWER_FLOOR_BYTES + rows * (HTTP_ROW_BYTES + dim * HTTP_BYTES_PER_NUMBER),
             )
             if response.status >= 300:
-                reason: Reason = _HTTP_REASONS.get(response.status, "other")
+                reason: Reason = HTTP_STATUS_REASONS.get(response.status, "other")
                 if response.status == 400 and b"dimension" in response.body.lower():
                     reason = "dimension"
                 raise ConnectorError(reason, f"HTTP {response.status} from {path}")
-            return outbound.parse_json(response.body, VALUES_FLOOR + rows * (VALUES_PER_ROW + dim))
+            return outbound.parse_json(response.body, HTTP_VALUES_FLOOR + rows * (HTTP_VALUES_PER_ROW + dim))
         except outbound.OutboundError as exc:
-            raise ConnectorError(_OUTBOUND_REASONS[exc.reason], f"{path}: {exc}") from None
+            raise ConnectorError(OUTBOUND_REASONS[exc.reason], f"{path}: {exc}") from None
         except ValueError:
             raise ConnectorError("bad_result", "an answer that is not JSON") from None
 
