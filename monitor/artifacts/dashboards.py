@@ -480,9 +480,11 @@ def _index_panels() -> list[Panel | Row]:
         Panel("Index probe cost per second", "short",
               [Target(rate("embmon_index_searches_total", "probe, kind"), "{{probe}} {{kind}} searches"),
                Target(rate("embmon_index_rows_read_total", "probe"), "{{probe}} rows read"),
-               Target(rate("embmon_index_errors_total", "probe, reason"), "{{probe}} errors {{reason}}")],
-              "What the probe costs the engine (exact searches are bounded per cycle by the budget) and its "
-              "failures by reason.", width=6),
+               Target(rate("embmon_index_errors_total", "probe, reason"), "{{probe}} errors {{reason}}"),
+               Target(rate("embmon_index_census_errors_total", "probe, reason"),
+                      "{{probe}} census dropped {{reason}}")],
+              "What the probe costs the engine (exact searches are bounded per cycle by the budget), its "
+              "failures by reason, and censuses dropped while the recall was still published.", width=6),
         Panel("Index probe CPU", "percentunit",
               [Target(rate("embmon_index_probe_cpu_seconds_total", "probe"), "{{probe}}")],
               "CPU of the probe's cycles in the monitor, in cores.", width=6),
@@ -564,10 +566,12 @@ def _state_panels() -> list[Panel | Row]:
               [Target(f"sum by (instance, reason) (rate({m('embmon_source_errors_total')}[$__rate_interval]))",
                       "{{instance}} {{reason}}")],
               "Failed reads from the record source, by reason. Healthy: 0.", width=8, min=0),
-        Panel("Checkpoint age", "s",
-              [Target(f"max by (instance) ({m('embmon_checkpoint_age_seconds')})", "{{instance}}")],
+        Panel("Checkpoint and refresh age", "s",
+              [Target(f"max by (instance) ({m('embmon_checkpoint_age_seconds')})", "{{instance}} checkpoint"),
+               Target(f"max by (instance) ({m('embmon_refresh_age_seconds')})", "{{instance}} refresh")],
               "Seconds since the last checkpoint was written (alert: EmbeddingMonitorCheckpointStale): what a "
-              "restart now would lose.", width=12, min=0),
+              "restart now would lose; and since the window metrics were last refreshed (alert: "
+              "EmbeddingMonitorRefreshStale): how old every gauge is.", width=12, min=0),
         Panel("Checkpoint and state files refused", "short",
               [Target(f"sum by (instance, reason) ({m('embmon_checkpoint_restore_failures_total')})",
                       "{{instance}} restore refused: {{reason}}"),

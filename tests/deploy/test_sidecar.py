@@ -37,6 +37,10 @@ from tests.support.prometheus import PrometheusServer
 from tests.support.scrape import http_status, scrape, value
 from tests.support.waiting import wait_until
 
+# the sidecar that never connects: the daemon abandons kafka-python's bootstrap (it must not hold a stop
+# request), and the client's I/O thread ends at the bootstrap's own timeout, after this module
+ABANDONED_THREADS = ("kafka-io-",)
+
 PROBES = ("livenessProbe", "readinessProbe", "startupProbe")
 HANDLERS = {"httpGet", "tcpSocket", "exec", "grpc"}
 # what answers without a broker: the ingest threads are alive (monitor/daemon/service.py, Daemon.health)
