@@ -113,6 +113,7 @@ def test_a_rotated_model_is_caught_on_its_first_canary_record_and_float_noise_is
     assert caught["embmon_canary_cosine_min"] < 0.5
 
 
+@pytest.mark.slow  # three daemons, over 5 s on the 2-core machine
 def test_pins_survive_a_restart_and_a_pins_file_wins(tmp_path: Path, vectors: np.ndarray,
                                                       monitors: list[Monitor]) -> None:
     first = daemon(monitors, tmp_path / "state")

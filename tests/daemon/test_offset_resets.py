@@ -78,6 +78,7 @@ def errors_logged(caplog: pytest.LogCaptureFixture) -> Iterator[list[str]]:
     lines.extend(r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith("monitor"))
 
 
+@pytest.mark.slow  # over 5 s on the idle 2-core machine (.cache/test-durations.json)
 def test_a_topic_recreated_under_a_running_daemon_is_read_from_its_start(
     broker: Broker, state_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -168,6 +169,7 @@ def test_a_crafted_checkpoint_offset_is_never_committed_and_the_position_resets(
                      error), error
 
 
+@pytest.mark.slow  # over 5 s on the idle 2-core machine (.cache/test-durations.json)
 def test_a_checkpoint_taken_before_a_reset_does_not_bring_the_old_offset_back(
     broker: Broker, state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

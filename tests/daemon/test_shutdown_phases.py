@@ -146,6 +146,7 @@ def counted(daemon: daemons.DaemonProcess, records: int) -> bool:
     return value(scrape(daemon.port), "embmon_records_total", model="m", stream="default") == records
 
 
+@pytest.mark.slow  # over 5 s on the idle 2-core machine (.cache/test-durations.json)
 @pytest.mark.broker
 def test_sigterm_while_polling(broker: Broker, tmp_path: Path) -> None:
     produce(broker, "phase-polling")

@@ -3,7 +3,8 @@
 * a socket a test leaves open in a reference cycle fails that test (its teardown), not the next one
   whose garbage collection happens to find it; a thread left running fails its module's last test;
 * every test's times are recorded (``EMBMON_TEST_DURATIONS``);
-* with ``EMBMON_FAST_TIER_SECONDS``, a test not marked slow over the limit fails the run, named.
+* with ``EMBMON_FAST_TIER_SECONDS``, a test not marked slow over the limit fails the run, named;
+  with ``EMBMON_FAST_TIER_BUDGET_SECONDS``, a session over the budget fails it too.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ def run_pytest(tmp_path: Path, source: str, **env: str) -> tuple[int, str, dict]
     (tmp_path / "test_throwaway.py").write_text(source)
     durations = tmp_path / "durations.json"
     environment = {**os.environ, "PYTHONPATH": str(ROOT), "EMBMON_TEST_DURATIONS": str(durations), **env}
-    if "EMBMON_FAST_TIER_SECONDS" not in env:
-        environment.pop("EMBMON_FAST_TIER_SECONDS", None)
+    for variable in ("EMBMON_FAST_TIER_SECONDS", "EMBMON_FAST_TIER_BUDGET_SECONDS"):
+        if variable not in env:  # the outer run's (scripts/test --fast sets both)
+            environment.pop(variable, None)
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", str(tmp_path)]
     done = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=120)
     recorded = json.loads(durations.read_text()) if durations.exists() else {}
@@ -65,7 +67,7 @@ import threading
 
 def test_leaves_a_thread():
     threading.Thread(target=threading.Event().wait, name="left-behind", daemon=True).start()
-""")
+""", EMBMON_THREAD_GRACE_SECONDS="0.5")  # the thread never ends: the run waits out the grace
     assert code == 1, output
     assert "ERROR at teardown of test_leaves_a_thread" in output and "left-behind (daemon)" in output, output
 
@@ -88,8 +90,22 @@ def test_long_and_marked():
     # a limit so small that no load can scale it past 0.6 s (2 cores at load 100: 0.25 s)
     code, output, recorded = run_pytest(tmp_path, source, EMBMON_FAST_TIER_SECONDS="0.005")
     assert code == 1, output
-    assert "fast-tier tests over 0.005 s" in output and "test_throwaway.py::test_long:" in output, output
+    assert "fast tier over its limits (0.005 s a test" in output and "test_throwaway.py::test_long:" in output, output
     assert "test_long_and_marked:" not in output, output
     assert recorded["test_throwaway.py::test_long_and_marked"]["slow"] is True
     code, output, _ = run_pytest(tmp_path, source)  # without the variable: no limit
     assert code == 0, output
+
+
+def test_a_session_over_the_tier_budget_fails_the_run_and_says_so(tmp_path: Path) -> None:
+    source = """
+import time
+
+def test_one():
+    time.sleep(0.3)
+"""
+    # 0.3 s of sleep against a budget of 0.001 s: no load can scale it past (2 cores at load 100: 0.05 s)
+    code, output, _ = run_pytest(tmp_path, source, EMBMON_FAST_TIER_BUDGET_SECONDS="0.001")
+    assert code == 1, output
+    assert "the tier:" in output and "EMBMON_FAST_TIER_BUDGET_SECONDS=0.001" in output, output
+    assert "1 passed" in output, output  # the test passed: the budget failed the run

@@ -12,6 +12,7 @@ from tests.support.waiting import wait_until
 pytestmark = pytest.mark.prometheus
 
 
+@pytest.mark.slow  # over 5 s on the idle 2-core machine (.cache/test-durations.json)
 def test_prometheus_scrapes_itself_and_answers_queries(tmp_path: Path) -> None:
     rules = tmp_path / "rules.yaml"
     rules.write_text(

@@ -184,6 +184,7 @@ def test_forged_records_while_replicas_publish_are_refused_and_the_merge_stays_e
     assert not [tb for log in logs for tb in tracebacks(log.read_text())]
 
 
+@pytest.mark.slow  # over 5 s on the idle 2-core machine (.cache/test-durations.json)
 def test_the_resume_reader_moves_past_an_unreadable_record_and_caps_offsets_at_the_log_end(
         broker: Broker, tmp_path: Path) -> None:
     """A record the client cannot parse stopped every replica's read of the manifests (so every resume

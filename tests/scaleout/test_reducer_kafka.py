@@ -148,6 +148,7 @@ def drift_verdicts(daemon: Monitor | Reducer) -> dict[str, bool]:
     return {stream: results[("m", stream)].report.detected for stream in ("stable", "moved")}
 
 
+@pytest.mark.slow  # four processes and a broker, over 5 s on the 2-core machine
 def test_three_replicas_and_a_reducer_equal_one_daemon(broker: Broker, deployment: dict) -> None:  # type: ignore[type-arg]
     replicas: list[Monitor] = deployment["replicas"]  # type: ignore[assignment]
     reducer: Reducer = deployment["reducer"]  # type: ignore[assignment]

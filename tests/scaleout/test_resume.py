@@ -110,6 +110,7 @@ def test_an_absent_partials_topic_holds_no_manifests(broker: Broker, tmp_path: P
         reader.close()
 
 
+@pytest.mark.slow  # over 5 s on the idle 2-core machine (.cache/test-durations.json)
 @pytest.mark.parametrize("client", CLIENTS)
 def test_a_seal_written_to_some_partitions_only_is_completed_on_the_others(broker: Broker, tmp_path: Path,
                                                                            client: str) -> None:

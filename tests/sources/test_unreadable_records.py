@@ -248,6 +248,7 @@ def run_fuzz(client: str, broker: Broker, tmp_path: Path, examples: int) -> Coun
     return expected
 
 
+@pytest.mark.slow  # over 5 s on the idle 2-core machine (.cache/test-durations.json)
 @pytest.mark.parametrize("client", CLIENTS)
 def test_fuzzed_headers_and_keys_through_the_broker_count_each_record_as_alone(
     client: str, broker: Broker, tmp_path: Path
@@ -309,6 +310,7 @@ def test_a_partials_reader_moves_past_a_record_it_cannot_read(broker: Broker, tm
 GENERATE_ONLY = (Phase.explicit, Phase.generate)  # a shrink step waits on the broker: report the first failure
 
 
+@pytest.mark.slow  # over 5 s on the idle 2-core machine (.cache/test-durations.json)
 @pytest.mark.parametrize("client", ["kafka-python", "confluent"])
 def test_fuzzed_partials_records_reach_the_partials_reader_each_as_written_or_unreadable(
     client: str, broker: Broker, tmp_path: Path

@@ -157,6 +157,13 @@ def test_probe_end_to_end_with_a_degraded_index(
     with daemons.monitor(settings, source=source) as monitor:
         port = monitor.http.port
         labels = {"probe": "ann", "model": "ann-model", "slice": "all", "k": str(K)}
+        # the pool is the whole corpus only once a refresh has sampled every document: on a busy machine a
+        # probe may first run on a sample that holds part of it, so wait for two probe runs after that
+        wait_until(lambda: value(scrape(port), "embmon_sample_records", model="ann-model",
+                                 stream="documents") == len(docs), timeout=60, message="every document sampled")
+        runs = value(scrape(port), "embmon_job_runs_total", job="probe:ann", outcome="success") or 0
+        wait_until(lambda: (value(scrape(port), "embmon_job_runs_total", job="probe:ann", outcome="success") or 0)
+                   >= runs + 2, timeout=60, message="two probe runs over the whole corpus")
         wait_until(lambda: value(scrape(port), "embmon_retrieval_queries", probe="ann", model="ann-model",
                                  slice="all") == len(queries), timeout=60, message="ANN recall over every query")
         s = scrape(port)
