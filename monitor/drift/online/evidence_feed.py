@@ -1,0 +1,148 @@
+"""The accumulating detector in a daemon: a stream's fresh rows, labelled as they arrive, bet on once a cycle.
+
+:class:`EvidenceFeed` holds an :class:`~monitor.drift.online.evidence.EvidenceDetector` on one
+reference's regions and the region labels of the rows that arrived since the last cycle. The
+ingest thread labels each batch (:meth:`EvidenceFeed.add`: :meth:`Regions.assign
+<monitor.drift.attribution.regions.Regions.assign>` in float32, one (n, d) x (d, k) product, outside
+every lock); the drift cycle bets on what was gathered (:meth:`EvidenceFeed.step`). At most ``cap``
+rows a cycle are labelled: the first to arrive, chosen without looking at their values, so the
+rows bet on are as exchangeable as the stream's (docs/drift.md, "Evidence that accumulates").
+
+Scaled out, no process sees the rows: each replica publishes the region counts of its rows per
+closed sub-window and the reducer bets on the sums (:func:`labels_from_counts`: the counts as
+labels in a uniformly random order, which keeps the conformal p-values exact, since the rows of
+one sub-window are exchangeable under no change).
+
+numpy only.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from monitor.drift.attribution.regions import Regions
+from monitor.drift.online.evidence import EvidenceDetector, EvidenceStep
+
+
+@dataclass(frozen=True)
+class EvidenceResult:
+    """One cycle's bet as published with the verdict: rows bet on, ``log R_t``, ``log A``, whether it alarmed.
+
+    ``log_evidence`` is the statistic the cycle compared with the threshold (after an alarm the
+    detector restarts at ``R = 0``, but the value shown is the one that crossed the line).
+    """
+
+    rows: int
+    log_evidence: float
+    log_threshold: float
+    alarmed: bool
+    alarms: int  # alarms of this detector so far (since its reference was installed)
+
+
+class EvidenceFeed:
+    """One (model, stream)'s detector on ``regions``, and the labels of the fresh rows not yet bet on.
+
+    Examples
+    --------
+    >>> from monitor.drift.attribution.regions import fit_regions
+    >>> rng = np.random.default_rng(0)
+    >>> regions = fit_regions(rng.standard_normal((400, 4)), seed=0)
+    >>> feed = EvidenceFeed(regions, threshold=100.0, cap=150, seed=1)
+    >>> feed.add(rng.standard_normal((100, 4))), feed.add(rng.standard_normal((100, 4))), feed.pending
+    (100, 50, 150)
+    >>> result = feed.step()
+    >>> result.rows, result.alarmed, feed.pending
+    (150, False, 0)
+    >>> feed.step() is None  # nothing arrived: no bet, the statistic is unchanged
+    True
+    """
+
+    def __init__(self, regions: Regions, threshold: float, cap: int, seed: int | np.random.SeedSequence):
+        if cap < 1:
+            raise ValueError(f"cap must be at least 1, got {cap}")
+        self.regions = regions
+        # nearest centre by argmax(x · c - |c|² / 2), in float32: one (n, d) x (d, k) product a batch
+        self._centres = np.ascontiguousarray(regions.centres, dtype=np.float32).T
+        self._half_norms = (0.5 * (regions.centres.astype(np.float64) ** 2).sum(axis=1)).astype(np.float32)
+        self.detector = EvidenceDetector(regions.reference_counts, threshold, seed=seed)
+        self.cap = cap
+        self.log_threshold = math.log(threshold)
+        self._lock = threading.Lock()
+        self._pending: list[np.ndarray] = []
+        self._rows = 0
+
+    @property
+    def pending(self) -> int:
+        """Labelled rows waiting for the next cycle."""
+        with self._lock:
+            return self._rows
+
+    def add(self, vectors: np.ndarray) -> int:
+        """Label the first rows of ``vectors`` that fit under this cycle's cap; returns how many were taken.
+
+        The cost is bounded by the cap: once it is reached, nothing more is labelled until the
+        cycle takes the labels.
+        """
+        with self._lock:
+            room = self.cap - self._rows
+        if room <= 0 or not len(vectors):
+            return 0
+        return self.add_labels(self.label(vectors[:room]))
+
+    def label(self, vectors: np.ndarray) -> np.ndarray:
+        """The region of each row: the nearest centre (as :meth:`Regions.assign
+        <monitor.drift.attribution.regions.Regions.assign>`, in float32; a row equally near two centres
+        may go either way, which changes no guarantee: any fixed rule of the row alone will do)."""
+        scores = np.asarray(vectors, dtype=np.float32) @ self._centres
+        scores -= self._half_norms
+        return np.argmax(scores, axis=1)
+
+    def add_labels(self, labels: np.ndarray) -> int:
+        """Keep region labels (in arrival order) for the next cycle, up to the cap; returns how many were kept."""
+        labels = np.asarray(labels, dtype=np.int64).ravel()
+        with self._lock:
+            kept = labels[: max(0, self.cap - self._rows)]
+            if kept.size:
+                self._pending.append(kept)
+                self._rows += int(kept.size)
+            return int(kept.size)
+
+    def take(self) -> np.ndarray:
+        """The labels gathered since the last cycle, in arrival order; the feed starts the next cycle empty."""
+        with self._lock:
+            pending, self._pending, self._rows = self._pending, [], 0
+        return np.concatenate(pending) if pending else np.zeros(0, dtype=np.int64)
+
+    def step(self) -> EvidenceResult | None:
+        """Bet on the gathered labels (one detector update); None when no row arrived (no update, so a
+        quiet stream cannot alarm by the mere passing of cycles)."""
+        labels = self.take()
+        if not labels.size:
+            return None
+        return self._result(self.detector.update(labels))
+
+    def step_counts(self, counts: np.ndarray, rng: np.random.Generator) -> EvidenceResult | None:
+        """Bet on region counts (k,) of one sub-window, as labels in a uniformly random order (reducers)."""
+        labels = labels_from_counts(counts, self.regions.k, rng)
+        if not labels.size:
+            return None
+        return self._result(self.detector.update(labels))
+
+    def _result(self, step: EvidenceStep) -> EvidenceResult:
+        return EvidenceResult(step.rows, step.log_evidence, self.log_threshold, step.alarmed, self.detector.alarms)
+
+
+def labels_from_counts(counts: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """``counts[b]`` labels ``b`` for each region, in a uniformly random order.
+
+    >>> labels_from_counts(np.array([2, 0, 1]), 3, np.random.default_rng(0)).tolist()
+    [2, 0, 0]
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    if counts.shape != (k,) or (counts < 0).any():
+        raise ValueError(f"need {k} non-negative region counts, got {counts.shape} {counts.tolist()[:8]}")
+    return rng.permutation(np.repeat(np.arange(k), counts))
