@@ -213,8 +213,10 @@ class DriftComponent(Component):
         threshold = self.settings.evidence_threshold
         if threshold is None or slot.reference is None:
             return
-        captured = int(abs(slot.reference.profile.captured_at) * 1000)
-        slot.evidence = EvidenceFeed(regions, threshold, self.settings.evidence_rows, self._seed(key, captured))
+        # seeded by the regions' content: the same reference gives the same bets on the same rows, on
+        # whichever process (one daemon, a reducer), whenever it was captured
+        content = zlib.crc32(np.ascontiguousarray(regions.centres, dtype=np.float64).tobytes())
+        slot.evidence = EvidenceFeed(regions, threshold, self.settings.evidence_rows, self._seed(key, content))
         self._totals.evidence_alarms.setdefault(key, 0)
 
     def _seed(self, key: StreamKey, cycle: int) -> int:
@@ -237,6 +239,13 @@ class DriftComponent(Component):
             if slot is None:
                 return None
             return slot.reference.profile if slot.reference is not None else slot.lagged
+
+    def evidence_feed(self, model: str, stream: str) -> EvidenceFeed | None:
+        """The stream's accumulating detector and its pending labels (None: it has none now);
+        scaled out, the reducer adds the merged sub-windows' rows to it (:mod:`monitor.scaleout.evidence`)."""
+        with self._lock:
+            slot = self._streams.get((model, stream))
+            return None if slot is None else slot.evidence
 
     def flush(self) -> None:
         """Wait until every reference handed to the background writer is on disk."""

@@ -125,12 +125,10 @@ class EvidenceFeed:
             return None
         return self._result(self.detector.update(labels))
 
-    def step_counts(self, counts: np.ndarray, rng: np.random.Generator) -> EvidenceResult | None:
-        """Bet on region counts (k,) of one sub-window, as labels in a uniformly random order (reducers)."""
-        labels = labels_from_counts(counts, self.regions.k, rng)
-        if not labels.size:
-            return None
-        return self._result(self.detector.update(labels))
+    def add_counts(self, counts: np.ndarray, rng: np.random.Generator) -> int:
+        """Keep one sub-window's region counts (k,) as labels in a uniformly random order, up to the cap
+        (reducers: the order, and which rows a full cap leaves out, depend on the counts and ``rng`` only)."""
+        return self.add_labels(labels_from_counts(counts, self.regions.k, rng))
 
     def _result(self, step: EvidenceStep) -> EvidenceResult:
         return EvidenceResult(step.rows, step.log_evidence, self.log_threshold, step.alarmed, self.detector.alarms)
