@@ -140,7 +140,7 @@ def _evidence_from_state(entry: Any) -> EvidenceResult:
     if not isinstance(alarmed, bool):
         raise checks.InvalidState(f"evidence alarmed must be a boolean, got {alarmed!r:.40}")
     return EvidenceResult(
-        checks.integer(rows, "evidence rows", 1), checks.finite(log_r, "log evidence"),
+        checks.count(rows, "evidence rows"), checks.finite(log_r, "log evidence"),
         checks.finite(log_a, "log evidence threshold", low=0.0), alarmed, checks.count(alarms, "evidence alarms"),
     )
 

@@ -104,6 +104,9 @@ def test_the_feed_labels_at_most_the_cap_and_bets_only_when_rows_came() -> None:
     assert feed.add_labels(taken) == 300
     result = feed.step()
     assert result is not None and result.rows == 300 and feed.detector.cycles == 1
+    quiet = feed.step()  # no row since: the last bet shown again, no update
+    assert quiet is not None and quiet.rows == 0 and quiet.log_evidence == result.log_evidence
+    assert feed.detector.cycles == 1
     assert result.log_threshold == pytest.approx(math.log(1e6))
     counts = np.bincount(taken, minlength=regions.k)
     labels = labels_from_counts(counts, regions.k, np.random.default_rng(0))
@@ -143,7 +146,7 @@ def test_each_cycle_bets_on_the_fresh_rows_and_exports_the_evidence(tmp_path: Pa
     # the verdict survives a checkpoint with its evidence; a corrupt bet is refused
     state = second.state_dict()
     assert CycleResult.from_state_dict(state).evidence == second.evidence
-    for bad in ([1, 2.0], [0, 1.0, 2.0, False, 0], [5, float("nan"), 2.0, False, 0], [5, 1.0, 2.0, "yes", 0]):
+    for bad in ([1, 2.0], [-1, 1.0, 2.0, False, 0], [5, float("nan"), 2.0, False, 0], [5, 1.0, 2.0, "yes", 0]):
         with pytest.raises(InvalidState):
             CycleResult.from_state_dict({**state, "evidence": bad})
     # a restarted daemon: the stored reference has its regions, the detector starts afresh at once
@@ -190,7 +193,7 @@ def _null_alarms(tmp_path: Path, *, cycles: int, every: str, share: float, rows:
     counted = {"cycles": 0, "evidence": 0, "combined": 0, "A": h.settings.drift.evidence_threshold or 0.0}
     for _ in range(cycles + 1):
         result = _run(h, source, rows)
-        if result.computed_at != h.now or result.evidence is None:  # no new window this cycle, or no bet yet
+        if result.computed_at != h.now or result.evidence is None or not result.evidence.rows:  # no new bet
             continue
         counted["cycles"] += 1
         counted["evidence"] += result.evidence.alarmed

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -36,7 +36,7 @@ class EvidenceResult:
     detector restarts at ``R = 0``, but the value shown is the one that crossed the line).
     """
 
-    rows: int
+    rows: int  # 0: no row arrived since the last bet (the values are the last bet's)
     log_evidence: float
     log_threshold: float
     alarmed: bool
@@ -57,8 +57,9 @@ class EvidenceFeed:
     >>> result = feed.step()
     >>> result.rows, result.alarmed, feed.pending
     (150, False, 0)
-    >>> feed.step() is None  # nothing arrived: no bet, the statistic is unchanged
-    True
+    >>> again = feed.step()  # nothing arrived: no bet, the statistic is unchanged
+    >>> again.rows, again.log_evidence == result.log_evidence
+    (0, True)
     """
 
     def __init__(self, regions: Regions, threshold: float, cap: int, seed: int | np.random.SeedSequence):
@@ -74,6 +75,7 @@ class EvidenceFeed:
         self._lock = threading.Lock()
         self._pending: list[np.ndarray] = []
         self._rows = 0
+        self.last: EvidenceResult | None = None  # the last bet
 
     @property
     def pending(self) -> int:
@@ -118,12 +120,14 @@ class EvidenceFeed:
         return np.concatenate(pending) if pending else np.zeros(0, dtype=np.int64)
 
     def step(self) -> EvidenceResult | None:
-        """Bet on the gathered labels (one detector update); None when no row arrived (no update, so a
-        quiet stream cannot alarm by the mere passing of cycles)."""
+        """Bet on the gathered labels (one detector update). When no row arrived there is no update (a
+        quiet stream cannot alarm by the mere passing of cycles): the last bet again, with ``rows``
+        0 and no alarm, or None before the first."""
         labels = self.take()
         if not labels.size:
-            return None
-        return self._result(self.detector.update(labels))
+            return None if self.last is None else replace(self.last, rows=0, alarmed=False)
+        self.last = self._result(self.detector.update(labels))
+        return self.last
 
     def add_counts(self, counts: np.ndarray, rng: np.random.Generator) -> int:
         """Keep one sub-window's region counts (k,) as labels in a uniformly random order, up to the cap
