@@ -29,7 +29,7 @@ One :class:`DriftComponent` serves every (model, stream) (docs/drift.md, "In the
   regions, the ingest thread labels each batch's fresh rows with their region (at most
   ``drift.evidence_rows`` a cycle) and each cycle bets on them; the stream's verdict is the
   suite's (at ``1 - drift.evidence_share`` of the budget) OR the detector's alarm. A new reference
-  starts a new detector; a restarted daemon starts one afresh;
+  starts a new detector; a restarted daemon resumes it from the checkpoint (same reference and regions);
 * ``POST /admin/baseline?model=M[&stream=S]`` (:mod:`monitor.drift.admin`; bearer token
   ``http.admin_token``; without a token configured every ``/admin/*`` route answers 403): the
   current window becomes the reference, written to the state directory before the response;

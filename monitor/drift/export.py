@@ -103,7 +103,7 @@ class CycleResult:
             "sustained": self.sustained,
             "computed_at": self.computed_at,
             "reference_captured_at": self.reference_captured_at,
-            "evidence": None if self.evidence is None else _evidence_state(self.evidence),
+            "evidence": None if self.evidence is None else self.evidence.state(),
         }
 
     @classmethod
@@ -125,24 +125,7 @@ class CycleResult:
         evidence = state.get("evidence")
         return cls(report, bool(state["sustained"]), checks.finite(state["computed_at"], "cycle time"),
                    checks.finite(state["reference_captured_at"], "reference time"),
-                   None if evidence is None else _evidence_from_state(evidence))
-
-
-def _evidence_state(evidence: EvidenceResult) -> list[Any]:
-    return [evidence.rows, evidence.log_evidence, evidence.log_threshold, evidence.alarmed, evidence.alarms]
-
-
-def _evidence_from_state(entry: Any) -> EvidenceResult:
-    """A checkpointed bet: ``[rows, log R, log A, alarmed, alarms]``, each as a cycle writes it."""
-    if not isinstance(entry, list | tuple) or len(entry) != 5:
-        raise checks.InvalidState(f"evidence must be [rows, log R, log A, alarmed, alarms], got {entry!r:.80}")
-    rows, log_r, log_a, alarmed, alarms = entry
-    if not isinstance(alarmed, bool):
-        raise checks.InvalidState(f"evidence alarmed must be a boolean, got {alarmed!r:.40}")
-    return EvidenceResult(
-        checks.count(rows, "evidence rows"), checks.finite(log_r, "log evidence"),
-        checks.finite(log_a, "log evidence threshold", low=0.0), alarmed, checks.count(alarms, "evidence alarms"),
-    )
+                   None if evidence is None else EvidenceResult.from_state(evidence))
 
 
 def _test_from_state(entry: list[Any]) -> TestResult:

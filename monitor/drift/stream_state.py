@@ -15,7 +15,7 @@ from typing import Any
 
 from monitor.drift.export import ERROR_STAGES, ChangeKey, ChangeTotals, CycleResult, StreamKey, TestKey
 from monitor.drift.online.detectors import ChangePoint, OnlineDriftMonitor
-from monitor.drift.online.evidence_feed import EvidenceFeed
+from monitor.drift.online.evidence_feed import EvidenceFeed, check_feed_state
 from monitor.drift.online.online_state import decode_monitor, encode_monitor
 from monitor.drift.references.first_records import FirstRecords
 from monitor.drift.references.profile import ReferenceProfile
@@ -38,8 +38,8 @@ class StreamSlot:
     online: OnlineDriftMonitor | None = None
     online_for: float | None = None  # captured_at of the reference the detectors standardise with
     lagged: ReferenceProfile | None = None  # the lagged reference of the last cycle
-    # the accumulating detector on the reference's regions (from the first cycle that has them); not
-    # checkpointed: a restarted daemon starts it afresh (docs/drift.md, "Evidence that accumulates")
+    # the accumulating detector on the reference's regions (from the first cycle that has them);
+    # checkpointed, resumed only on the same reference and regions (docs/drift.md, "Evidence that accumulates")
     evidence: EvidenceFeed | None = None
     last_end: float | None = None  # end of the last window tested
     problem: str | None = None
@@ -59,6 +59,7 @@ class StreamSlot:
             "builder": None if self.builder is None else self.builder.state_dict(),
             "online": None if self.online is None else encode_monitor(self.online),
             "online_for": self.online_for,
+            "evidence": None if self.evidence is None else self.evidence.state_dict(),
             "history": [bool(h) for h in self.history],
             "last_end": self.last_end,
             "result": None if result is None else result.state_dict(),
@@ -87,6 +88,11 @@ class StreamSlot:
                 self.online_for = entry.get("online_for")
             except (ValueError, KeyError, TypeError) as exc:
                 logger.warning("drift: online detectors of %s/%s start afresh: %s", key[0], key[1], exc)
+        if entry.get("evidence") is not None and self.evidence is not None:
+            try:
+                self.evidence.load_state_dict(dict(entry["evidence"]))
+            except (ValueError, KeyError, TypeError) as exc:
+                logger.warning("drift: the accumulating detector of %s/%s starts afresh: %s", key[0], key[1], exc)
         self.history.extend(bool(h) for h in entry.get("history") or [])
         self.last_end = _last_end(entry)
         return None if entry.get("result") is None else CycleResult.from_state_dict(dict(entry["result"]))
@@ -101,6 +107,8 @@ def check_entry(entry: Mapping[str, Any]) -> None:
         FirstRecords.from_state_dict(dict(entry["builder"]))
     if entry.get("online_for") is not None:
         checks.finite(entry["online_for"], "online detectors' reference time")
+    if entry.get("evidence") is not None:
+        check_feed_state(dict(entry["evidence"]))
     _last_end(entry)
     if entry.get("result") is not None:
         CycleResult.from_state_dict(dict(entry["result"]))

@@ -20,8 +20,9 @@ every record, so a busy stream's detector sees a sample of it, at most ``drift.e
 cycle as in one daemon. No new bytes cross the partials topic: the samples are those the
 sub-window partials already carry (and that are checked when read).
 
-Not checkpointed, like one daemon's detector: a restarted reducer's drift component starts a
-fresh detector and this job feeds it from the sub-window in progress.
+The detector is checkpointed with the reducer's drift component; this job's position is not: a
+restarted reducer resumes the detector and this job feeds it from the sub-window in progress (the
+sub-windows between the checkpoint and the restart are skipped, never fed twice).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ refresh would publish (:class:`tests.support.drift.Harness`), its real suite and
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from monitor.drift.online.evidence import conformal_p_values, threshold_for
 from monitor.drift.online.evidence_feed import EvidenceFeed, labels_from_counts
 from monitor.drift.settings import DriftSettings
 from monitor.state.checks import InvalidState
+from tests.drift.test_component import round_trip
 from tests.support.drift import Harness, settings_for
 
 DIM, CLUSTERS = 16, 8
@@ -149,12 +151,40 @@ def test_each_cycle_bets_on_the_fresh_rows_and_exports_the_evidence(tmp_path: Pa
     for bad in ([1, 2.0], [-1, 1.0, 2.0, False, 0], [5, float("nan"), 2.0, False, 0], [5, 1.0, 2.0, "yes", 0]):
         with pytest.raises(InvalidState):
             CycleResult.from_state_dict({**state, "evidence": bad})
-    # a restarted daemon: the stored reference has its regions, the detector starts afresh at once
+    # a restarted daemon: the stored reference has its regions, the detector starts at once; from the
+    # checkpoint it resumes where it was, and bets as the running one does on the same rows
     h.component.flush()
-    restarted = Harness(h.settings)
-    again = restarted.component._streams[("m", "s")].evidence
+    state = round_trip(h.component.state_dict())
+    restarted, fresh = Harness(h.settings, now=h.now), Harness(h.settings, now=h.now)
+    again = fresh.component._streams[("m", "s")].evidence
     assert again is not None and again.detector.cycles == 0 and again.regions.k == slot.evidence.regions.k
+    restarted.component.load_state_dict(state)
+    resumed = restarted.component._streams[("m", "s")].evidence
+    assert resumed is not None and resumed.detector.cycles == slot.evidence.detector.cycles == 1
+    np.testing.assert_array_equal(resumed.detector.bag, slot.evidence.detector.bag)
+    rows = source.draw(300)
+    for feed in (resumed, slot.evidence):
+        feed.add(rows)
+    assert resumed.step() == slot.evidence.step()
+    # a checkpointed detector no run writes is refused with the whole state; another reference's is not resumed
+    entry = next(e for e in state["streams"] if e["stream"] == "s")
+    for change, message in (
+        (lambda e: e["evidence"]["bag"].__setitem__(0, -1), "evidence bag count is -1"),
+        (lambda e: e["evidence"]["recent"].__setitem__(0, float("nan")), "evidence recent count is nan"),
+        (lambda e: e["evidence"]["rng"].__setitem__("bit_generator", "SeedSequence"), "PCG64"),
+        (lambda e: e["evidence"].__setitem__("bag", [1] * 65), "2..64 counts"),
+    ):
+        crafted = copy.deepcopy(state)
+        change(next(e for e in crafted["streams"] if e["stream"] == "s"))
+        with pytest.raises(InvalidState, match=message):
+            fresh.component.load_state_dict(crafted)
+    assert fresh.component._streams[("m", "s")].evidence.detector.cycles == 0
+    elsewhere = copy.deepcopy(state)
+    next(e for e in elsewhere["streams"] if e["stream"] == "s")["evidence"]["regions"] ^= 1
+    fresh.component.load_state_dict(elsewhere)  # a warning: this detector starts afresh
+    assert fresh.component._streams[("m", "s")].evidence.detector.cycles == 0 and entry["evidence"]["cycles"] == 1
     restarted.close()
+    fresh.close()
     # a new reference starts a new detector (once its regions are fitted); the alarm counter carries on
     old = slot.evidence
     h.component.capture_current([h.registry.get("m", "s")])

@@ -20,12 +20,19 @@ from __future__ import annotations
 
 import math
 import threading
+import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
 from monitor.drift.attribution.regions import Regions
 from monitor.drift.online.evidence import EvidenceDetector, EvidenceStep
+from monitor.state import checks
+from monitor.state.reservoir import generator_from_state
+
+MAX_REGIONS = 64  # drift.regions.max_regions at most
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,22 @@ class EvidenceResult:
     log_threshold: float
     alarmed: bool
     alarms: int  # alarms of this detector so far (since its reference was installed)
+
+    def state(self) -> list[Any]:
+        return [self.rows, self.log_evidence, self.log_threshold, self.alarmed, self.alarms]
+
+    @classmethod
+    def from_state(cls, entry: Any) -> EvidenceResult:
+        """A checkpointed bet, ``[rows, log R, log A, alarmed, alarms]``; raises
+        :class:`~monitor.state.checks.InvalidState` on a value no cycle writes."""
+        if not isinstance(entry, list | tuple) or len(entry) != 5:
+            raise checks.InvalidState(f"evidence must be [rows, log R, log A, alarmed, alarms], got {entry!r:.80}")
+        rows, log_r, log_a, alarmed, alarms = entry
+        if not isinstance(alarmed, bool):
+            raise checks.InvalidState(f"evidence alarmed must be a boolean, got {alarmed!r:.40}")
+        return cls(checks.count(rows, "evidence rows"), checks.finite(log_r, "log evidence"),
+                   checks.finite(log_a, "log evidence threshold", low=0.0), alarmed,
+                   checks.count(alarms, "evidence alarms"))
 
 
 class EvidenceFeed:
@@ -134,6 +157,32 @@ class EvidenceFeed:
         (reducers: the order, and which rows a full cap leaves out, depend on the counts and ``rng`` only)."""
         return self.add_labels(labels_from_counts(counts, self.regions.k, rng))
 
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The detector's state (the bag, the recent counts, ``log R``, its random state) and the last
+        bet; labels still pending are not kept (their rows are never bet on: a value-blind skip)."""
+        d = self.detector
+        return {
+            "regions": regions_fingerprint(self.regions), "bag": [int(x) for x in d.bag],
+            "recent": [float(x) for x in d.recent], "log_evidence": None if d.log_evidence == -math.inf
+            else d.log_evidence, "cycles": d.cycles, "alarms": d.alarms, "rng": dict(d.rng.bit_generator.state),
+            "last": None if self.last is None else self.last.state(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume a checkpointed detector of these regions (:func:`check_feed_state` first); raises
+        :class:`~monitor.state.checks.InvalidState` when it is not one this feed could have written."""
+        parsed = check_feed_state(state)
+        if parsed["regions"] != regions_fingerprint(self.regions):
+            raise checks.InvalidState("the checkpointed evidence was gathered on other regions")
+        bag = parsed["bag"]
+        if len(bag) != self.regions.k or (bag < self.regions.reference_counts).any():
+            raise checks.InvalidState(f"the evidence bag {bag.tolist()[:8]} does not hold the reference's counts")
+        d = self.detector
+        d.bag, d.recent, d.log_evidence = bag, parsed["recent"], parsed["log_evidence"]
+        d.cycles, d.alarms, d.rng = parsed["cycles"], parsed["alarms"], parsed["rng"]
+        self.last = parsed["last"]
+
     def _result(self, step: EvidenceStep) -> EvidenceResult:
         return EvidenceResult(step.rows, step.log_evidence, self.log_threshold, step.alarmed, self.detector.alarms)
 
@@ -148,3 +197,38 @@ def labels_from_counts(counts: np.ndarray, k: int, rng: np.random.Generator) -> 
     if counts.shape != (k,) or (counts < 0).any():
         raise ValueError(f"need {k} non-negative region counts, got {counts.shape} {counts.tolist()[:8]}")
     return rng.permutation(np.repeat(np.arange(k), counts))
+
+
+def regions_fingerprint(regions: Regions) -> int:
+    """A checksum of the regions' centres and held-out counts: a checkpoint's detector resumes only on them."""
+    centres = np.ascontiguousarray(regions.centres, dtype=np.float64).tobytes()
+    return zlib.crc32(np.asarray(regions.reference_counts, dtype=np.int64).tobytes(), zlib.crc32(centres))
+
+
+def check_feed_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A checkpointed detector's values, each checked (a bounded number of regions, counts
+    non-negative, finite recent counts, a finite ``log R`` or none, a random state numpy accepts);
+    raises :class:`~monitor.state.checks.InvalidState`."""
+    bag, recent = state["bag"], state["recent"]
+    if not isinstance(bag, list | tuple) or not 2 <= len(bag) <= MAX_REGIONS:
+        raise checks.InvalidState(f"the evidence bag must hold 2..{MAX_REGIONS} counts")
+    if not isinstance(recent, list | tuple) or len(recent) != len(bag):
+        raise checks.InvalidState("the evidence's recent counts must match its bag")
+    rng_state = state["rng"]
+    if not isinstance(rng_state, Mapping) or rng_state.get("bit_generator") != "PCG64":
+        raise checks.InvalidState("the evidence's random state must be a PCG64 state")
+    try:
+        rng = generator_from_state(dict(rng_state))
+    except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
+        raise checks.InvalidState(f"the evidence's random state is not one numpy writes: {exc}") from None
+    log_evidence = state["log_evidence"]
+    last = state.get("last")
+    return {
+        "regions": checks.integer(state["regions"], "evidence regions checksum", 0, 2**32 - 1),
+        "bag": np.array([checks.count(x, "evidence bag count") for x in bag], dtype=np.int64),
+        "recent": np.array([checks.finite(x, "evidence recent count", low=0.0) for x in recent]),
+        "log_evidence": -math.inf if log_evidence is None else checks.finite(log_evidence, "log evidence"),
+        "cycles": checks.count(state["cycles"], "evidence cycles"),
+        "alarms": checks.count(state["alarms"], "evidence alarms"), "rng": rng,
+        "last": None if last is None else EvidenceResult.from_state(last),
+    }
