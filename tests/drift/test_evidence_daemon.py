@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from monitor.config import ConfigError, load_settings
@@ -277,3 +279,43 @@ def test_the_combined_verdict_finds_a_persistent_small_shift_in_most_streams(tmp
         h.close()
     print(f"\ndelays in cycles (None: not within 12): {delays}; the suite flagged {suite} of 8")
     assert sum(d is not None for d in delays) >= 6 and suite <= 2, (delays, suite)
+
+
+# ---------------------------------------------------------------------------------- checkpoint fuzz
+_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True), st.text(max_size=8),
+    st.lists(st.integers(-5, 5), max_size=70), st.dictionaries(st.text(max_size=4), st.integers(), max_size=3),
+)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True, database=None)
+@given(field=st.sampled_from(["regions", "bag", "recent", "log_evidence", "cycles", "alarms", "rng", "last"]),
+       value=_VALUES, drop=st.booleans())
+def test_a_checkpointed_detector_is_resumed_exactly_or_refused_unchanged(field: str, value: Any, drop: bool) -> None:
+    """Outside bytes (a checkpoint file): any value in any field resumes a detector this feed could
+    have written, or is refused with :class:`InvalidState` (or a missing key's ``KeyError``), the
+    feed unchanged."""
+    regions = _FUZZ_REGIONS
+    written = EvidenceFeed(regions, threshold=100.0, cap=1000, seed=2)
+    written.add_labels(np.arange(40) % regions.k)
+    written.step()
+    state = round_trip({"e": written.state_dict()})["e"]
+    if drop:
+        state.pop(field)
+    else:
+        state[field] = value
+    feed = EvidenceFeed(regions, threshold=100.0, cap=1000, seed=5)
+    before = feed.state_dict()
+    try:
+        feed.load_state_dict(state)
+    except (InvalidState, KeyError):
+        assert feed.state_dict() == before
+        return
+    d = feed.detector
+    assert len(d.bag) == regions.k and (d.bag >= regions.reference_counts).all()
+    assert np.isfinite(d.recent).all() and (d.recent >= 0).all() and d.log_evidence < math.inf
+    feed.add_labels(np.arange(10) % regions.k)
+    feed.step()  # and it still bets
+
+
+_FUZZ_REGIONS = fit_regions(Clusters(9).draw(400).astype(np.float64), seed=0)
