@@ -27,7 +27,7 @@ from monitor.drift.online.evidence import conformal_p_values, threshold_for
 from monitor.drift.online.evidence_feed import EvidenceFeed, labels_from_counts
 from monitor.drift.settings import DriftSettings
 from monitor.state.checks import InvalidState
-from tests.drift.test_component import round_trip
+from monitor.storage import checkpoint_format as ckpt
 from tests.support.drift import Harness, settings_for
 
 DIM, CLUSTERS = 16, 8
@@ -44,6 +44,12 @@ class Clusters:
     def draw(self, n: int, shares: np.ndarray = EQUAL) -> np.ndarray:
         picked = self.rng.choice(CLUSTERS, n, p=shares)
         return (self.centres[picked] + self.rng.standard_normal((n, DIM))).astype(np.float32)
+
+
+def round_trip(state: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint does to a state: flatten, encode, decode (the checkpoint container)."""
+    arrays: list[np.ndarray] = []
+    return ckpt.decode(ckpt.encode(ckpt.flatten(state, arrays), arrays))  # type: ignore[no-any-return]
 
 
 def _only_ks(**drift: Any) -> dict[str, Any]:

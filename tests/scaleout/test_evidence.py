@@ -15,9 +15,8 @@ from monitor.drift.component import DriftComponent
 from monitor.drift.export import CycleResult
 from monitor.scaleout.evidence import SubwindowEvidence
 from monitor.scaleout.reducer import Reducer
-from tests.scaleout.test_detectors import WIDTH, Replica
 from tests.support import daemons
-from tests.support.scaleout import T0, reducer
+from tests.support.scaleout import T0, WIDTH, Replica, reducer
 
 DIM, CLUSTERS = 16, 4
 CENTRES = 4.0 * np.random.default_rng(0).standard_normal((CLUSTERS, DIM))
