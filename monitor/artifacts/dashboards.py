@@ -292,7 +292,8 @@ def drift(rules: RuleSet) -> dict[str, Any]:
     panels = [
         Panel("Drift verdict per test", "none",
               [Target(f"max by (model, stream, test) ({dd}{{{MS}}})", "{{model}} / {{stream}} {{test}}")],
-              "1 = drifted; `suite` is the combined verdict the alerts use.", mappings=_OK_BAD, min=0, max=1),
+              "1 = drifted; `suite` (the tests' combined verdict) or `evidence` (the accumulating detector's "
+              "alarm) is what the alerts use.", mappings=_OK_BAD, min=0, max=1),
         Panel("p-values and thresholds", "none",
               [Target(f"max by (model, stream, test) ({pv}{{{MS}}})", "{{model}} / {{stream}} {{test}} p"),
                Target(f"max by (model, stream, test) ({th}{{{MS}}})", "{{model}} / {{stream}} {{test}} threshold")],
@@ -313,6 +314,17 @@ def drift(rules: RuleSet) -> dict[str, Any]:
               [Target(f"sum by (model, stream, signal) (increase({_ms('embmon_drift_change_points_total')}[1h]))",
                       "{{model}} / {{stream}} {{signal}}")],
               "Streaming change-point detections; each one is also an annotation."),
+        Panel("Accumulated evidence (log R) vs its alarm line", "none",
+              [Target(f"max by (model, stream) ({_ms('embmon_drift_log_evidence')})", "{{model}} / {{stream}} log R"),
+               Target(f"max by (model, stream) ({_ms('embmon_drift_log_evidence_threshold')})",
+                      "{{model}} / {{stream}} log A")],
+              "The accumulating detector's log R_t, cycle by cycle: it adds up a shift too small for one window and "
+              "alarms when it reaches log A (dashed), then restarts. Healthy: well below the line, wandering."
+              , overrides=_DASHED_B),
+        Panel("Evidence alarms (per day)", "short",
+              [Target(f"sum by (model, stream) (increase({_ms('embmon_drift_evidence_alarms_total')}[1d]))",
+                      PER_STREAM)],
+              "Alarms of the accumulating detector; each flags the cycle's verdict. Healthy: 0.", min=0),
         Panel("Reference window", "short",
               [Target(f"max by (model, stream) ({_ms('embmon_reference_records')})", "{{model}} / {{stream}} records")],
               "Records in the pinned reference."),

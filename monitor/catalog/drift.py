@@ -24,8 +24,8 @@ METRICS: tuple[MetricSpec, ...] = (
         "p-value threshold each test was held to (multiplicity-corrected; suite: cycle alpha).",
         labels=(*MS, "test"), code="monitor.drift.twosample.suite:apply_multiplicity"),
     MetricSpec("embmon_drift_detected", "gauge",
-        "1 when the test flagged drift at the last cycle (suite: combined verdict; sustained: drift.sustained rule "
-        "over the last cycles).",
+        "1 when the test flagged drift at the last cycle (suite: the tests' combined verdict; evidence: the "
+        "accumulating detector alarmed; sustained: drift.sustained rule over the last cycles, or an evidence alarm).",
         labels=(*MS, "test"), code="monitor.drift.component:DriftComponent._cycle_one"),
     MetricSpec("embmon_drift_drifted_components_ratio", "gauge",
         "Share of principal components whose KS test rejects after Benjamini-Hochberg.",
@@ -68,6 +68,16 @@ METRICS: tuple[MetricSpec, ...] = (
         labels=(*MS, "signal", "detector"),
         unit="seconds",
         code="monitor.drift.online.detectors:OnlineDriftMonitor.update"),
+    MetricSpec("embmon_drift_log_evidence", "gauge",
+        "log R_t of the accumulating detector (Shiryaev-Roberts on conformal bets on the fresh rows' regions) at the "
+        "last cycle; it alarms at embmon_drift_log_evidence_threshold and restarts.",
+        labels=MS, code="monitor.drift.online.evidence_feed:EvidenceFeed.step"),
+    MetricSpec("embmon_drift_log_evidence_threshold", "gauge",
+        "log A, the accumulating detector's alarm line: A = 1 / (evidence_share x interval / false_alarm_every).",
+        labels=MS, code="monitor.drift.settings:DriftSettings.evidence_threshold"),
+    MetricSpec("embmon_drift_evidence_alarms_total", "counter",
+        "Alarms of the accumulating detector (each one flags the cycle's verdict and restarts it).",
+        labels=MS, code="monitor.drift.component:DriftComponent._cycle_one"),
     MetricSpec("embmon_drift_errors_total", "counter",
         "Failures the drift component caught, by stage: store (a reference could not be written to the state "
         "directory), cycle (a stream's test cycle failed), test (a drift test failed and was left out of the verdict)."

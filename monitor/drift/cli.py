@@ -77,10 +77,16 @@ def format_explanation(entry: dict[str, Any]) -> str:
     region  of MMD  reference  window  change  p (BH)   shifted  exemplars: reference / window
          1   90.0%      50.0%   80.0%  +30.0%  1e-12    yes      r1 / w1, w2
     """
-    verdict = "DRIFT (" + ", ".join(entry["detected_tests"]) + ")" if entry["detected"] else "no drift"
+    evidence = entry.get("evidence")
+    why = list(entry["detected_tests"]) + (["accumulated evidence"] if evidence and evidence["alarmed"] else [])
+    verdict = "DRIFT (" + ", ".join(why) + ")" if entry["detected"] else "no drift"
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry["computed_at"]))
     lines = [f"{entry['model']}/{entry['stream']}  cycle at {stamp}  verdict: {verdict}  "
              f"alpha {entry['cycle_alpha']:.3g}  {entry['window_rows']} window rows"]
+    if evidence is not None:
+        lines.append(f"  evidence   log R {evidence['log_evidence']:.2f}  "
+                     f"threshold log A {evidence['log_threshold']:.2f}  {evidence['rows']} fresh rows"
+                     f"{'  alarmed' if evidence['alarmed'] else ''}")
     for test in entry.get("tests", []):
         floor = test.get("p_value_floor")
         reach = "" if not floor or floor <= test["threshold"] else "  (could not reach its threshold)"

@@ -25,6 +25,11 @@ One :class:`DriftComponent` serves every (model, stream) (docs/drift.md, "In the
 * **regions** (:mod:`monitor.drift.attribution.regions`): fitted on a reference the first time a cycle needs
   them (never on the ingest thread), stored with it, so every cycle also says where the window
   moved;
+* **accumulating evidence** (:mod:`monitor.drift.online.evidence_feed`): once a fixed reference has
+  regions, the ingest thread labels each batch's fresh rows with their region (at most
+  ``drift.evidence_rows`` a cycle) and each cycle bets on them; the stream's verdict is the
+  suite's (at ``1 - drift.evidence_share`` of the budget) OR the detector's alarm. A new reference
+  starts a new detector; a restarted daemon resumes it from the checkpoint (same reference and regions);
 * ``POST /admin/baseline?model=M[&stream=S]`` (:mod:`monitor.drift.admin`; bearer token
   ``http.admin_token``; without a token configured every ``/admin/*`` route answers 403): the
   current window becomes the reference, written to the state directory before the response;
@@ -56,6 +61,7 @@ from monitor.drift.admin import add_drift_routes
 from monitor.drift.attribution.regions import Regions, fit_regions
 from monitor.drift.export import ChangeTotals, CycleResult, DriftSnapshot, ReferenceInfo, StreamKey, families
 from monitor.drift.online.detectors import ChangePoint, OnlineDriftMonitor, build_detector
+from monitor.drift.online.evidence_feed import EvidenceFeed, EvidenceResult
 from monitor.drift.references.first_records import FirstRecords
 from monitor.drift.references.lagged import LaggedRing
 from monitor.drift.references.pinned import PinnedFiles
@@ -166,6 +172,9 @@ class DriftComponent(Component):
         if key in self._results:
             self._results = {k: v for k, v in self._results.items() if k != key}
         self._start_online(slot, key, ref.profile)
+        slot.evidence = None
+        if ref.profile.regions is not None:
+            self._start_evidence(slot, key, ref.profile.regions)
         if persist:
             try:
                 self._writer.submit(self._save, ref)
@@ -199,6 +208,17 @@ class DriftComponent(Component):
             for detector in online.detectors:
                 self._totals.changes.setdefault((*key, signal, detector), ChangeTotals(0, None))
 
+    def _start_evidence(self, slot: StreamSlot, key: StreamKey, regions: Regions) -> None:
+        """A new accumulating detector on the fixed reference's regions (lock held); none when it is off."""
+        threshold = self.settings.evidence_threshold
+        if threshold is None or slot.reference is None:
+            return
+        # seeded by the regions' content: the same reference gives the same bets on the same rows, on
+        # whichever process (one daemon, a reducer), whenever it was captured
+        content = zlib.crc32(np.ascontiguousarray(regions.centres, dtype=np.float64).tobytes())
+        slot.evidence = EvidenceFeed(regions, threshold, self.settings.evidence_rows, self._seed(key, content))
+        self._totals.evidence_alarms.setdefault(key, 0)
+
     def _seed(self, key: StreamKey, cycle: int) -> int:
         entropy = [self.settings.seed, zlib.crc32(f"{key[0]}/{key[1]}".encode()), cycle]
         return int(np.random.SeedSequence(entropy).generate_state(1)[0])
@@ -219,6 +239,13 @@ class DriftComponent(Component):
             if slot is None:
                 return None
             return slot.reference.profile if slot.reference is not None else slot.lagged
+
+    def evidence_feed(self, model: str, stream: str) -> EvidenceFeed | None:
+        """The stream's accumulating detector and its pending labels (None: it has none now);
+        scaled out, the reducer adds the merged sub-windows' rows to it (:mod:`monitor.scaleout.evidence`)."""
+        with self._lock:
+            slot = self._streams.get((model, stream))
+            return None if slot is None else slot.evidence
 
     def flush(self) -> None:
         """Wait until every reference handed to the background writer is on disk."""
@@ -241,8 +268,12 @@ class DriftComponent(Component):
                 self._install(slot, key, StoredReference(*key, profile, "first_records"), persist=True)
                 vectors = vectors[used:]
                 norms = None if norms is None else norms[used:]
-            online = slot.online
-        if online is None or not len(vectors):
+            online, evidence = slot.online, slot.evidence
+        if not len(vectors):
+            return
+        if evidence is not None:
+            evidence.add(vectors)
+        if online is None:
             return
         found = online.update(vectors, now, norms)
         if found:
@@ -329,20 +360,40 @@ class DriftComponent(Component):
         )
         if report.errors:
             self._count_error("test", len(report.errors))
+        evidence = self._bet(slot, key, fixed, regions)
         with self._lock:
             self._totals.count_planned(key, report.planned, report.cut)
             if slot.reference is not fixed:  # replaced while the tests ran: this verdict is about the old one
                 return
             slot.last_end = window.end
-            was = bool(slot.history) and slot.history[-1]
+            previous = self._results.get(key)
+            was = previous is not None and previous.detected
             slot.history.append(report.detected)
-            sustained = sum(slot.history) >= self.settings.sustained.detections
-            self._results = {**self._results, key: CycleResult(report, sustained, now, reference.captured_at)}
-        if report.detected and not was:
-            tests = ", ".join(report.detected_tests)
-            logger.warning("drift: %s/%s drifted from its reference (%s)", key[0], key[1], tests)
-        elif was and not report.detected:
+            alarmed = evidence is not None and evidence.alarmed
+            if alarmed:
+                self._totals.evidence_alarms[key] = self._totals.evidence_alarms.get(key, 0) + 1
+            # an alarm of the accumulating detector is an alert on its own (it restarts after it)
+            sustained = sum(slot.history) >= self.settings.sustained.detections or alarmed
+            result = CycleResult(report, sustained, now, reference.captured_at, evidence)
+            self._results = {**self._results, key: result}
+        if result.detected and not was:
+            logger.warning("drift: %s/%s drifted from its reference (%s)", key[0], key[1], _why(result))
+        elif was and not result.detected:
             logger.info("drift: %s/%s is back in line with its reference", key[0], key[1])
+
+    def _bet(
+        self, slot: StreamSlot, key: StreamKey, fixed: StoredReference | None, regions: Regions | None
+    ) -> EvidenceResult | None:
+        """The accumulating detector's bet on the rows since the last cycle (None: it is off, or no row came)."""
+        if fixed is None or regions is None:
+            return None
+        with self._lock:
+            if slot.reference is not fixed:
+                return None
+            if slot.evidence is None or slot.evidence.regions is not regions:
+                self._start_evidence(slot, key, regions)
+            feed = slot.evidence
+        return None if feed is None else feed.step()
 
     def _regions(self, key: StreamKey, reference: ReferenceProfile) -> Regions | None:
         """The reference's regions: stored with it, or fitted now (once per reference)."""
@@ -454,6 +505,7 @@ class DriftComponent(Component):
             return DriftSnapshot(
                 results=self._results, references=references, changes=dict(self._totals.changes),
                 errors=dict(self._totals.errors), cuts=dict(self._totals.cuts),
+                evidence_alarms=dict(self._totals.evidence_alarms),
             )
 
     def collect(self) -> Iterable[Metric]:
@@ -466,6 +518,17 @@ class DriftComponent(Component):
 
     def close(self) -> None:
         self._writer.shutdown(wait=True)
+
+
+def _why(result: CycleResult) -> str:
+    """What flagged a cycle, for the log: the suite's tests, the accumulated evidence, or both."""
+    parts = []
+    if result.report.detected:
+        parts.append(", ".join(result.report.detected_tests))
+    if result.evidence is not None and result.evidence.alarmed:
+        parts.append(f"accumulated evidence: log R = {result.evidence.log_evidence:.2f} "
+                     f">= log A = {result.evidence.log_threshold:.2f} over {result.evidence.rows} fresh rows")
+    return "; ".join(parts)
 
 
 def _check_detector_values(settings: DriftSettings) -> None:

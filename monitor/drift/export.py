@@ -16,16 +16,20 @@ Definitions, healthy and unhealthy values: docs/metrics.md, "Drift". Per (model,
   ``embmon_drift_region_window_ratio{region}``, ``embmon_drift_region_p_value{region}`` (BH-adjusted),
   ``embmon_drift_regions_shifted`` and ``embmon_drift_novel_ratio``;
 * from the online detectors: ``embmon_drift_change_points_total{signal,detector}`` and
-  ``embmon_drift_last_change_timestamp_seconds{signal,detector}`` (only once a change happened).
+  ``embmon_drift_last_change_timestamp_seconds{signal,detector}`` (only once a change happened);
+* from the accumulating detector (:mod:`monitor.drift.online.evidence_feed`), once it has bet:
+  ``embmon_drift_log_evidence`` (``log R_t`` at the last cycle), ``embmon_drift_log_evidence_threshold``
+  (``log A``), ``embmon_drift_detected{test="evidence"}`` and ``embmon_drift_evidence_alarms_total``.
 
 And for the component itself, ``embmon_drift_errors_total{stage}`` (every stage of
 :data:`ERROR_STAGES`, from 0): failures it caught and lived with, which the verdicts above
 cannot show.
 
 The suite's p-value is the Bonferroni-adjusted minimum ``min(1, k · min p)`` over the k planned
-tests (a test without a result counts as ``p = 1``), and its threshold the per-cycle α:
+tests (a test without a result counts as ``p = 1``), and its threshold the suite's per-cycle α:
 ``detected{test="suite"}`` is 1 exactly when that p-value is at most that threshold (Holm and
-Bonferroni reject the global null in the same cycles).
+Bonferroni reject the global null in the same cycles). The stream's verdict is the suite's OR the
+accumulating detector's (``detected{test="evidence"}``); the drift alert pages on either.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from prometheus_client.metrics_core import Metric
 from monitor import catalog
 from monitor.decoding.records import StreamKey
 from monitor.drift.attribution.region_shares import RegionReport
+from monitor.drift.online.evidence_feed import EvidenceResult
 from monitor.drift.twosample.calibration import TestResult
 from monitor.drift.twosample.suite import DriftReport
 from monitor.state import checks
@@ -60,6 +65,20 @@ class CycleResult:
     sustained: bool
     computed_at: float
     reference_captured_at: float
+    evidence: EvidenceResult | None = None  # the accumulating detector's bet, when it ran this cycle
+
+    @property
+    def detected(self) -> bool:
+        """The stream's verdict: the suite's, or the accumulating detector's alarm."""
+        return self.report.detected or (self.evidence is not None and self.evidence.alarmed)
+
+    @property
+    def flagged_by(self) -> str | None:
+        """Which part flagged drift: ``suite``, ``evidence``, ``both``, or None."""
+        parts = [name for name, flagged in (("suite", self.report.detected),
+                                            ("evidence", self.evidence is not None and self.evidence.alarmed))
+                 if flagged]
+        return None if not parts else parts[0] if len(parts) == 1 else "both"
 
     def state_dict(self) -> dict[str, Any]:
         """Plain values for a checkpoint: what the exported series and the explanation need
@@ -84,6 +103,7 @@ class CycleResult:
             "sustained": self.sustained,
             "computed_at": self.computed_at,
             "reference_captured_at": self.reference_captured_at,
+            "evidence": None if self.evidence is None else self.evidence.state(),
         }
 
     @classmethod
@@ -102,8 +122,10 @@ class CycleResult:
             cut={str(k): str(v) for k, v in dict(state.get("cut") or {}).items()},
             regions=None if regions is None else RegionReport.from_state_dict(dict(regions)),
         )
+        evidence = state.get("evidence")
         return cls(report, bool(state["sustained"]), checks.finite(state["computed_at"], "cycle time"),
-                   checks.finite(state["reference_captured_at"], "reference time"))
+                   checks.finite(state["reference_captured_at"], "reference time"),
+                   None if evidence is None else EvidenceResult.from_state(evidence))
 
 
 def _test_from_state(entry: list[Any]) -> TestResult:
@@ -147,6 +169,7 @@ class DriftSnapshot:
     changes: Mapping[ChangeKey, ChangeTotals] = field(default_factory=dict)
     errors: Mapping[str, int] = field(default_factory=dict)  # stage -> failures since start
     cuts: Mapping[TestKey, int] = field(default_factory=dict)  # tests the deadline cut, since start
+    evidence_alarms: Mapping[StreamKey, int] = field(default_factory=dict)  # accumulating detector's, since start
 
 
 def suite_p_value(report: DriftReport) -> float | None:
@@ -193,7 +216,10 @@ def families(snapshot: DriftSnapshot) -> Iterable[Metric]:
             threshold.add_metric([*labels, "suite"], report.cycle_alpha)
             detected.add_metric([*labels, "suite"], 1.0 if report.detected else 0.0)
             detected.add_metric([*labels, "sustained"], 1.0 if cycle.sustained else 0.0)
+        if cycle.evidence is not None:
+            detected.add_metric([*labels, "evidence"], 1.0 if cycle.evidence.alarmed else 0.0)
     yield from (mmd2, p_value, threshold, detected, ratio, cosine, auc)
+    yield from _evidence_families(snapshot)
     yield from _budget_families(snapshot)
     yield from _region_families(snapshot)
 
@@ -210,6 +236,19 @@ def families(snapshot: DriftSnapshot) -> Iterable[Metric]:
     for stage in ERROR_STAGES:
         errors.add_metric([stage], float(snapshot.errors.get(stage, 0)))
     yield errors
+
+
+def _evidence_families(snapshot: DriftSnapshot) -> Iterable[Metric]:
+    log_evidence = catalog.gauge("embmon_drift_log_evidence")
+    log_threshold = catalog.gauge("embmon_drift_log_evidence_threshold")
+    for (model, stream), cycle in sorted(snapshot.results.items()):
+        if cycle.evidence is not None:
+            log_evidence.add_metric([model, stream], cycle.evidence.log_evidence)
+            log_threshold.add_metric([model, stream], cycle.evidence.log_threshold)
+    alarms = catalog.counter("embmon_drift_evidence_alarms_total")
+    for (model, stream), count in sorted(snapshot.evidence_alarms.items()):
+        alarms.add_metric([model, stream], float(count))
+    yield from (log_evidence, log_threshold, alarms)
 
 
 def _budget_families(snapshot: DriftSnapshot) -> Iterable[Metric]:

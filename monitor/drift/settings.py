@@ -1,8 +1,10 @@
 """Drift settings (nested as ``drift:`` in the daemon's Settings): the library's and the daemon's.
 
-One knob sets how often the operator accepts a false drift alarm (``false_alarm_every``); the
-per-cycle and per-test p-value thresholds, and how many permutations the permutation tests need
-to be able to reach them, follow from it (see :mod:`monitor.drift.twosample.calibration`). Where that is
+One knob sets how often the operator accepts a false drift alarm (``false_alarm_every``);
+``evidence_share`` of that budget goes to the accumulating detector (its threshold
+``evidence_threshold``), the rest to the per-window suite, whose per-cycle and per-test p-value
+thresholds, and how many permutations the permutation tests need to be able to reach them,
+follow from it (see :mod:`monitor.drift.twosample.calibration`). Where that is
 more than ``max_permutations`` (short cycles: 5 s with one false alarm a month needs two
 million), the MMD and centroid tests use their held-out null instead, which reaches any alpha
 (:mod:`monitor.drift.twosample.heldout`). A setting that would make a test unable to ever detect is
@@ -13,11 +15,13 @@ Examples
 >>> s = DriftSettings(interval_seconds=3600, false_alarm_every="30d")
 >>> s.enabled_tests
 ('mmd', 'ks', 'centroid', 'classifier')
->>> round(s.cycle_alpha, 6), round(s.test_alpha, 7)
-(0.001389, 0.0003472)
+>>> s.evidence_threshold  # half the budget (evidence_share) to the accumulating detector: A = 1 / (0.5 x 1h / 30d)
+1440.0
+>>> round(s.cycle_alpha, 6), round(s.test_alpha, 7)  # the other half to the suite
+(0.000694, 0.0001736)
 >>> s.permutations_for("mmd"), s.null_for("mmd")
-(2880, 'permutation')
->>> fast = DriftSettings(interval_seconds=5, false_alarm_every="30d")  # alpha per test 4.8e-7
+(5760, 'permutation')
+>>> fast = DriftSettings(interval_seconds=5, false_alarm_every="30d")  # alpha per test 2.4e-7
 >>> fast.null_for("mmd"), fast.null_for("centroid")  # two million permutations: out of reach
 ('heldout', 'heldout')
 
@@ -214,6 +218,16 @@ class DriftSettings(_Section):
         description="cap BLAS/OpenMP/torch threads while a cycle runs; None = library defaults",
     )
     seed: int = 0
+    evidence_share: float = Field(
+        0.5, ge=0, lt=1,
+        description="share of the false-alarm budget spent on the accumulating detector (docs/drift.md, 'Evidence "
+        "that accumulates'); the suite decides at the rest; 0 turns the detector off and gives the suite all of it",
+    )
+    evidence_rows: int = Field(
+        10_000, ge=1, le=1_000_000,
+        description="fresh rows the accumulating detector bets on per cycle: the first this many to arrive "
+        "(each labelled on the ingest thread); later rows of the cycle are not labelled",
+    )
     mmd: MMDSettings = Field(default_factory=MMDSettings)
     ks: KSSettings = Field(default_factory=KSSettings)
     centroid: CentroidSettings = Field(default_factory=CentroidSettings)
@@ -264,13 +278,33 @@ class DriftSettings(_Section):
         return tuple(name for name in TEST_NAMES if getattr(self, name).enabled)
 
     @property
-    def cycle_alpha(self) -> float:
-        """Per-cycle false-alarm probability so alerts come every ``false_alarm_every`` on average."""
-        if self.sustained.cycles == 1:
-            return cycle_alpha(self.interval_seconds, self.false_alarm_every_seconds)
-        return cycle_alpha_for_sustained(
-            self.interval_seconds, self.false_alarm_every_seconds, self.sustained.detections, self.sustained.cycles
+    def evidence_active(self) -> bool:
+        """Whether the accumulating detector takes part of the budget: it bets on the reference's
+        regions, so it needs them, and a fixed reference (a lagged one changes every cycle)."""
+        return (
+            self.enabled and self.evidence_share > 0 and self.regions.enabled and self.reference.mode != "lagged"
         )
+
+    @property
+    def evidence_threshold(self) -> float | None:
+        """The detector's alarm threshold A = 1 / (s · interval / false_alarm_every); None when it is off."""
+        if not self.evidence_active:
+            return None
+        # monitor.drift.online.evidence.threshold_for, without importing numpy into the settings
+        return 1.0 / (self.evidence_share * cycle_alpha(self.interval_seconds, self.false_alarm_every_seconds))
+
+    @property
+    def cycle_alpha(self) -> float:
+        """Per-cycle false-alarm probability of the suite: with the accumulating detector's
+        alarms (at most ``evidence_share`` of the budget), alerts come every ``false_alarm_every`` on average.
+
+        The suite's alerts get ``1 - evidence_share`` of the alert rate: as if ``false_alarm_every``
+        were ``false_alarm_every / (1 - evidence_share)``.
+        """
+        every = self.false_alarm_every_seconds / (1.0 - self.evidence_share if self.evidence_active else 1.0)
+        if self.sustained.cycles == 1:
+            return cycle_alpha(self.interval_seconds, every)
+        return cycle_alpha_for_sustained(self.interval_seconds, every, self.sustained.detections, self.sustained.cycles)
 
     @property
     def test_alpha(self) -> float:

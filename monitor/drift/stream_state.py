@@ -15,6 +15,7 @@ from typing import Any
 
 from monitor.drift.export import ERROR_STAGES, ChangeKey, ChangeTotals, CycleResult, StreamKey, TestKey
 from monitor.drift.online.detectors import ChangePoint, OnlineDriftMonitor
+from monitor.drift.online.evidence_feed import EvidenceFeed, check_feed_state
 from monitor.drift.online.online_state import decode_monitor, encode_monitor
 from monitor.drift.references.first_records import FirstRecords
 from monitor.drift.references.profile import ReferenceProfile
@@ -37,6 +38,9 @@ class StreamSlot:
     online: OnlineDriftMonitor | None = None
     online_for: float | None = None  # captured_at of the reference the detectors standardise with
     lagged: ReferenceProfile | None = None  # the lagged reference of the last cycle
+    # the accumulating detector on the reference's regions (from the first cycle that has them);
+    # checkpointed, resumed only on the same reference and regions (docs/drift.md, "Evidence that accumulates")
+    evidence: EvidenceFeed | None = None
     last_end: float | None = None  # end of the last window tested
     problem: str | None = None
 
@@ -55,6 +59,7 @@ class StreamSlot:
             "builder": None if self.builder is None else self.builder.state_dict(),
             "online": None if self.online is None else encode_monitor(self.online),
             "online_for": self.online_for,
+            "evidence": None if self.evidence is None else self.evidence.state_dict(),
             "history": [bool(h) for h in self.history],
             "last_end": self.last_end,
             "result": None if result is None else result.state_dict(),
@@ -83,6 +88,11 @@ class StreamSlot:
                 self.online_for = entry.get("online_for")
             except (ValueError, KeyError, TypeError) as exc:
                 logger.warning("drift: online detectors of %s/%s start afresh: %s", key[0], key[1], exc)
+        if entry.get("evidence") is not None and self.evidence is not None:
+            try:
+                self.evidence.load_state_dict(dict(entry["evidence"]))
+            except (ValueError, KeyError, TypeError) as exc:
+                logger.warning("drift: the accumulating detector of %s/%s starts afresh: %s", key[0], key[1], exc)
         self.history.extend(bool(h) for h in entry.get("history") or [])
         self.last_end = _last_end(entry)
         return None if entry.get("result") is None else CycleResult.from_state_dict(dict(entry["result"]))
@@ -97,6 +107,8 @@ def check_entry(entry: Mapping[str, Any]) -> None:
         FirstRecords.from_state_dict(dict(entry["builder"]))
     if entry.get("online_for") is not None:
         checks.finite(entry["online_for"], "online detectors' reference time")
+    if entry.get("evidence") is not None:
+        check_feed_state(dict(entry["evidence"]))
     _last_end(entry)
     if entry.get("result") is not None:
         CycleResult.from_state_dict(dict(entry["result"]))
@@ -115,6 +127,7 @@ class DriftTotals:
     errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_STAGES, 0))
     cuts: dict[TestKey, int] = field(default_factory=dict)  # tests cut short by the cycle's deadline
     changes: dict[ChangeKey, ChangeTotals] = field(default_factory=dict)
+    evidence_alarms: dict[StreamKey, int] = field(default_factory=dict)  # the accumulating detector's
 
     def count_changes(self, key: StreamKey, found: Iterable[ChangePoint]) -> None:
         for change in found:
@@ -134,24 +147,27 @@ class DriftTotals:
             "changes": [[*k, v.changes, v.last_timestamp] for k, v in sorted(self.changes.items())],
             "cycles": self.cycles,
             "cuts": [[*k, v] for k, v in sorted(self.cuts.items())],
+            "evidence_alarms": [[*k, v] for k, v in sorted(self.evidence_alarms.items())],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Merge by maximum: counts restored twice, or after the component already counted, never go back.
 
         Everything is checked before anything is merged (:func:`parse_totals`)."""
-        changes, cycles, cuts = parse_totals(state)
+        changes, cycles, cuts, alarms = parse_totals(state)
         for ckey, (count, last) in changes.items():
             old = self.changes.get(ckey, ChangeTotals(0, None))
             self.changes[ckey] = ChangeTotals(max(old.changes, count), old.last_timestamp if last is None else last)
         self.cycles = max(self.cycles, cycles)
         for tkey, count in cuts.items():
             self.cuts[tkey] = max(self.cuts.get(tkey, 0), count)
+        for skey, count in alarms.items():
+            self.evidence_alarms[skey] = max(self.evidence_alarms.get(skey, 0), count)
 
 
 def parse_totals(
     state: Mapping[str, Any],
-) -> tuple[dict[ChangeKey, tuple[int, float | None]], int, dict[TestKey, int]]:
+) -> tuple[dict[ChangeKey, tuple[int, float | None]], int, dict[TestKey, int], dict[StreamKey, int]]:
     """The totals of a checkpoint entry, each count non-negative and each time finite."""
     changes: dict[ChangeKey, tuple[int, float | None]] = {}
     for model, stream, signal, detector, count, last in state.get("changes") or []:
@@ -163,4 +179,8 @@ def parse_totals(
         (str(model), str(stream), str(test)): checks.count(count, f"cut tests of {model}/{stream} {test}")
         for model, stream, test, count in state.get("cuts") or []
     }
-    return changes, cycles, cuts
+    alarms = {
+        (str(model), str(stream)): checks.count(count, f"evidence alarms of {model}/{stream}")
+        for model, stream, count in state.get("evidence_alarms") or []
+    }
+    return changes, cycles, cuts, alarms

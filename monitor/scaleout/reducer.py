@@ -9,7 +9,8 @@ Wiring (the counterpart of :class:`monitor.daemon.service.Monitor` for ``scale_o
 * the components run on the merged windows: drift test cycles against pinned, captured, lagged or
   first-window references, and the retrieval probes, fed the interactions this reducer reads.
   What needs the record stream in order runs differently: the online change detectors watch the
-  merged per-sub-window series (:mod:`monitor.scaleout.detectors`), the canaries are compared with
+  merged per-sub-window series (:mod:`monitor.scaleout.detectors`), the accumulating detector bets on
+  the merged closed sub-windows' samples (:mod:`monitor.scaleout.evidence`), the canaries are compared with
   this reducer's pins from the arrivals replicas forward (:mod:`monitor.scaleout.canaries`), and a
   first-records reference becomes the first merged window holding ``drift.reference.records``
   records (docs/deployment.md, "What the reducer cannot do");
@@ -45,6 +46,7 @@ from monitor.decoding.decoder import Decoder
 from monitor.errors import ConfigError
 from monitor.scaleout.canaries import ReducerCanaries, for_reducer
 from monitor.scaleout.detectors import SubwindowDetectors, subwindow_detectors
+from monitor.scaleout.evidence import SubwindowEvidence, subwindow_evidence
 from monitor.scaleout.export import OwnedOnly, Ownership, ReducerCollector, SigningCollector, probe_home
 from monitor.scaleout.intake import PartialsReader
 from monitor.scaleout.signing import warn_if_unsigned
@@ -122,6 +124,9 @@ class Reducer(Daemon):
         detectors = subwindow_detectors(self.context, self.components, online, settings.scale_out.detectors)
         if detectors is not None:
             self.components.append(detectors)
+        evidence = subwindow_evidence(self.context, self.components)
+        if evidence is not None:
+            self.components.append(evidence)
         self.decoder = Decoder(
             settings.limits, default_stream=settings.kafka.default_stream,
             declared_dims={name: m.dim for name, m in settings.models.items() if m.dim},
@@ -131,7 +136,7 @@ class Reducer(Daemon):
                                      consumer_factory)
         self.intake.refreshed_at = lambda: self.refresher.published.computed_at  # a caught-up partition waits for it
         for component in self.components:  # canaries and detectors feed from the table between two polls
-            if isinstance(component, (ReducerCanaries, SubwindowDetectors)):
+            if isinstance(component, (ReducerCanaries, SubwindowDetectors, SubwindowEvidence)):
                 component.boundary = self.intake.at_batch_boundary
         # the intake is an Intake (daemon/intake.py) for the checkpointer and the status; as the source
         # and the registry, it and the table stand in for what they hold (names, topic ids, streams)

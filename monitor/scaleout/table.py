@@ -499,6 +499,22 @@ class MergeTable:
                 out.append((index, count, units, norms))
         return out
 
+    def subwindow_rows(self, model: str, stream: str, first: int, before: int) -> list[tuple[int, np.ndarray]]:
+        """(index, rows) of each sub-window of (model, stream) from ``first`` (or the oldest live one) up
+        to ``before``: the replicas' sub-window samples (uniform, chosen without looking at the
+        values) one after the other, by replica name; (0, d) where none."""
+        out = []
+        with self._lock:
+            dim = self._dims.get((model, stream))
+            if dim is None:
+                return []
+            for index in range(max(first, self._oldest_live(self.clock())), before):
+                pieces = [view.pieces.get((model, stream, index))
+                          for view in sorted(self._replicas.values(), key=lambda v: v.replica)]
+                rows = [p.reservoir.vectors for p in pieces if p is not None and p.reservoir.dim == dim]
+                out.append((index, np.concatenate(rows) if rows else np.zeros((0, dim), dtype=np.float32)))
+        return out
+
     def streams(self) -> list[StreamKey]:
         with self._lock:
             return sorted({(k[0], k[1]) for v in self._replicas.values() for k in v.pieces})

@@ -476,3 +476,39 @@ def test_value_formatting_matches_prometheus_template_functions() -> None:
     assert format_value("number", 0.4000000000000001) == "0.400"
     assert format_number(10000.0) == "10000" and format_number(0.5) == "0.5"
     assert Thresholds().job == "embedding-monitor"
+
+
+def test_an_alarm_of_the_accumulating_detector_pages_as_drift(tmp_path: Path) -> None:
+    """The suite's verdict stays 0; the accumulating detector alarms once (its counter 0 -> 1, its
+    verdict series at 1 for one cycle only): the drift alert fires `for` after the alarm, and stays
+    quiet again once the alarm is an hour old."""
+    rule = prometheus_alerts()["EmbeddingMonitorDriftDetected"]
+    assert "embmon_drift_evidence_alarms_total" in rule["expr"] and 'test="suite"' in rule["expr"]
+    series = 'embmon_drift_{}{{job="embedding-monitor", instance="monitor-0:9464", model="minilm", stream="queries"{}}}'
+    fired = {"exp_labels": {"model": "minilm", "stream": "queries", "severity": "info"},
+             "exp_annotations": {
+                 "summary": rule["annotations"]["summary"],
+                 "description": "The combined drift verdict for model minilm on stream queries is 1 (1 = drifted).",
+                 "runbook_url": rule["annotations"]["runbook_url"]}}
+    suite = {
+        "rule_files": [str(RULES)],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [
+                {"series": series.format("detected", ', test="suite"'), "values": "0x120"},
+                {"series": series.format("detected", ', test="evidence"'), "values": "0 1 0x118"},
+                {"series": series.format("evidence_alarms_total", ""), "values": "0 1x119"},
+            ],
+            "alert_rule_test": [
+                {"eval_time": "15m", "alertname": "EmbeddingMonitorDriftDetected", "exp_alerts": []},
+                {"eval_time": "16m", "alertname": "EmbeddingMonitorDriftDetected", "exp_alerts": [fired]},
+                {"eval_time": "50m", "alertname": "EmbeddingMonitorDriftDetected", "exp_alerts": [fired]},
+                {"eval_time": "110m", "alertname": "EmbeddingMonitorDriftDetected", "exp_alerts": []},
+            ],
+        }],
+    }
+    path = tmp_path / "evidence.yaml"
+    path.write_text(yaml.safe_dump(suite, sort_keys=False))
+    result = promtool("test", "rules", path, cwd=tmp_path)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]

@@ -125,7 +125,8 @@ def _null_pair(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndar
 def null_reports() -> list:
     """The whole suite on 300 independent null windows, at a cycle alpha of 0.1."""
     settings = DriftSettings(
-        interval_seconds=6, false_alarm_every="1m", window_sample_size=60, reference_sample_size=60, threads=1
+        interval_seconds=6, false_alarm_every="1m", window_sample_size=60, reference_sample_size=60, threads=1,
+        evidence_share=0,  # the suite with the whole budget
     )
     assert settings.cycle_alpha == pytest.approx(0.1)
     rng = np.random.default_rng(3)
@@ -160,7 +161,7 @@ def test_suite_detects_a_shift_and_holm_only_adds_detections() -> None:
     assert by_holm.detected and by_bonferroni.detected
     assert set(by_bonferroni.detected_tests) <= set(by_holm.detected_tests)
     assert [r.p_value for r in by_holm.results] == [r.p_value for r in by_bonferroni.results]
-    assert by_holm.cycle_alpha == pytest.approx(1 / 60)
+    assert by_holm.cycle_alpha == pytest.approx(1 / 120)  # half of 1 / 60: the other half is evidence_share's
 
 
 def test_suite_subsamples_runs_only_enabled_tests_and_survives_a_failing_one() -> None:
@@ -174,7 +175,7 @@ def test_suite_subsamples_runs_only_enabled_tests_and_survives_a_failing_one() -
     assert (report.window_size, report.reference_size) == (50, 80)
     assert [r.test for r in report.results] == ["ks"]
     assert "zero vector" in report.errors["centroid"]
-    assert report.cycle_alpha == pytest.approx(1 / 60)
+    assert report.cycle_alpha == pytest.approx(1 / 120)
     with pytest.raises(KeyError, match="mmd"):
         report.result("mmd")
     with pytest.raises(ValueError, match="same dimension"):
@@ -199,13 +200,18 @@ def test_thread_limit_caps_torch_and_blas_then_restores_them() -> None:
 def test_settings_defaults_and_derived_values() -> None:
     settings = DriftSettings()
     assert settings.enabled_tests == ("mmd", "ks", "centroid", "classifier")
-    assert settings.cycle_alpha == pytest.approx(900 / 2_592_000)
+    # half the budget to the suite, half to the accumulating detector (evidence_share)
+    assert settings.cycle_alpha == pytest.approx(900 / 2_592_000 / 2)
+    assert settings.evidence_threshold == pytest.approx(2 * 2_592_000 / 900)
     assert settings.test_alpha == pytest.approx(settings.cycle_alpha / 4)
-    assert settings.permutations_for("mmd") == 11_520
+    assert settings.permutations_for("mmd") == 23_040  # beyond max_permutations: the held-out null
+    assert settings.null_for("mmd") == "heldout"
+    whole = DriftSettings(evidence_share=0)
+    assert whole.cycle_alpha == pytest.approx(900 / 2_592_000) and whole.permutations_for("mmd") == 11_520
     assert settings.reference.mode == "first_records"
     assert DriftSettings(reference={"path": "/tmp/ref.npz", "lagged_seconds": 60}).reference.mode == "pinned"
     sustained = DriftSettings(sustained={"detections": 2, "cycles": 3})
-    assert sustained.permutations_for("mmd") == 300  # the larger cycle alpha needs few permutations
+    assert sustained.permutations_for("mmd") == 426  # the larger cycle alpha needs few permutations
     assert sustained.cycle_alpha > 30 * settings.cycle_alpha
 
 

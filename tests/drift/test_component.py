@@ -378,9 +378,12 @@ def _stream(name: str) -> Any:
         (lambda s: _stream("partial")(s)["builder"]["vector_sum"].__setitem__(0, np.nan), "vector sum holds NaN"),
         (lambda s: s.__setitem__("cycles", -1), "drift cycles is -1"),
         (lambda s: s["changes"][0].__setitem__(4, -2), "is -2, outside"),
+        (lambda s: _stream("s")(s)["result"].__setitem__("evidence", [5, float("nan"), 2.0, False, 0]),
+         "log evidence is nan"),
+        (lambda s: s.__setitem__("evidence_alarms", [["m", "s", -1]]), "evidence alarms of m/s is -1"),
     ],
     ids=["p-above-1", "nan-statistic", "negative-window", "infinite-last-end", "nan-builder-sum", "negative-cycles",
-         "negative-change-count"],
+         "negative-change-count", "nan-log-evidence", "negative-evidence-alarms"],
 )
 def test_a_crafted_drift_state_is_refused_whole(
     tmp_path: Path, rng: np.random.Generator, change: Any, message: str

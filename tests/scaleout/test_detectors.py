@@ -13,14 +13,11 @@ from monitor.config import load_settings
 from monitor.decoding.records import EmbeddingBatch
 from monitor.drift.component import DriftComponent
 from monitor.scaleout.detectors import SubwindowDetectors
-from monitor.scaleout.publisher import PartialsPublisher
 from monitor.scaleout.reducer import Reducer
-from monitor.state.registry import StateRegistry
 from tests.support import daemons
-from tests.support.scaleout import T0, MemoryProducer, feed, reducer
+from tests.support.scaleout import T0, WIDTH, Replica, reducer
 
 DIM = 16
-WIDTH = 100.0  # the helper's window: 600 s in 6 sub-windows
 BASE = np.eye(DIM)[0]
 SHIFTED = np.cos(np.radians(40)) * BASE + np.sin(np.radians(40)) * np.eye(DIM)[1]
 
@@ -28,20 +25,6 @@ SHIFTED = np.cos(np.radians(40)) * BASE + np.sin(np.radians(40)) * np.eye(DIM)[1
 def rows(rng: np.random.Generator, n: int, direction: np.ndarray) -> np.ndarray:
     x = direction + 0.4 * rng.standard_normal((n, DIM))
     return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
-
-
-class Replica:
-    def __init__(self, name: str, now: list[float]):
-        self.settings = load_settings(overrides={"scale_out": {"replica_id": name},
-                                                 "window": {"seconds": 600, "subwindows": 6, "reservoir_size": 600}})
-        self.registry = StateRegistry(self.settings)
-        self.producer = MemoryProducer()
-        self.publisher = PartialsPublisher(self.settings, producer_factory=lambda: self.producer, clock=lambda: now[0])
-
-    def publish(self, daemon: Reducer) -> None:
-        self.publisher.stage(self.publisher.epochs.next(), {}, self.registry.state_dict()["streams"])
-        assert self.publisher.flush()
-        feed(daemon.table, self.producer.take())
 
 
 def detectors_of(daemon: Reducer) -> SubwindowDetectors:

@@ -30,8 +30,10 @@ from monitor.scaleout.partials import (
     partition_of,
     subwindow_key,
 )
+from monitor.scaleout.publisher import PartialsPublisher
 from monitor.scaleout.reducer import Reducer
 from monitor.scaleout.table import MergeTable
+from monitor.state.registry import StateRegistry
 from monitor.storage import checkpoint_format as ckpt
 from tests.support import daemons
 from tests.support.broker import Broker, kafka_daemon_overrides
@@ -262,6 +264,25 @@ def wait_for_further_publications(reducer: Reducer, count: int = 10) -> None:
 
 # ---------------------------------------------------------------- a reducer without broker
 T0 = 3_000_000.0
+
+
+WIDTH = 100.0  # the sub-window of :func:`reducer`'s window: 600 s in 6
+
+
+class Replica:
+    """A replica without broker: its own registry and publisher, publishing into a reducer's table."""
+
+    def __init__(self, name: str, now: list[float]):
+        self.settings = load_settings(overrides={"scale_out": {"replica_id": name},
+                                                 "window": {"seconds": 600, "subwindows": 6, "reservoir_size": 600}})
+        self.registry = StateRegistry(self.settings)
+        self.producer = MemoryProducer()
+        self.publisher = PartialsPublisher(self.settings, producer_factory=lambda: self.producer, clock=lambda: now[0])
+
+    def publish(self, daemon: Reducer) -> None:
+        self.publisher.stage(self.publisher.epochs.next(), {}, self.registry.state_dict()["streams"])
+        assert self.publisher.flush()
+        feed(daemon.table, self.producer.take())
 
 
 def reducer(tmp_path: Path, now: list[float], extra: dict[str, Any] | None = None, **drift: object) -> Reducer:

@@ -1,4 +1,5 @@
-"""Drift alerts: the drift suite's combined verdict, and a verdict that holds for hours."""
+"""Drift alerts: the stream's verdict (the suite's, or an alarm of the accumulating detector), and a
+suite verdict that holds for hours."""
 
 from __future__ import annotations
 
@@ -22,7 +23,11 @@ def alerts(th: Thresholds) -> list[Alert]:
             summary="The drift suite reports that embeddings moved away from the reference window.",
             description=f"The combined drift verdict for {MODEL_STREAM} is $VALUE (1 = drifted).",
             value_format="count",
-            condition=Condition(f'max by (model, stream) ({detected}{{test="suite"}})', ">", 0),
+            # the suite's verdict, or an alarm of the accumulating detector in the last hour (an alarm
+            # flags one cycle and restarts the detector: its counter keeps it visible past `for`)
+            condition=Condition(
+                f'max by (model, stream) ({detected}{{test="suite"}} or '
+                f'ceil(clamp_max(increase({m("embmon_drift_evidence_alarms_total")}[1h]), 1)))', ">", 0),
             scenario_builder=_detected_scenario(job),
         ),
         Alert(
@@ -48,9 +53,11 @@ def _detected_scenario(job: str) -> ScenarioBuilder:
             60,
             (Series(m("embmon_drift_detected"), {**labels, "test": "suite"}, repeat(1, n)),),
             (
-                # one test alone flagging drift is not the suite's verdict
+                # one test alone flagging drift is not the suite's verdict; an accumulating
+                # detector that never alarmed adds nothing
                 Series(m("embmon_drift_detected"), {**labels, "test": "mmd"}, repeat(1, n)),
                 Series(m("embmon_drift_detected"), {**labels, "test": "suite"}, repeat(0, n)),
+                Series(m("embmon_drift_evidence_alarms_total"), labels, repeat(0, n)),
             ),
             0,
             dict(TEST_MODEL),

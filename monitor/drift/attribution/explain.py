@@ -26,8 +26,15 @@ def explanation(model: str, stream: str, cycle: CycleResult) -> dict[str, Any]:
         "stream": stream,
         "computed_at": cycle.computed_at,
         "reference_captured_at": cycle.reference_captured_at,
-        "detected": report.detected,
+        "detected": cycle.detected,
+        "flagged_by": cycle.flagged_by,
         "detected_tests": list(report.detected_tests),
+        "evidence": None if cycle.evidence is None else {
+            "rows": cycle.evidence.rows,
+            "log_evidence": cycle.evidence.log_evidence,
+            "log_threshold": cycle.evidence.log_threshold,
+            "alarmed": cycle.evidence.alarmed,
+        },
         "cycle_alpha": report.cycle_alpha,
         "window_rows": report.window_size,
         "tests": [

@@ -51,6 +51,7 @@ import numpy as np
 DEFAULT_LAMBDA = 0.5
 DEFAULT_FORGET = 0.8
 DEFAULT_PRIOR_ROWS = 200.0
+_CHUNK_ROWS = 512  # rows per block of the conformal p-values of one stream
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,15 @@ def conformal_p_values(labels: np.ndarray, bag: np.ndarray, rng: np.random.Gener
     labels = np.asarray(labels, dtype=np.int64)
     bag = np.asarray(bag)
     k = bag.shape[-1]
+    if labels.ndim == 1 and len(labels) > _CHUNK_ROWS:
+        # the same values in chunks that stay in cache (the (n, k) counts of 10,000 rows do not):
+        # each chunk against the bag plus the rows before it, the uniforms drawn in the same order
+        parts, bag = [], bag.copy()
+        for start in range(0, len(labels), _CHUNK_ROWS):
+            chunk = labels[start : start + _CHUNK_ROWS]
+            parts.append(conformal_p_values(chunk, bag, rng))
+            bag = bag + np.bincount(chunk, minlength=k)
+        return np.concatenate(parts)
     onehot = (labels[..., None] == np.arange(k)).astype(np.int64)  # (..., n, k)
     before = np.cumsum(onehot, axis=-2) - onehot + bag[..., None, :]  # counts before each row, bag included
     at_least = np.cumsum(before[..., ::-1], axis=-1)[..., ::-1]  # at_least[..., b]: rows with a label >= b
