@@ -128,10 +128,13 @@ class Frontend:
             return 200, "text/html", b"<!DOCTYPE html><html><body>Sign in</body></html>", {}
         if mode == "lowercase":
             request = {**request, "input": [t.lower() for t in request["input"]]}
-        with urllib.request.urlopen(urllib.request.Request(
-                self.upstream, data=json.dumps(request).encode(), headers={"Content-Type": "application/json"}),
-                timeout=30) as upstream:
-            document = json.loads(upstream.read())
+        try:
+            with urllib.request.urlopen(urllib.request.Request(
+                    self.upstream, data=json.dumps(request).encode(), headers={"Content-Type": "application/json"}),
+                    timeout=30) as upstream:
+                document = json.loads(upstream.read())
+        except OSError as error:  # the real server is gone (its module's teardown) or failed: a gateway's answer
+            return 502, "application/json", json.dumps({"error": f"upstream: {error}"}).encode(), {}
         rows = document["data"]
         if mode == "ragged" and len(rows) > 1:
             rows[-1]["embedding"] = rows[-1]["embedding"][:-1]
