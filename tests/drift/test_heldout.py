@@ -118,3 +118,21 @@ def test_merging_ties_keeps_real_differences_and_the_order() -> None:
     merged = merge_rounding_ties(scores)
     assert merged.tolist() == [5.0, 1.0, 1.0, 3.0, 1.0 + 1e-6, -2.0]
     assert merge_rounding_ties(np.array([])).size == 0
+
+
+def test_the_rank_test_gives_scipys_mann_whitney_after_merging_rounding_ties() -> None:
+    """One sort gives the U statistic and the tie-corrected normal p-value; scipy's, to rounding."""
+    rng = np.random.default_rng(4)
+    for trial in range(60):
+        m, n = (int(v) for v in rng.integers(9, 400, size=2))
+        window, reference = rng.normal(size=m) + [0.0, 0.3, 1.0][trial % 3], rng.normal(size=n)
+        if trial % 2:  # heavy ties, one of them a run across both samples
+            window, reference = np.round(window, 1), np.round(reference, 1)
+        merged = merge_rounding_ties(np.concatenate([window, reference]))
+        expected = stats.mannwhitneyu(merged[:m], merged[m:], alternative="greater", method="asymptotic")
+        used = rank_test(window, reference)
+        assert used.auc * m * n == pytest.approx(expected.statistic, rel=1e-12)
+        assert used.p_value == pytest.approx(expected.pvalue, rel=1e-9, abs=1e-300)
+    small = rank_test(np.arange(5.0) + 0.5, np.arange(12.0))  # a side of at most 8: scipy's exact null
+    assert small.p_value == stats.mannwhitneyu(np.arange(5.0) + 0.5, np.arange(12.0), alternative="greater",
+                                               method="exact").pvalue

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from scipy import stats
 
-from monitor.drift.twosample.ks import ks_p_values, ks_statistics, ks_test, pca_basis
+from monitor.drift.twosample.ks import (
+    ks_p_values,
+    ks_statistics,
+    ks_test,
+    pca_basis,
+    sketched_eigenvectors,
+    square_exact_p_values,
+    top_eigenvectors,
+)
 from monitor.multiple_testing import benjamini_hochberg
 
 
@@ -30,6 +40,39 @@ def test_exact_method_is_scipys_exact() -> None:
     result = ks_test(x, y, basis="raw", method="exact")
     expected = [stats.ks_2samp(x[:, j], y[:, j], method="exact").pvalue for j in range(3)]
     assert result.extra["component_p_values_adjusted"] == pytest.approx(benjamini_hochberg(np.array(expected)))
+
+
+@pytest.mark.parametrize("n", [3, 20, 257, 1000])
+def test_equal_size_exact_p_values_are_scipys_for_every_statistic(n: int) -> None:
+    """Every attainable statistic ``h / n``: the vectorised reflection formula is scipy's exact p-value."""
+    h = np.arange(0, n + 1)
+    ours = square_exact_p_values(h / n, n)
+    x = np.zeros((n, 1))
+    for k in np.unique(np.r_[np.linspace(0, n, 40).astype(int), 1, n]):
+        y = np.full((n, 1), 1.0)
+        y[: n - k] = 0.0  # n - k ties with x: D = k / n
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            expected = stats.ks_2samp(x[:, 0], y[:, 0], method="exact").pvalue
+        assert ks_statistics(x, y)[0] == pytest.approx(k / n)
+        if caught:  # scipy's loop overflowed and it fell back to the asymptotic p-value: no exact one to compare
+            assert 0.0 <= ours[k] <= 1.0
+            continue
+        assert ours[k] == pytest.approx(expected, rel=1e-10, abs=1e-300), k
+    assert np.all(np.diff(ours) <= 1e-9) and ours[0] == 1.0  # non-increasing, to rounding near p = 1
+
+
+def test_the_sketched_basis_spans_the_leading_axes_and_depends_on_the_scatter_alone() -> None:
+    rng = np.random.default_rng(6)
+    d = 384
+    rows = rng.normal(size=(1500, d)) * (1.0 / np.sqrt(np.arange(1, d + 1)))  # a power-law spectrum
+    scatter = rows.T @ rows
+    sketched, exact = sketched_eigenvectors(scatter, 50), top_eigenvectors(scatter, 50)
+    assert np.allclose(sketched.T @ sketched, np.eye(50), atol=1e-10)
+    captured = np.trace(sketched.T @ scatter @ sketched) / np.trace(exact.T @ scatter @ exact)
+    assert captured > 0.95
+    assert np.abs(np.sum(sketched[:, :10] * exact[:, :10], axis=0)).min() > 0.99  # the leading axes
+    assert np.array_equal(sketched_eigenvectors(scatter.copy(), 50), sketched)  # no state, no data-dependent draw
 
 
 def test_benjamini_hochberg_is_the_step_up_definition() -> None:

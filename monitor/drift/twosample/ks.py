@@ -33,13 +33,14 @@ component p-values are independent or positively dependent (PRDS), the usual set
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import warnings
 from typing import Literal
 
 import numpy as np
-from scipy import linalg, stats
+from scipy import linalg, special, stats
 
 from monitor.drift.twosample.calibration import TestResult
 from monitor.drift.twosample.reference_cache import ReferenceCache
@@ -52,6 +53,9 @@ KSMethod = Literal["auto", "asymp", "exact"]
 
 DEFAULT_COMPONENTS = 50
 EXACT_BELOW = 0.25  # method="auto": exact p-values where the asymptotic one is below this
+SKETCH_ITERATIONS = 2  # subspace iterations of the pooled basis (sketched_eigenvectors)
+SKETCH_OVERSAMPLING = 16  # extra columns of its subspace
+SKETCH_SEED = 20261129  # its Gaussian test matrix: a constant, so the basis depends on the data alone
 
 
 def ks_statistics(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -66,14 +70,16 @@ def ks_statistics(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     array([0.66666667])
     """
     m, n = len(x), len(y)
-    pooled = np.concatenate([x, y]).astype(np.float64, copy=False)
-    order = np.argsort(pooled, axis=0, kind="stable")
-    values = np.take_along_axis(pooled, order, axis=0)
+    # one component per row: the sorts run along contiguous memory; the order within a run of
+    # equal values does not matter (only run ends are read), so no stable sort is needed
+    pooled = np.concatenate([np.asarray(x, dtype=np.float64).T, np.asarray(y, dtype=np.float64).T], axis=1)
+    order = np.argsort(pooled, axis=1)
+    values = np.take_along_axis(pooled, order, axis=1)
     steps = np.where(order < m, np.int64(n), np.int64(-m))  # m·n·(F_x - F_y) moves by n or -m
-    diff = np.abs(np.cumsum(steps, axis=0))
+    diff = np.abs(np.cumsum(steps, axis=1))
     run_end = np.ones(values.shape, dtype=bool)
-    run_end[:-1] = values[:-1] != values[1:]
-    return np.where(run_end, diff, 0).max(axis=0) / (m * n)
+    run_end[:, :-1] = values[:, :-1] != values[:, 1:]
+    return np.where(run_end, diff, 0).max(axis=1) / (m * n)
 
 
 def ks_p_values(statistics: np.ndarray, m: int, n: int) -> np.ndarray:
@@ -88,6 +94,9 @@ def exact_p_values(x: np.ndarray, y: np.ndarray, columns: np.ndarray) -> np.ndar
     Where scipy cannot compute the exact distribution it falls back to the asymptotic one (and
     warns); that is logged, not raised.
     """
+    columns = np.asarray(columns, dtype=np.intp)
+    if len(x) == len(y) and len(columns):
+        return square_exact_p_values(ks_statistics(x[:, columns], y[:, columns]), len(x))
     out = np.empty(len(columns))
     for i, j in enumerate(columns):
         with warnings.catch_warnings(record=True) as caught:
@@ -95,6 +104,43 @@ def exact_p_values(x: np.ndarray, y: np.ndarray, columns: np.ndarray) -> np.ndar
             out[i] = stats.ks_2samp(x[:, j], y[:, j], method="exact").pvalue
         for w in caught:
             logger.debug("ks: component %d: %s", j, w.message)
+    return out
+
+
+def square_exact_p_values(statistics: np.ndarray, n: int) -> np.ndarray:
+    """Exact two-sided p-values ``P(D ≥ d)`` of two-sample KS statistics ``d`` for ``n`` rows on each side.
+
+    Scipy's ``ks_2samp(method="exact")`` for equal sizes (its ``_compute_prob_outside_square``),
+    for every statistic at once: with ``h = round(d n)``,
+    ``P = 2 (A₀ (1 - A₁ (1 - A₂ (1 - ...))))``, ``A_k = Π_{j<h} (n - kh - j) / (n + kh + j + 1)``
+    (the reflection formula for lattice paths, nested so that nothing cancels), each ``A_k`` from
+    log-gamma values instead of a product of ``h`` factors. The same p-values to about 1e-12
+    relative (tested).
+
+    Examples
+    --------
+    >>> x = np.array([[0.1], [0.4], [0.5], [0.9]]); y = np.array([[0.2], [0.6], [0.7], [0.8]])
+    >>> from scipy import stats
+    >>> bool(np.isclose(square_exact_p_values(ks_statistics(x, y), 4)[0],
+    ...                 stats.ks_2samp(x[:, 0], y[:, 0], method="exact").pvalue))
+    True
+    """
+    h = np.round(np.asarray(statistics, dtype=np.float64) * n).astype(np.int64)
+    out = np.ones(h.shape)
+    live = h > 0
+    if not live.any():
+        return out
+    hl = h[live]
+    total = np.zeros(hl.shape)
+    for k in range(int((n // hl).max()), -1, -1):
+        low, high = n - (k + 1) * hl, n + (k + 1) * hl  # A_k = n-kh choose down to low, over high down to n+kh
+        valid = low >= 0
+        with np.errstate(invalid="ignore"):
+            log_a = (special.gammaln(n - k * hl + 1.0) - special.gammaln(np.maximum(low, 0) + 1.0)
+                     + special.gammaln(n + k * hl + 1.0) - special.gammaln(high + 1.0))
+        a = np.where(valid, np.exp(np.where(valid, log_a, -np.inf)), 0.0)
+        total = a * (1.0 - total)
+    out[live] = np.clip(2.0 * total, 0.0, 1.0)
     return out
 
 
@@ -128,6 +174,52 @@ def top_eigenvectors(scatter: np.ndarray, components: int) -> np.ndarray:
         return np.zeros((d, 0))
     eigenvalues, eigenvectors = linalg.eigh(scatter, subset_by_index=[d - components, d - 1], driver="evr")
     return eigenvectors[:, np.argsort(eigenvalues, kind="stable")[::-1]]
+
+
+def sketched_eigenvectors(scatter: np.ndarray, components: int, iterations: int = SKETCH_ITERATIONS) -> np.ndarray:
+    """Approximate top ``components`` eigenvectors (d, p) of the symmetric ``scatter``, largest first.
+
+    Randomised subspace iteration (Halko, Martinsson & Tropp 2011, algorithm 4.4): a fixed
+    Gaussian ``d × (p + SKETCH_OVERSAMPLING)`` test matrix (drawn from a constant seed, so it does
+    not depend on the data), ``iterations`` multiplications by ``scatter`` with a QR after each,
+    then the Ritz vectors of ``scatter`` in that subspace. About 4 ms at d = 384, p = 50, against
+    13-19 ms for LAPACK's top eigenvectors, because only ``d × 66`` products are taken; the
+    leading axes are accurate to rounding, the last few mix with their neighbours where the
+    spectrum is flat. The result is a function of ``scatter`` alone: built from the pooled
+    scatter, it is a symmetric function of the pooled rows, which is all that the KS p-values'
+    exactness needs (module docstring). Falls back to :func:`top_eigenvectors` when the subspace
+    would be more than half of ``d``.
+
+    Examples
+    --------
+    >>> scatter = np.diag(np.r_[50.0, 40.0, 30.0, 20.0, 10.0, np.ones(195)])
+    >>> axes = sketched_eigenvectors(scatter, 5)
+    >>> bool(np.allclose(np.abs(axes[:5]), np.eye(5), atol=1e-3))  # the 5th mixes in 1e-5 of the 6th onwards
+    True
+    """
+    d = scatter.shape[0]
+    components = min(components, d)
+    width = components + SKETCH_OVERSAMPLING
+    if components < 1 or 2 * width > d:
+        return top_eigenvectors(scatter, components)
+    basis = _orthonormal(scatter @ _test_matrix(d, width))
+    for _ in range(iterations):
+        basis = _orthonormal(scatter @ basis)
+    eigenvalues, vectors = linalg.eigh(basis.T @ scatter @ basis, check_finite=False)
+    top = np.argsort(eigenvalues, kind="stable")[::-1][:components]
+    return basis @ vectors[:, top]
+
+
+def _orthonormal(columns: np.ndarray) -> np.ndarray:
+    q, _ = linalg.qr(columns, mode="economic", overwrite_a=True, check_finite=False)
+    return q
+
+
+@functools.lru_cache(maxsize=16)
+def _test_matrix(d: int, width: int) -> np.ndarray:
+    matrix = np.random.default_rng(SKETCH_SEED).standard_normal((d, width))
+    matrix.flags.writeable = False
+    return matrix
 
 
 def pooled_pca_basis(
