@@ -46,7 +46,7 @@ def test_exact_method_is_scipys_exact() -> None:
 def test_equal_size_exact_p_values_are_scipys_for_every_statistic(n: int) -> None:
     """Every attainable statistic ``h / n``: the vectorised reflection formula is scipy's exact p-value."""
     h = np.arange(0, n + 1)
-    ours = square_exact_p_values(h / n, n)
+    ours = square_exact_p_values(h / n, n, max_terms=n)
     x = np.zeros((n, 1))
     for k in np.unique(np.r_[np.linspace(0, n, 40).astype(int), 1, n]):
         y = np.full((n, 1), 1.0)
@@ -161,3 +161,21 @@ def test_components_are_capped_at_the_dimension_and_inputs_are_checked() -> None
         ks_test(np.ones((5, 3)), np.ones((5, 3)), basis="ica")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="components"):
         ks_test(np.ones((5, 3)), np.ones((5, 3)), components=0)
+
+
+def test_the_sketched_basis_with_exact_p_values_holds_its_level_on_null_data() -> None:
+    """The test's Simes p-value and the leading component's exact p-value on 200 null pairs, with a
+    basis the sketch computes (d = 96, 12 components): never above their levels."""
+    rng = np.random.default_rng(11)
+    scales = 1.0 / np.sqrt(np.arange(1, 97))
+    test_p, leading = [], []
+    for _ in range(200):
+        result = ks_test(rng.normal(size=(120, 96)) * scales, rng.normal(size=(120, 96)) * scales, components=12)
+        test_p.append(result.p_value)
+        leading.append(result.extra["component_statistics"][0])
+    first = square_exact_p_values(np.array(leading), 120)
+    for alpha in (0.01, 0.05, 0.1, 0.25, 0.5):
+        bound = stats.binom.ppf(0.999, 200, alpha)
+        assert np.count_nonzero(np.array(test_p) <= alpha) <= bound, alpha
+        assert np.count_nonzero(first <= alpha) <= bound, alpha
+    assert np.count_nonzero(first <= 0.5) >= stats.binom.ppf(0.001, 200, 0.4)  # a live test (KS is discrete)
