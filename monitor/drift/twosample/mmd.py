@@ -240,10 +240,12 @@ def mmd_test(
     kernel tiles are recomputed per chunk rather than stored. Deterministic given ``seed``.
     ``deadline``: no further chunk of relabellings is drawn once it has passed (the p-value stays
     valid; ``extra["p_value_floor"]`` rises). ``null="heldout"``: the p-value of the held-out
-    witness test instead (no permutations; the bandwidth then comes from the training halves);
-    the statistic is the same MMD² of the whole samples. ``reference``: the cached pieces of ``y``
-    (:mod:`monitor.drift.twosample.reference_cache`); the held-out null then reads every distance
-    from one pooled Gram matrix (:func:`heldout_mmd_from_gram`).
+    witness test instead (no permutations; the bandwidth then comes from the training halves, the
+    median heuristic on ``bandwidth_points`` of them, default :data:`HELDOUT_BANDWIDTH_POINTS`);
+    its statistic is the witness's mean difference on the held-out rows, an unbiased estimate of
+    MMD² (the permutation null's is the whole samples' unbiased MMD²). ``reference``: the cached
+    pieces of ``y`` (:mod:`monitor.drift.twosample.reference_cache`); the held-out null then reads
+    every distance from one pooled Gram matrix (:func:`heldout_mmd_from_gram`).
 
     Examples
     --------
@@ -336,21 +338,21 @@ def _bandwidth(bandwidth: float | None, rows: np.ndarray, rng: np.random.Generat
 
 def heldout_mmd_from_gram(
     x: np.ndarray, reference: ReferenceCache, rng: np.random.Generator, bandwidth: float | None,
-    bandwidth_points: int = DEFAULT_BANDWIDTH_POINTS,
+    bandwidth_points: int = HELDOUT_BANDWIDTH_POINTS,
 ) -> tuple[float, RankOutcome, float]:
-    """The held-out MMD of ``x`` against the cached reference: ``(bandwidth, ranked, MMD²)``.
+    """The held-out MMD of ``x`` against the cached reference: ``(bandwidth, ranked, MMD² estimate)``.
 
     The same test as the plain path of :func:`mmd_test` with ``null="heldout"``: the same split,
     the same bandwidth subsample and the same witness, drawn from ``rng`` in the same order (the
-    p-values agree; tested). Cheaper in three ways. Every dot product between the split rows is
-    computed once in float64 and shared by the median bandwidth, the witness and the statistic;
-    the reference-reference ones are read from the reference's cached Gram matrix. And the
+    p-values agree; tested). Cheaper in three ways. Only the dot products the witness and the
+    bandwidth's subsample need are computed, once, in float64; the reference-reference ones are
+    read from the reference's cached Gram matrix. And the
     kernel is factored, ``exp(-γ|u - v|²) = exp(-γ|u|²) exp(-γ|v|²) exp(2γ u·v)``, so a kernel
     block costs one scaling and one ``exp`` of its dot products, and the row and column factors
     enter as vectors. The rows are centred on the reference mean first (distances do not
     change), which keeps ``2γ u·v`` small: ``|2γ u·v| ≤ |u||v| / σ²``, a few units for rows
-    within a few bandwidths of the reference. The statistic is computed in float64 (the plain
-    path's kernel tiles are float32), so it differs from the plain path's in about the sixth digit.
+    within a few bandwidths of the reference. The statistic, ``mean w(x_test) - mean w(y_test)``,
+    comes from the same scores (the plain path's agrees to rounding).
     """
     rr = reference.centred_gram
     if rr is None:
