@@ -8,16 +8,16 @@ The earlier commit's ``monitor/`` is unpacked (``git archive``) into a temporary
 worker processes, one per tree, each decide the same seeded windows against the same reference
 (the settings of the detection benchmark: a 60 s cycle, a false alarm a week, one thread, so the
 held-out nulls). Rounds alternate between the two workers, so load on a shared machine falls on
-both alike; each round reports the CPU time of its decisions (``time.process_time``, one
-thread: the cost on one core, less sensitive to other processes than wall time) and the wall
-time. The workers also print each decision's p-values: the run counts the decisions whose verdicts
-differ (it exits 1 if any does) and, per test, how many p-values differ by more than 1e-9 relative
-and the largest difference in log10 p (an intended change of a test's p-value construction shows
-there, not as a failure). Every other decision is drawn shifted (``--shift`` along one axis; with
-``--topics`` the windows are real MiniLM sentences and ``--shift`` is the share of topics the
-reference never had): the summary gives the share of those each tree detected, the false alarms
-on the others, and each test's median log10 p on the shifted ones.
-Prints a JSON summary.
+both alike; each round reports the CPU time of its decisions (``time.process_time`` around each
+``run_drift_suite`` call, not the drawing of its window; one thread: the cost on one core, less
+sensitive to other processes than wall time) and the wall time. The workers also print each
+decision's p-values: the run counts the decisions whose verdicts differ (it exits 1 if any does)
+and, per test, how many p-values differ by more than 1e-9 relative and the largest difference in
+log10 p (an intended change of a test's p-value construction shows there, not as a failure).
+Every other decision is drawn shifted (``--shift`` along one axis; with ``--topics`` the windows
+are real MiniLM sentences and ``--shift`` is the share of topics the reference never had): the
+summary gives the share of those each tree detected, the false alarms on the others, and each
+test's median log10 p on the shifted ones. Prints a JSON summary.
 """
 
 from __future__ import annotations
@@ -71,14 +71,15 @@ run_drift_suite(draw(rng, rows, 0.0), reference, settings, seed=0)  # warm-up
 for line in sys.stdin:
     seed, count = map(int, line.split())
     out = []
-    cpu, wall = time.process_time(), time.perf_counter()
+    cpu = wall = 0.0
     for i in range(count):
-        window_rng = np.random.default_rng([seed, i])
-        window = draw(window_rng, rows, shift_size if i % 2 else 0.0)
+        window = draw(np.random.default_rng([seed, i]), rows, shift_size if i % 2 else 0.0)
+        cpu_started, wall_started = time.process_time(), time.perf_counter()  # the decision alone
         report = run_drift_suite(window, reference, settings, seed=seed * 1000 + i)
+        cpu += time.process_time() - cpu_started
+        wall += time.perf_counter() - wall_started
         out.append({"p": {r.test: r.p_value for r in report.results}, "detected": report.detected,
                     "shifted": bool(i % 2)})
-    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     print(json.dumps({"cpu": cpu / count, "wall": wall / count, "decisions": out}), flush=True)
 """
 
