@@ -84,12 +84,20 @@ def test_held_out_mmd_and_centroid_reach_a_tiny_alpha_that_permutations_cannot()
     assert not quiet.detected
 
 
-def test_held_out_mmd_reports_the_same_statistic_as_the_permutation_test() -> None:
+def test_held_out_mmd_reports_the_witness_mean_difference_an_unbiased_estimate_of_mmd2() -> None:
+    """The held-out statistic is ``mean w(x_test) - mean w(y_test)``: over the splits it averages to the
+    whole samples' unbiased MMD² (the permutation test's statistic), and on its own split it is the
+    witness's mean difference."""
     rng = np.random.default_rng(5)
     x, y = rng.normal(size=(200, 8)).astype(np.float32), rng.normal(0.2, 1, size=(200, 8)).astype(np.float32)
     permuted = mmd_test(x, y, bandwidth=2.0, permutations=20, device="cpu")
-    heldout = mmd_test(x, y, bandwidth=2.0, null="heldout", device="cpu")
-    assert heldout.statistic == pytest.approx(permuted.statistic, rel=1e-9)
+    held = np.array([mmd_test(x, y, bandwidth=2.0, null="heldout", device="cpu", seed=s).statistic for s in range(60)])
+    assert abs(held.mean() - permuted.statistic) < 4 * held.std() / np.sqrt(len(held))
+    assert permuted.statistic > 0.01 and held.mean() > 0.5 * permuted.statistic
+    halves = split_halves(x.astype(np.float64), y.astype(np.float64), np.random.default_rng(0))
+    witness = kernel_witness(2.0)(halves.x_train, halves.y_train)
+    one = mmd_test(x, y, bandwidth=2.0, null="heldout", device="cpu", seed=0)
+    assert one.statistic == pytest.approx(witness(halves.x_test).mean() - witness(halves.y_test).mean(), rel=1e-9)
     with pytest.raises(ValueError, match="null must be"):
         mmd_test(x, y, null="bootstrap", device="cpu")  # type: ignore[arg-type]
 
@@ -118,3 +126,37 @@ def test_merging_ties_keeps_real_differences_and_the_order() -> None:
     merged = merge_rounding_ties(scores)
     assert merged.tolist() == [5.0, 1.0, 1.0, 3.0, 1.0 + 1e-6, -2.0]
     assert merge_rounding_ties(np.array([])).size == 0
+
+
+def test_the_rank_test_gives_scipys_mann_whitney_after_merging_rounding_ties() -> None:
+    """One sort gives the U statistic and the tie-corrected normal p-value; scipy's, to rounding."""
+    rng = np.random.default_rng(4)
+    for trial in range(60):
+        m, n = (int(v) for v in rng.integers(9, 400, size=2))
+        window, reference = rng.normal(size=m) + [0.0, 0.3, 1.0][trial % 3], rng.normal(size=n)
+        if trial % 2:  # heavy ties, one of them a run across both samples
+            window, reference = np.round(window, 1), np.round(reference, 1)
+        merged = merge_rounding_ties(np.concatenate([window, reference]))
+        expected = stats.mannwhitneyu(merged[:m], merged[m:], alternative="greater", method="asymptotic")
+        used = rank_test(window, reference)
+        assert used.auc * m * n == pytest.approx(expected.statistic, rel=1e-12)
+        assert used.p_value == pytest.approx(expected.pvalue, rel=1e-9, abs=1e-300)
+    small = rank_test(np.arange(5.0) + 0.5, np.arange(12.0))  # a side of at most 8: scipy's exact null
+    assert small.p_value == stats.mannwhitneyu(np.arange(5.0) + 0.5, np.arange(12.0), alternative="greater",
+                                               method="exact").pvalue
+
+
+def test_the_held_out_mmd_with_its_subsampled_bandwidth_holds_its_level_on_null_data() -> None:
+    """mmd_test(null="heldout") as the suite runs it (the cached reference, a bandwidth from a subsample
+    of the training rows): its p-values on 300 null pairs are within the binomial range of uniform ones."""
+    from monitor.drift.twosample.reference_cache import ReferenceCache
+
+    rng = np.random.default_rng(12)
+    p = []
+    for seed in range(300):
+        x = rng.normal(size=(160, 12)).astype(np.float32)
+        y = rng.normal(size=(160, 12)).astype(np.float32)
+        p.append(mmd_test(x, y, null="heldout", seed=seed, reference=ReferenceCache(y), bandwidth_points=60).p_value)
+    for alpha in (0.01, 0.05, 0.1, 0.25, 0.5):
+        low, high = stats.binom.ppf([0.001, 0.999], 300, alpha)
+        assert low <= np.count_nonzero(np.array(p) <= alpha) <= high, alpha

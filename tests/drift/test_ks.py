@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from scipy import stats
 
-from monitor.drift.twosample.ks import ks_p_values, ks_statistics, ks_test, pca_basis
+from monitor.drift.twosample.ks import (
+    ks_p_values,
+    ks_statistics,
+    ks_test,
+    pca_basis,
+    sketched_eigenvectors,
+    square_exact_p_values,
+    top_eigenvectors,
+)
 from monitor.multiple_testing import benjamini_hochberg
 
 
@@ -30,6 +40,39 @@ def test_exact_method_is_scipys_exact() -> None:
     result = ks_test(x, y, basis="raw", method="exact")
     expected = [stats.ks_2samp(x[:, j], y[:, j], method="exact").pvalue for j in range(3)]
     assert result.extra["component_p_values_adjusted"] == pytest.approx(benjamini_hochberg(np.array(expected)))
+
+
+@pytest.mark.parametrize("n", [3, 20, 257, 1000])
+def test_equal_size_exact_p_values_are_scipys_for_every_statistic(n: int) -> None:
+    """Every attainable statistic ``h / n``: the vectorised reflection formula is scipy's exact p-value."""
+    h = np.arange(0, n + 1)
+    ours = square_exact_p_values(h / n, n, max_terms=n)
+    x = np.zeros((n, 1))
+    for k in np.unique(np.r_[np.linspace(0, n, 40).astype(int), 1, n]):
+        y = np.full((n, 1), 1.0)
+        y[: n - k] = 0.0  # n - k ties with x: D = k / n
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            expected = stats.ks_2samp(x[:, 0], y[:, 0], method="exact").pvalue
+        assert ks_statistics(x, y)[0] == pytest.approx(k / n)
+        if caught:  # scipy's loop overflowed and it fell back to the asymptotic p-value: no exact one to compare
+            assert 0.0 <= ours[k] <= 1.0
+            continue
+        assert ours[k] == pytest.approx(expected, rel=1e-10, abs=1e-300), k
+    assert np.all(np.diff(ours) <= 1e-9) and ours[0] == 1.0  # non-increasing, to rounding near p = 1
+
+
+def test_the_sketched_basis_spans_the_leading_axes_and_depends_on_the_scatter_alone() -> None:
+    rng = np.random.default_rng(6)
+    d = 384
+    rows = rng.normal(size=(1500, d)) * (1.0 / np.sqrt(np.arange(1, d + 1)))  # a power-law spectrum
+    scatter = rows.T @ rows
+    sketched, exact = sketched_eigenvectors(scatter, 50), top_eigenvectors(scatter, 50)
+    assert np.allclose(sketched.T @ sketched, np.eye(50), atol=1e-10)
+    captured = np.trace(sketched.T @ scatter @ sketched) / np.trace(exact.T @ scatter @ exact)
+    assert captured > 0.95
+    assert np.abs(np.sum(sketched[:, :10] * exact[:, :10], axis=0)).min() > 0.99  # the leading axes
+    assert np.array_equal(sketched_eigenvectors(scatter.copy(), 50), sketched)  # no state, no data-dependent draw
 
 
 def test_benjamini_hochberg_is_the_step_up_definition() -> None:
@@ -118,3 +161,21 @@ def test_components_are_capped_at_the_dimension_and_inputs_are_checked() -> None
         ks_test(np.ones((5, 3)), np.ones((5, 3)), basis="ica")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="components"):
         ks_test(np.ones((5, 3)), np.ones((5, 3)), components=0)
+
+
+def test_the_sketched_basis_with_exact_p_values_holds_its_level_on_null_data() -> None:
+    """The test's Simes p-value and the leading component's exact p-value on 200 null pairs, with a
+    basis the sketch computes (d = 96, 12 components): never above their levels."""
+    rng = np.random.default_rng(11)
+    scales = 1.0 / np.sqrt(np.arange(1, 97))
+    test_p, leading = [], []
+    for _ in range(200):
+        result = ks_test(rng.normal(size=(120, 96)) * scales, rng.normal(size=(120, 96)) * scales, components=12)
+        test_p.append(result.p_value)
+        leading.append(result.extra["component_statistics"][0])
+    first = square_exact_p_values(np.array(leading), 120)
+    for alpha in (0.01, 0.05, 0.1, 0.25, 0.5):
+        bound = stats.binom.ppf(0.999, 200, alpha)
+        assert np.count_nonzero(np.array(test_p) <= alpha) <= bound, alpha
+        assert np.count_nonzero(first <= alpha) <= bound, alpha
+    assert np.count_nonzero(first <= 0.5) >= stats.binom.ppf(0.001, 200, 0.4)  # a live test (KS is discrete)

@@ -36,12 +36,13 @@ def test_the_heldout_mmd_from_the_cached_gram_gives_the_plain_paths_p_value_and_
         assert fast.statistic == pytest.approx(plain.statistic, rel=1e-4, abs=1e-7)
 
 
-def test_the_ks_pooled_basis_from_the_cached_scatter_gives_the_same_p_values() -> None:
+@pytest.mark.parametrize("dim", [32, 96])  # LAPACK's top axes; the sketch's (d > 2 (10 + 16))
+def test_the_ks_pooled_basis_from_the_cached_scatter_gives_the_same_p_values(dim: int) -> None:
     rng = np.random.default_rng(5)
-    reference = _cloud(rng, 400, 32)
+    reference = _cloud(rng, 400, dim)
     cached = ReferenceCache(reference)
     for shift in (0.0, 0.3):
-        window = _cloud(rng, 350, 32, shift)
+        window = _cloud(rng, 350, dim, shift)
         plain, fast = ks_test(window, reference, components=10), ks_test(window, reference, components=10,
                                                                            reference=cached)
         assert fast.p_value == pytest.approx(plain.p_value, rel=1e-9)

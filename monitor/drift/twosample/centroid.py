@@ -87,8 +87,6 @@ def centroid_test(
     started = time.perf_counter()
     rng = np.random.default_rng(seed)
     m, n = len(x), len(y)
-    pooled = np.concatenate([x, y])
-    total = pooled.sum(axis=0)
     x_mean, y_mean = x.mean(axis=0), y.mean(axis=0)
     if not (np.linalg.norm(x_mean) > 0 and np.linalg.norm(y_mean) > 0):
         raise ValueError("a sample mean is the zero vector; its direction is undefined")
@@ -108,6 +106,9 @@ def centroid_test(
         )
     if null != "permutation":
         raise ValueError(f"null must be 'permutation' or 'heldout', got {null!r}")
+
+    pooled = np.concatenate([x, y])
+    total = pooled.sum(axis=0)
 
     def null_statistics(labels: np.ndarray) -> np.ndarray:
         x_sums = labels @ pooled

@@ -25,20 +25,14 @@ import warnings
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
-from sklearn.preprocessing import StandardScaler
 
 from monitor.drift.twosample.calibration import TestResult
-from monitor.drift.twosample.heldout import rank_test, split_halves
-from monitor.drift.twosample.ks import top_eigenvectors
+from monitor.drift.twosample.heldout import rank_test, split_indices
+from monitor.drift.twosample.ks import sketched_eigenvectors
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_SQUARED_COMPONENTS = 16
-
-
-def _features(data: np.ndarray, mean: np.ndarray, axes: np.ndarray) -> np.ndarray:
-    projected = (data - mean) @ axes
-    return np.hstack([data, projected * projected])
 
 
 def classifier_test(
@@ -73,24 +67,39 @@ def classifier_test(
     if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
         raise ValueError(f"samples must be 2-D with the same dimension; got {x.shape} and {y.shape}")
     started = time.perf_counter()
-    halves = split_halves(x, y, np.random.default_rng(seed), train_fraction)
-    x_train, y_train = halves.x_train, halves.y_train
-    m_train, n_train = len(x_train), len(y_train)
-    train = np.concatenate([x_train, y_train])
-
+    m, n = len(x), len(y)
+    x_order, y_order = split_indices(m, n, np.random.default_rng(seed), train_fraction)
+    m_train, n_train = int(m * train_fraction), int(n * train_fraction)
+    # one feature matrix for fit and scores, [rows, squared components], built in place: the
+    # training rows first (window, reference), the held-out ones after
+    d = x.shape[1]
+    components = min(squared_components, d)
+    features = np.empty((m + n, d + components))
+    rows = features[:, :d]
+    cut = m_train + n_train
+    np.take(x, x_order[:m_train], axis=0, out=rows[:m_train])
+    np.take(y, y_order[:n_train], axis=0, out=rows[m_train:cut])
+    np.take(x, x_order[m_train:], axis=0, out=rows[cut : cut + m - m_train])
+    np.take(y, y_order[n_train:], axis=0, out=rows[cut + m - m_train :])
+    train = rows[:cut]
     mean = train.mean(axis=0)
-    components = min(squared_components, train.shape[1])
     if components > 0:
-        centred = train - mean
-        axes = top_eigenvectors(centred.T @ centred, components)
-    else:
-        axes = np.zeros((train.shape[1], 0))
-    scaler = StandardScaler().fit(_features(train, mean, axes))
+        axes = sketched_eigenvectors(train.T @ train - cut * np.outer(mean, mean), components)
+        squares = features[:, d:]
+        np.matmul(rows, axes, out=squares)
+        squares -= mean @ axes
+        np.square(squares, out=squares)
+    fitted = features[:cut]
+    centre = fitted.mean(axis=0)
+    scale = fitted.std(axis=0)
+    scale[~(scale > 0)] = 1.0  # a constant feature: left as it is, as StandardScaler does
+    features -= centre
+    features /= scale
     labels = np.r_[np.ones(m_train), np.zeros(n_train)]
     model = LogisticRegression(C=regularization, class_weight="balanced", max_iter=max_iter)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConvergenceWarning)
-        model.fit(scaler.transform(_features(train, mean, axes)), labels)
+        model.fit(fitted, labels)
     converged = True
     for w in caught:
         if issubclass(w.category, ConvergenceWarning):
@@ -100,8 +109,8 @@ def classifier_test(
     if not converged:
         logger.info("classifier: lbfgs did not converge in %d iterations; the test stays valid", max_iter)
 
-    ranked = rank_test(*(model.decision_function(scaler.transform(_features(rows, mean, axes)))
-                         for rows in (halves.x_test, halves.y_test)))
+    scores = model.decision_function(features[cut:])
+    ranked = rank_test(scores[: m - m_train], scores[m - m_train :])
     auc, p_value = ranked.auc, ranked.p_value
     elapsed = time.perf_counter() - started
     logger.debug("classifier: auc=%.3f p=%.3g in %.2fs", auc, p_value, elapsed)
@@ -109,7 +118,7 @@ def classifier_test(
         "classifier", auc, p_value, alpha,
         extra={
             "auc": auc,
-            "train_rows": int(len(train)),
+            "train_rows": m_train + n_train,
             "null": "heldout",
             "p_value_floor": 0.0,
             "test_rows": ranked.test_rows,

@@ -51,7 +51,6 @@ from monitor.devices import device_type, use_cuda
 from monitor.drift.twosample.calibration import TestResult
 from monitor.drift.twosample.heldout import (
     RankOutcome,
-    heldout_rank_test,
     kernel_witness,
     rank_test,
     split_halves,
@@ -70,6 +69,7 @@ LabelProducts = Callable[[np.ndarray], np.ndarray]
 DEFAULT_PERMUTATIONS = 200
 DEFAULT_BLOCK_SIZE = 1024
 DEFAULT_BANDWIDTH_POINTS = 1000
+HELDOUT_BANDWIDTH_POINTS = 400  # the held-out null's median heuristic: 79,800 pairs of training rows
 DEFAULT_STOP_AFTER = 10
 DEFAULT_LABEL_BUDGET_BYTES = 64 * 2**20
 FIRST_CHUNK = 64
@@ -221,7 +221,7 @@ def mmd_test(
     seed: int | np.random.SeedSequence | None = 0,
     device: Device = "auto",
     block_size: int = DEFAULT_BLOCK_SIZE,
-    bandwidth_points: int = DEFAULT_BANDWIDTH_POINTS,
+    bandwidth_points: int | None = None,
     label_budget_bytes: int = DEFAULT_LABEL_BUDGET_BYTES,
     null: Null = "permutation",
     deadline: Deadline | None = None,
@@ -240,10 +240,12 @@ def mmd_test(
     kernel tiles are recomputed per chunk rather than stored. Deterministic given ``seed``.
     ``deadline``: no further chunk of relabellings is drawn once it has passed (the p-value stays
     valid; ``extra["p_value_floor"]`` rises). ``null="heldout"``: the p-value of the held-out
-    witness test instead (no permutations; the bandwidth then comes from the training halves);
-    the statistic is the same MMD² of the whole samples. ``reference``: the cached pieces of ``y``
-    (:mod:`monitor.drift.twosample.reference_cache`); the held-out null then reads every distance
-    from one pooled Gram matrix (:func:`heldout_mmd_from_gram`).
+    witness test instead (no permutations; the bandwidth then comes from the training halves, the
+    median heuristic on ``bandwidth_points`` of them, default :data:`HELDOUT_BANDWIDTH_POINTS`);
+    its statistic is the witness's mean difference on the held-out rows, an unbiased estimate of
+    MMD² (the permutation null's is the whole samples' unbiased MMD²). ``reference``: the cached
+    pieces of ``y`` (:mod:`monitor.drift.twosample.reference_cache`); the held-out null then reads
+    every distance from one pooled Gram matrix (:func:`heldout_mmd_from_gram`).
 
     Examples
     --------
@@ -272,12 +274,12 @@ def mmd_test(
     rng = np.random.default_rng(seed)
     m, n = len(x), len(y)
     size = m + n
-    pooled = np.ascontiguousarray(np.concatenate([x, y]))
     if null == "heldout":
-        return _heldout_mmd(x, y, pooled, rng, alpha, bandwidth, bandwidth_points, block_size, device, started,
-                            reference)
+        return _heldout_mmd(x, y, rng, alpha, bandwidth, HELDOUT_BANDWIDTH_POINTS if bandwidth_points is None
+                            else bandwidth_points, device, started, reference)
 
-    sigma = _bandwidth(bandwidth, pooled, rng, bandwidth_points)
+    pooled = np.ascontiguousarray(np.concatenate([x, y]))
+    sigma = _bandwidth(bandwidth, pooled, rng, bandwidth_points or DEFAULT_BANDWIDTH_POINTS)
     products_of = label_products(pooled, sigma, block_size, device)
 
     # labels and products, float64 (size, columns) each, plus a temporary of the same size
@@ -336,21 +338,21 @@ def _bandwidth(bandwidth: float | None, rows: np.ndarray, rng: np.random.Generat
 
 def heldout_mmd_from_gram(
     x: np.ndarray, reference: ReferenceCache, rng: np.random.Generator, bandwidth: float | None,
-    bandwidth_points: int = DEFAULT_BANDWIDTH_POINTS,
+    bandwidth_points: int = HELDOUT_BANDWIDTH_POINTS,
 ) -> tuple[float, RankOutcome, float]:
-    """The held-out MMD of ``x`` against the cached reference: ``(bandwidth, ranked, MMD²)``.
+    """The held-out MMD of ``x`` against the cached reference: ``(bandwidth, ranked, MMD² estimate)``.
 
     The same test as the plain path of :func:`mmd_test` with ``null="heldout"``: the same split,
     the same bandwidth subsample and the same witness, drawn from ``rng`` in the same order (the
-    p-values agree; tested). Cheaper in three ways. Every dot product between the split rows is
-    computed once in float64 and shared by the median bandwidth, the witness and the statistic;
-    the reference-reference ones are read from the reference's cached Gram matrix. And the
+    p-values agree; tested). Cheaper in three ways. Only the dot products the witness and the
+    bandwidth's subsample need are computed, once, in float64; the reference-reference ones are
+    read from the reference's cached Gram matrix. And the
     kernel is factored, ``exp(-γ|u - v|²) = exp(-γ|u|²) exp(-γ|v|²) exp(2γ u·v)``, so a kernel
     block costs one scaling and one ``exp`` of its dot products, and the row and column factors
     enter as vectors. The rows are centred on the reference mean first (distances do not
     change), which keeps ``2γ u·v`` small: ``|2γ u·v| ≤ |u||v| / σ²``, a few units for rows
-    within a few bandwidths of the reference. The statistic is computed in float64 (the plain
-    path's kernel tiles are float32), so it differs from the plain path's in about the sixth digit.
+    within a few bandwidths of the reference. The statistic, ``mean w(x_test) - mean w(y_test)``,
+    comes from the same scores (the plain path's agrees to rounding).
     """
     rr = reference.centred_gram
     if rr is None:
@@ -367,18 +369,19 @@ def heldout_mmd_from_gram(
     sq_x = np.einsum("ij,ij->i", ordered, ordered)
     sq_r = reference.centred_squared_norms
     sq_xtr, sq_xte, sq_rtr, sq_rte = sq_x[:m_train], sq_x[m_train:], sq_r[r_tr_i], sq_r[r_te_i]
-    xtr_xtr, xtr_rtr = x_tr @ x_tr.T, x_tr @ r_tr.T
-    xte_xtr, xte_rtr, rte_xtr = x_te @ x_tr.T, x_te @ r_tr.T, r_te @ x_tr.T
-    rtr_rtr, rte_rtr = rr[np.ix_(r_tr_i, r_tr_i)], rr[np.ix_(r_te_i, r_tr_i)]
-    sq_train = np.r_[sq_xtr, sq_rtr]
 
     if bandwidth is None:
-        train_gram = np.block([[xtr_xtr, xtr_rtr], [xtr_rtr.T, rtr_rtr]])
-        sq_points = sq_train
-        if len(train_gram) > bandwidth_points:
-            points = np.sort(rng.choice(len(train_gram), size=bandwidth_points, replace=False))
-            train_gram, sq_points = train_gram[np.ix_(points, points)], sq_train[points]
-        d2 = sq_points[:, None] + sq_points[None, :] - 2.0 * train_gram  # exactly symmetric
+        # the median heuristic on the pooled training rows (a subsample above bandwidth_points):
+        # the dot products of just those rows, the reference's read from its cached Gram
+        chosen = np.arange(m_train + n_train)
+        if len(chosen) > bandwidth_points:
+            chosen = np.sort(rng.choice(len(chosen), size=bandwidth_points, replace=False))
+        from_x, from_r = chosen[chosen < m_train], r_tr_i[chosen[chosen >= m_train] - m_train]
+        xs = x_tr[from_x]
+        xr = xs @ centred[from_r].T
+        gram = np.block([[xs @ xs.T, xr], [xr.T, rr[np.ix_(from_r, from_r)]]])
+        sq_points = np.r_[sq_xtr[from_x], sq_r[from_r]]
+        d2 = sq_points[:, None] + sq_points[None, :] - 2.0 * gram  # exactly symmetric
         np.maximum(d2, 0.0, out=d2)
         np.fill_diagonal(d2, np.inf)
         # every pair twice, in the first N (N - 1) places once sorted: its lower middle is the pairs' lower middle
@@ -397,35 +400,20 @@ def heldout_mmd_from_gram(
 
     a_xtr, a_xte, a_rtr, a_rte = factor(sq_xtr), factor(sq_xte), factor(sq_rtr), factor(sq_rte)
     weights = np.r_[a_xtr / m_train, -a_rtr / n_train]  # the witness's train-side weights, factors folded in
-    e_xte_xtr, e_xte_rtr, e_rte_xtr, e_rte_rtr = cross(xte_xtr), cross(xte_rtr), cross(rte_xtr), cross(rte_rtr)
-    window_scores = a_xte * (e_xte_xtr @ weights[:m_train] + e_xte_rtr @ weights[m_train:])
-    reference_scores = a_rte * (e_rte_xtr @ weights[:m_train] + e_rte_rtr @ weights[m_train:])
-    ranked = rank_test(window_scores, reference_scores)
-
-    def total(e: np.ndarray, left: np.ndarray, right: np.ndarray, diagonal: bool = False) -> float:
-        value = float(left @ e @ right)
-        return value - float(left @ (np.diagonal(e) * right)) if diagonal else value
-
-    a_x, a_r = np.r_[a_xtr, a_xte], factor(sq_r)
-    e_xx = np.block([[cross(xtr_xtr), e_xte_xtr.T], [e_xte_xtr, cross(x_te @ x_te.T)]])
-    e_xr_te = cross(x_te @ r_te.T)
-    sum_xx = total(e_xx, a_x, a_x, diagonal=True)
-    sum_yy = total(cross(rr), a_r, a_r, diagonal=True)
-    sum_xy = (total(cross(xtr_rtr), a_xtr, a_rtr) + total(e_xte_rtr, a_xte, a_rtr)
-              + total(e_rte_xtr, a_rte, a_xtr) + total(e_xr_te, a_xte, a_rte))
-    observed = sum_xx / (m * (m - 1)) + sum_yy / (n * (n - 1)) - 2.0 * sum_xy / (m * n)
-    return sigma, ranked, observed
+    x_scores = a_xte * (cross(x_te @ x_tr.T) @ weights[:m_train] + cross(x_te @ r_tr.T) @ weights[m_train:])
+    r_cross = cross(rr[np.ix_(r_te_i, r_tr_i)])
+    r_scores = a_rte * (cross(r_te @ x_tr.T) @ weights[:m_train] + r_cross @ weights[m_train:])
+    # the witness's mean difference on the held-out rows: an unbiased estimate of MMD²
+    return sigma, rank_test(x_scores, r_scores), float(x_scores.mean() - r_scores.mean())
 
 
 def _heldout_mmd(
     x: np.ndarray,
     y: np.ndarray,
-    pooled: np.ndarray,
     rng: np.random.Generator,
     alpha: float,
     bandwidth: float | None,
     bandwidth_points: int,
-    block_size: int,
     device: str | None,
     started: float,
     reference: ReferenceCache | None = None,
@@ -441,8 +429,10 @@ def _heldout_mmd(
         halves = split_halves(x, y, rng)
         train = np.concatenate([halves.x_train, halves.y_train])
         sigma = _bandwidth(bandwidth, train, rng, bandwidth_points)
-        ranked = heldout_rank_test(halves, kernel_witness(sigma))
-        observed = pooled_mmd2(label_products(pooled, sigma, block_size, device), m, n)
+        witness = kernel_witness(sigma)(halves.x_train, halves.y_train)
+        x_scores, y_scores = witness(halves.x_test), witness(halves.y_test)
+        ranked = rank_test(x_scores, y_scores)
+        observed = float(x_scores.mean() - y_scores.mean())
     elapsed = time.perf_counter() - started
     logger.debug("mmd (held-out): m=%d n=%d mmd2=%.3g auc=%.3f p=%.3g in %.2fs", m, n, observed, ranked.auc,
                  ranked.p_value, elapsed)

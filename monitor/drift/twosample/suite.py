@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from monitor.deadline import Deadline
 from monitor.drift.attribution.region_shares import RegionReport, compare_regions
@@ -107,11 +107,26 @@ def thread_limit(threads: int | None) -> Iterator[None]:
     if torch is not None:
         torch.set_num_threads(threads)
     try:
-        with threadpool_limits(limits=threads):
+        with _controller().limit(limits=threads):
             yield
     finally:
         if torch is not None and previous is not None:
             torch.set_num_threads(previous)
+
+
+_controllers: dict[int, ThreadpoolController] = {}
+
+
+def _controller() -> ThreadpoolController:
+    """The thread pools of the libraries loaded so far. Finding them scans the process's shared
+    objects (about 1 ms); a library is loaded only by an import, so the scan is redone only when
+    the set of imported modules grew."""
+    loaded = len(sys.modules)
+    found = _controllers.get(loaded)
+    if found is None:
+        _controllers.clear()
+        found = _controllers[loaded] = ThreadpoolController()
+    return found
 
 
 def apply_multiplicity(
