@@ -33,13 +33,14 @@ from bench.detection.streams import Traffic
 from monitor.drift.attribution.regions import fit_regions
 from monitor.drift.online.evidence import EvidenceCells, EvidenceDetector, threshold_for
 
+Scorer = tuple[Callable[[np.ndarray], np.ndarray], Callable[[int], EvidenceDetector]]
 
-def scorer(kind: str, reference: np.ndarray, seed: int) -> tuple[Callable[[np.ndarray], np.ndarray],
-                                                                  Callable[[int], EvidenceDetector]]:
+
+def scorer(kind: str, reference: np.ndarray, seed: int, partitions: int = 2, directions: int = 0) -> Scorer:
     """(rows -> labels, seed -> a fresh detector) for one replicate's reference."""
     threshold = threshold_for(60 / (7 * 86400), 0.5)
     if kind == "cells":
-        cells = EvidenceCells.fit(reference, seed=seed)
+        cells = EvidenceCells.fit(reference, partitions=partitions, directions=directions, seed=seed)
         return cells.assign, lambda s: EvidenceDetector(cells.reference_counts, threshold, sets=cells.sets(), seed=s)
     regions = fit_regions(reference, seed=seed)
     if regions is None:
@@ -53,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=500, help="reference rows and window rows (default 500)")
     parser.add_argument("--rows-per-cycle", default="", help="fresh rows a cycle, comma-separated (default n / 4)")
     parser.add_argument("--score", choices=("cells", "regions"), default="cells")
+    parser.add_argument("--partitions", type=int, default=2, help="cells: k-means partitions of 16 (default 2)")
+    parser.add_argument("--directions", type=int, default=0, help="cells: principal directions' sides (default 0)")
     parser.add_argument("--replicates", type=int, default=5)
     parser.add_argument("--horizon", type=int, default=60)
     parser.add_argument("--warm", type=int, default=40)
@@ -64,14 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = corpus.embeddings(texts, ("mean",))["mean"]
     traffic = Traffic(texts)
     rates = [int(r) for r in args.rows_per_cycle.split(",")] if args.rows_per_cycle else [args.n // 4]
-    out: dict[str, object] = {"n": args.n, "score": args.score, "threshold": threshold_for(60 / (7 * 86400), 0.5),
+    out: dict[str, object] = {"n": args.n, "score": args.score, "partitions": args.partitions,
+                              "directions": args.directions, "threshold": threshold_for(60 / (7 * 86400), 0.5),
                               "horizon": args.horizon, "warm": args.warm, "replicates": args.replicates}
     delays: dict[str, dict[str, list[int | None]]] = {}
     null: dict[str, dict[str, float]] = {}
     for replicate in range(args.replicates):
         rng = np.random.default_rng(replicate)
         reference = rows[traffic.base(rng, args.n)]
-        assign, make = scorer(args.score, reference, replicate)
+        assign, make = scorer(args.score, reference, replicate, args.partitions, args.directions)
         table = assign(rows)  # the corpus is small: every row's label once, a stream's by lookup
         for per in rates:
             detector = make(replicate)

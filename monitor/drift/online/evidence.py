@@ -1,4 +1,4 @@
-"""Evidence that accumulates: an anytime-valid change detector on the reference's regions.
+"""Evidence that accumulates: a change detector that bets on conformal p-values of the reference's cells.
 
 The drift suite decides on one window at a time and forgets it, so a shift too small for one
 window is missed in every window. This detector keeps the evidence. Each fresh row (a row of a
@@ -7,36 +7,44 @@ count the same row twice) is turned into a *conformal p-value*, the evidence in 
 a product of bets on those p-values, and a Shiryaev–Roberts statistic accumulates the cycles'
 evidence with a false-alarm guarantee that holds however long the stream runs.
 
-Conformal p-values. The rows' score is their region (:class:`~monitor.drift.attribution.regions.Regions`:
-the nearest of the k centres fitted on one half of the reference). The *bag* starts with the
-region counts of the reference's other, held-out half and takes in every stream row after it
-is scored. A row of region ``b`` arriving when the bag holds ``N`` rows, ``G`` of them in a
-region numbered above ``b`` and ``C`` in ``b``, gets ``p = (G + U (C + 1)) / (N + 1)`` with
-``U`` uniform on (0, 1) (Vovk, Gammerman & Shafer 2005, smoothed conformal p-values). When
-the held-out reference rows and the stream rows are exchangeable (in particular: independent
-draws from one distribution), these p-values are independent and uniform on (0, 1), exactly,
-whatever the centres, the region numbering or the distribution are (Vovk et al. 2003).
+Conformal p-values. The rows' score is a *cell* fixed before the stream from one half of the
+reference: their region (:class:`~monitor.drift.attribution.regions.Regions`: the nearest of the k
+centres fitted on that half) or, finer, an :class:`EvidenceCells` code (the region in several
+partitions, the side of principal directions, far or not). The *bag* starts with the cell counts
+of the reference's other, held-out half and takes in every stream row after it is scored. A row
+of cell ``b`` arriving when the bag holds ``N`` rows, ``G`` of them in a cell numbered above ``b``
+and ``C`` in ``b``, gets ``p = (G + U (C + 1)) / (N + 1)`` with ``U`` uniform on (0, 1) (Vovk,
+Gammerman & Shafer 2005, smoothed conformal p-values). When the held-out reference rows and the
+stream rows are exchangeable (in particular: independent draws from one distribution), these
+p-values are independent and uniform on (0, 1), exactly, whatever the cells or the distribution
+are (Vovk et al. 2003).
 
-Betting. Before each cycle the detector picks a density ``f`` on [0, 1] from the past alone: the
-interval of region ``b``'s p-values (its share of the bag, by region number) gets the height
-``(1 - λ) + λ q_b / π_b``, with ``π_b`` the bag's share of region ``b`` and ``q_b`` a forgetful
-estimate of the recent stream's share (a prior of ``prior_rows`` rows at the bag's shares plus
-the recent rows' counts, each cycle's weighing ``forget`` times the last). The density
-integrates to one, so under no change each row's factor ``f(p)`` has mean 1 given the past,
-and so does the cycle's evidence ``e_t``, the product of its rows' factors.
+Betting: a mixture. Before each cycle the detector fixes, from the past alone, several densities
+on [0, 1] that integrate to one. The *adaptive* bet gives the interval of cell ``b``'s p-values (its
+share ``π_b`` of the bag, by cell number) the height ``(1 - λ) + λ q_b / π_b``, ``q_b`` a forgetful
+estimate of the recent stream's share (a prior of ``prior_rows`` rows at the bag's shares plus the
+recent rows' counts, each cycle's weighing ``forget`` times the last). Each *alternative* set of
+cells ``S`` (``sets``: by default each cell alone; :meth:`EvidenceCells.sets`: each region of each
+partition, each side of each direction, the far rows) and stake ``λ`` in ``lambdas`` gives
+``1 + λ (1{p in S} / w_S - 1)``, ``w_S`` the bag's share of ``S``. A cycle's evidence ``e_t`` for a
+bet is the product of its rows' ``f(p)``.
 
-Accumulation. The Shiryaev–Roberts statistic ``R_t = (1 + R_{t-1}) e_t`` (``R_0 = 0``) alarms
-when ``R_t ≥ A`` and restarts at 0. Under no change ``R_t - t`` is a martingale, so the mean
-number of cycles to a false alarm is at least ``A`` (optional stopping; Shin, Ramdas & Rinaldo
-2023, e-detectors); between restarts false alarms come at most once per ``A`` cycles on
-average. ``log_evidence`` is ``log R_t``, exported per stream.
+Accumulation. Each bet runs a Shiryaev–Roberts statistic ``R_t = (1 + R_{t-1}) e_t`` (``R_0 = 0``);
+the detector's statistic is their average, which alarms when it reaches ``A`` and restarts every
+bet at 0. For bets that are functions of the past p-values, ``R_t - t`` is a martingale under no
+change for each bet and for the average, so the mean number of cycles to a false alarm is at least
+``A`` (optional stopping; Shin, Ramdas & Rinaldo 2023, e-detectors). The bets here read the bag's
+cells, which carry slightly more than the past p-values (a p-value at the end of its cell's
+interval does not say which of two neighbouring cells its row was in), so the argument holds up
+to a bias that shrinks as the bag grows; the rate is measured (:func:`simulate_null_alarms`,
+docs/drift.md) at half the bound or less. ``log_evidence`` is the log of the average, exported per
+stream.
 
 Assumptions, stated where the guarantee is used (docs/drift.md, "Evidence that accumulates"):
 the held-out reference rows and every stream row since the detector started are exchangeable
-(the stream has the reference's distribution and its rows are independent); the regions and
+(the stream has the reference's distribution and its rows are independent); the cells and
 their held-out counts do not change (a new reference starts a new detector). Not assumed: any
-model of the embeddings, the number of rows per cycle, or how the bets were chosen (they depend
-on the past only).
+model of the embeddings or the number of rows per cycle.
 
 numpy only.
 """
@@ -300,50 +308,68 @@ class EvidenceDetector:
 
 @dataclass(frozen=True)
 class EvidenceCells:
-    """A finer score than one partition's region: the cell of a row in several partitions at once, and
-    whether it lies far from its nearest centre.
+    """A finer score than one partition's region: the cell of a row in several partitions at once, on
+    which side of the median it lies along the reference's first principal directions, and whether
+    it lies far from its nearest centre.
 
-    Fitted on one half of a reference (``partitions`` k-means partitions of ``regions`` centres each,
-    different seeds, and the ``far_quantile`` of the fit rows' distance to the first partition's
-    nearest centre); the other half's cell counts are the bag. A row's cell is the mixed-radix code
-    of its region in each partition and its far bit. ``sets()``: one alternative per region of each
-    partition and one for the far rows, for :class:`EvidenceDetector`. The score is fixed before the
-    stream (it depends on the fit half alone), so the conformal p-values stay exact.
+    Fitted on one half of a reference: ``partitions`` k-means partitions of ``regions`` centres each
+    (different seeds), the first ``directions`` principal directions of the fit rows with the median
+    of their projections, and the ``far_quantile`` of the fit rows' distance to the first
+    partition's nearest centre; the other half's cell counts are the bag. A row's cell is the
+    mixed-radix code of its region in each partition, its side of each direction and its far bit.
+    ``sets()``: the alternatives for :class:`EvidenceDetector`, one per region of each partition,
+    one per side of each direction (a class that moves the mean moves rows across a median) and
+    one for the far rows. The score is fixed before the stream (it depends on the fit half alone).
 
     Examples
     --------
     >>> rng = np.random.default_rng(0)
-    >>> cells = EvidenceCells.fit(rng.normal(size=(400, 8)), regions=4, partitions=2, seed=0)
-    >>> cells.reference_counts.sum(), cells.sets().shape, int(cells.assign(rng.normal(size=(5, 8))).max()) < 32
-    (np.int64(200), (9, 32), True)
+    >>> cells = EvidenceCells.fit(rng.normal(size=(400, 8)), regions=4, partitions=2, directions=1, seed=0)
+    >>> cells.reference_counts.sum(), cells.sets().shape, int(cells.assign(rng.normal(size=(5, 8))).max()) < 64
+    (np.int64(200), (11, 64), True)
     """
 
     centres: tuple[np.ndarray, ...]
     radius: float
     reference_counts: np.ndarray
+    mean: np.ndarray | None = None
+    axes: np.ndarray | None = None  # (directions, d)
+    medians: np.ndarray | None = None  # (directions,)
 
     @classmethod
-    def fit(cls, reference: np.ndarray, *, regions: int = 16, partitions: int = 2, far_quantile: float = 0.95,
-            seed: int = 0) -> EvidenceCells:
+    def fit(cls, reference: np.ndarray, *, regions: int = 16, partitions: int = 2, directions: int = 0,
+            far_quantile: float = 0.95, seed: int = 0) -> EvidenceCells:
         from monitor.drift.attribution.regions import kmeans, nearest
 
         rows = np.asarray(reference, dtype=np.float64)
         half = len(rows) // 2
-        if regions < 2 or partitions < 1 or half < regions or not 0 < far_quantile < 1:
-            raise ValueError(f"need 2 <= regions <= half the reference ({half}), partitions >= 1 and "
-                             f"0 < far_quantile < 1; got {regions}, {partitions}, {far_quantile}")
+        if (regions < 2 or partitions < 1 or half < regions or not 0 < far_quantile < 1
+                or not 0 <= directions <= min(half, rows.shape[1])):
+            raise ValueError(f"need 2 <= regions <= half the reference ({half}), partitions >= 1, 0 <= directions "
+                             f"<= the rows' dimension and 0 < far_quantile < 1; got {regions}, {partitions}, "
+                             f"{directions}, {far_quantile}")
         rng = np.random.default_rng(seed)
         order = rng.permutation(len(rows))
         fit_rows, held_out = rows[order[:half]], rows[order[half:]]
         centres = tuple(kmeans(fit_rows, regions, rng) for _ in range(partitions))
         radius = float(np.quantile(nearest(fit_rows, centres[0])[1], far_quantile))
-        cells = cls(centres, radius, np.zeros(0, dtype=np.int64))
+        mean = axes = medians = None
+        if directions:
+            mean = fit_rows.mean(axis=0)
+            axes = np.linalg.svd(fit_rows - mean, full_matrices=False)[2][:directions]
+            medians = np.median((fit_rows - mean) @ axes.T, axis=0)
+        cells = cls(centres, radius, np.zeros(0, dtype=np.int64), mean, axes, medians)
         counts = np.bincount(cells.assign(held_out), minlength=cells.k)
-        return cls(centres, radius, counts)
+        return cls(centres, radius, counts, mean, axes, medians)
+
+    @property
+    def directions(self) -> int:
+        return 0 if self.axes is None else len(self.axes)
 
     @property
     def sizes(self) -> tuple[int, ...]:
-        return (*(len(c) for c in self.centres), 2)
+        """The radix of each part of a cell's code: the partitions, then the directions' sides, then far."""
+        return (*(len(c) for c in self.centres), *(2,) * self.directions, 2)
 
     @property
     def k(self) -> int:
@@ -362,15 +388,19 @@ class EvidenceCells:
             if i == 0:
                 far = distance > self.radius
             scale *= len(centres)
+        if self.axes is not None and self.mean is not None and self.medians is not None:
+            sides = ((rows - self.mean) @ self.axes.T > self.medians).astype(np.int64)
+            code += (sides * (2 ** np.arange(self.directions))).sum(axis=1) * scale
+            scale *= 2**self.directions
         return code + far.astype(np.int64) * scale
 
     def sets(self) -> np.ndarray:
-        """(J, k) booleans: each region of each partition, then the far rows."""
+        """(J, k) booleans: each region of each partition, each side of each direction, then the far rows."""
         cells = np.arange(self.k)
         out, scale = [], 1
         for i, size in enumerate(self.sizes):
             part = (cells // scale) % size
-            out += [part == 1] if i == len(self.centres) else [part == b for b in range(size)]
+            out += [part == 1] if i == len(self.sizes) - 1 else [part == b for b in range(size)]
             scale *= size
         return np.array(out)
 
