@@ -36,11 +36,12 @@ from monitor.drift.online.evidence import EvidenceCells, EvidenceDetector, thres
 Scorer = tuple[Callable[[np.ndarray], np.ndarray], Callable[[int], EvidenceDetector]]
 
 
-def scorer(kind: str, reference: np.ndarray, seed: int, partitions: int = 2, directions: int = 0) -> Scorer:
+def scorer(kind: str, reference: np.ndarray, seed: int, partitions: tuple[int, ...] = (16, 16),
+           directions: int = 0) -> Scorer:
     """(rows -> labels, seed -> a fresh detector) for one replicate's reference."""
     threshold = threshold_for(60 / (7 * 86400), 0.5)
     if kind == "cells":
-        cells = EvidenceCells.fit(reference, partitions=partitions, directions=directions, seed=seed)
+        cells = EvidenceCells.fit(reference, regions=partitions, directions=directions, seed=seed)
         return cells.assign, lambda s: EvidenceDetector(cells.reference_counts, threshold, sets=cells.sets(), seed=s)
     regions = fit_regions(reference, seed=seed)
     if regions is None:
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=500, help="reference rows and window rows (default 500)")
     parser.add_argument("--rows-per-cycle", default="", help="fresh rows a cycle, comma-separated (default n / 4)")
     parser.add_argument("--score", choices=("cells", "regions"), default="cells")
-    parser.add_argument("--partitions", type=int, default=2, help="cells: k-means partitions of 16 (default 2)")
+    parser.add_argument("--partitions", default="16,16", help="cells: the regions of each k-means partition")
     parser.add_argument("--directions", type=int, default=0, help="cells: principal directions' sides (default 0)")
     parser.add_argument("--replicates", type=int, default=5)
     parser.add_argument("--horizon", type=int, default=60)
@@ -75,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     for replicate in range(args.replicates):
         rng = np.random.default_rng(replicate)
         reference = rows[traffic.base(rng, args.n)]
-        assign, make = scorer(args.score, reference, replicate, args.partitions, args.directions)
+        partitions = tuple(int(k) for k in args.partitions.split(","))
+        assign, make = scorer(args.score, reference, replicate, partitions, args.directions)
         table = assign(rows)  # the corpus is small: every row's label once, a stream's by lookup
         for per in rates:
             detector = make(replicate)

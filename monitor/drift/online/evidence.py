@@ -337,13 +337,16 @@ class EvidenceCells:
     medians: np.ndarray | None = None  # (directions,)
 
     @classmethod
-    def fit(cls, reference: np.ndarray, *, regions: int = 16, partitions: int = 2, directions: int = 0,
-            far_quantile: float = 0.95, seed: int = 0) -> EvidenceCells:
+    def fit(cls, reference: np.ndarray, *, regions: int | tuple[int, ...] = 16, partitions: int = 2,
+            directions: int = 0, far_quantile: float = 0.95, seed: int = 0) -> EvidenceCells:
+        """``regions``: the centres of each of the ``partitions`` partitions, or a tuple of them, one per
+        partition (then ``partitions`` is its length)."""
         from monitor.drift.attribution.regions import kmeans, nearest
 
         rows = np.asarray(reference, dtype=np.float64)
         half = len(rows) // 2
-        if (regions < 2 or partitions < 1 or half < regions or not 0 < far_quantile < 1
+        counts = (regions,) * partitions if isinstance(regions, int) else tuple(regions)
+        if (not counts or min(counts) < 2 or half < max(counts) or not 0 < far_quantile < 1
                 or not 0 <= directions <= min(half, rows.shape[1])):
             raise ValueError(f"need 2 <= regions <= half the reference ({half}), partitions >= 1, 0 <= directions "
                              f"<= the rows' dimension and 0 < far_quantile < 1; got {regions}, {partitions}, "
@@ -351,7 +354,7 @@ class EvidenceCells:
         rng = np.random.default_rng(seed)
         order = rng.permutation(len(rows))
         fit_rows, held_out = rows[order[:half]], rows[order[half:]]
-        centres = tuple(kmeans(fit_rows, regions, rng) for _ in range(partitions))
+        centres = tuple(kmeans(fit_rows, k, rng) for k in counts)
         radius = float(np.quantile(nearest(fit_rows, centres[0])[1], far_quantile))
         mean = axes = medians = None
         if directions:
@@ -359,8 +362,7 @@ class EvidenceCells:
             axes = np.linalg.svd(fit_rows - mean, full_matrices=False)[2][:directions]
             medians = np.median((fit_rows - mean) @ axes.T, axis=0)
         cells = cls(centres, radius, np.zeros(0, dtype=np.int64), mean, axes, medians)
-        counts = np.bincount(cells.assign(held_out), minlength=cells.k)
-        return cls(centres, radius, counts, mean, axes, medians)
+        return cls(centres, radius, np.bincount(cells.assign(held_out), minlength=cells.k), mean, axes, medians)
 
     @property
     def directions(self) -> int:
