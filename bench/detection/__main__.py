@@ -42,7 +42,8 @@ CONCURRENT = 15  # method processes at a time in the cases phase (all of them; t
 SIZES = ("quick", "reduced", "full")
 # Methods left out of a size (too slow for it): named in the report as not run, with the reason.
 SKIPPED = {"reduced": ("alibi MMDDrift", "alibi MMDDriftOnline", "alibi LSDDDriftOnline", "embedding-monitor 900s",
-                       "NannyML", "Evidently ratio", "Evidently mmd", "embedding-monitor explain")}
+                       "NannyML", "Evidently ratio", "Evidently mmd", "embedding-monitor explain", "DriftLens",
+                       "Evidently model", "alibi LSDDDrift")}
 
 
 def sizes(size: str) -> dict[str, object]:
@@ -56,8 +57,8 @@ def sizes(size: str) -> dict[str, object]:
                 "cost_n": 400, "deltas": (0.05, 0.10, 0.30), "week_nulls": 10_080}
     if size == "reduced":
         # The methods that decide at a week (the suite, the suite with the accumulating detector,
-        # Evidently distance at a week), the online ones and the cheaper peers: 5 replicates a case,
-        # no grid, the Evidently distance threshold at a week from 10,080 fresh nulls.
+        # Evidently distance at a week), Evidently distance at its own rule and the online ones:
+        # 5 replicates a case, no grid, the Evidently distance threshold at a week from 10,080 nulls.
         return {"n": 500, "replicates": 5, "small_replicates": 5, "null_replicates": 100, "horizon": 60,
                 "grid": (), "grid_replicates": 0, "grid_null": 0, "online_null": 2, "online_null_cycles": 200,
                 "cost_n": 1000, "deltas": (0.02, 0.05, 0.10, 0.20, 0.30), "week_nulls": 10_080}
