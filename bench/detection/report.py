@@ -186,12 +186,12 @@ def tables(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                "1.5e-3 per 900 s cycle)\n")
     grid = sorted({int(meta["n"]), *map(int, meta.get("grid", ()))})
     others = [n for n in grid if n != int(meta["n"])]
-    out.append("| method (decision) | false alarms (share; ARL₀ cycles [95% lower bound]) | "
-               + " | ".join(f"at n = {n}" for n in others) + " |")
+    out.append("| " + " | ".join(["method (decision)", "false alarms (share; ARL₀ cycles [95% lower bound])",
+                                  *(f"at n = {n}" for n in others)]) + " |")
     out.append("|---" * (len(others) + 2) + "|")
     for label, result, point in rows_for(every):
         at_n = [fmt_rate(*null_rate(result, f"null_n{n}", point)) for n in others]
-        out.append(f"| {label} | {fmt_rate(*null_rate(result, 'null', point))} | " + " | ".join(at_n) + " |")
+        out.append("| " + " | ".join([label, fmt_rate(*null_rate(result, "null", point)), *at_n]) + " |")
     for result in online:
         alarms, cycles = online_null(result, per_cycle)
         arl = "∞" if alarms == 0 else f"{cycles / alarms:,.0f}"
