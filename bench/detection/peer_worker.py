@@ -211,6 +211,7 @@ def main() -> None:
         try:
             if name in WEEK_METHODS:
                 if protocol.phase() == "cost":  # its decisions cost what the method's own do
+                    protocol.write(out, results)
                     continue
                 fit, decide, week = week_method(name.split()[1], plan)
                 n = int(plan.meta["n"])  # the threshold is for n rows: the main cases only
