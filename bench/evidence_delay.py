@@ -1,16 +1,20 @@
 """The accumulating detector (:mod:`monitor.drift.online.evidence`) on the detection benchmark's traffic.
 
-    PYTHONPATH=. .venv/bin/python -m bench.evidence_delay                  # δ = 2, 5, 10%, 60 cycles, 5 replicates
-    PYTHONPATH=. .venv/bin/python -m bench.evidence_delay --replicates 10 --null-cycles 2000
+    PYTHONPATH=. .venv/bin/python -m bench.evidence_delay                    # δ = 2, 5, 10%, unseen; 125 rows a cycle
+    PYTHONPATH=. .venv/bin/python -m bench.evidence_delay --rows-per-cycle 500,2000 --score regions
 
 The traffic of ``bench/detection`` (WordNet glosses, MiniLM mean pooling, 16 seen classes in equal
-shares; :mod:`bench.detection.streams`): per replicate a reference of ``n`` rows, its regions
-(:func:`~monitor.drift.attribution.regions.fit_regions`, as the daemon fits them), then a stream of
-``n / 4`` fresh rows a cycle (the benchmark's cycle: a window is four cycles), ``warm`` cycles
-unchanged and then one class's share raised by δ for up to ``horizon`` cycles. The detector's
-threshold is a false alarm a week at a 60 s cycle with half the budget (A = 20,160 cycles). Reports
-the delay (cycles after the change to the first alarm) per δ and replicate, and the false alarms
-over ``null-cycles`` unchanged cycles per replicate. Prints JSON.
+shares; :mod:`bench.detection.streams`): per replicate a reference of ``n`` rows and its score fitted
+on half of it, then a stream of fresh rows (``n / 4`` a cycle by default, the benchmark's cycle: a
+window is four cycles), ``warm`` cycles unchanged and then the shift for up to ``horizon`` cycles:
+one class's share raised by δ, or 10% of the records from the four unseen classes. The score:
+``cells`` (:class:`~monitor.drift.online.evidence.EvidenceCells`: two partitions of 16 regions and
+the far bit, what the benchmark's ``embedding-monitor evidence`` runs) or ``regions`` (the daemon's
+:func:`~monitor.drift.attribution.regions.fit_regions` labels, k = held-out rows / 50). The
+threshold is a false alarm a week at a 60 s cycle with half the budget (A = 20,160 cycles).
+Reports the delay (cycles after the change to the first alarm; a miss counts as the horizon in
+the mean) per case, rate and replicate, and the false alarms over ``null-cycles`` unchanged cycles
+per replicate and rate. Prints JSON.
 """
 
 from __future__ import annotations
@@ -20,64 +24,89 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 
 from bench.detection import corpus
 from bench.detection.streams import Traffic
 from monitor.drift.attribution.regions import fit_regions
-from monitor.drift.online.evidence import EvidenceDetector, threshold_for
+from monitor.drift.online.evidence import EvidenceCells, EvidenceDetector, threshold_for
+
+Scorer = tuple[Callable[[np.ndarray], np.ndarray], Callable[[int], EvidenceDetector]]
+
+
+def scorer(kind: str, reference: np.ndarray, seed: int, partitions: tuple[int, ...] = (16, 16),
+           directions: int = 0) -> Scorer:
+    """(rows -> labels, seed -> a fresh detector) for one replicate's reference."""
+    threshold = threshold_for(60 / (7 * 86400), 0.5)
+    if kind == "cells":
+        cells = EvidenceCells.fit(reference, regions=partitions, directions=directions, seed=seed)
+        return cells.assign, lambda s: EvidenceDetector(cells.reference_counts, threshold, sets=cells.sets(), seed=s)
+    regions = fit_regions(reference, seed=seed)
+    if regions is None:
+        raise RuntimeError("too few reference rows for regions")
+    return (lambda rows: regions.assign(rows)[0]), lambda s: EvidenceDetector(regions.reference_counts, threshold,
+                                                                               seed=s)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=500, help="reference rows and window rows (default 500)")
+    parser.add_argument("--rows-per-cycle", default="", help="fresh rows a cycle, comma-separated (default n / 4)")
+    parser.add_argument("--score", choices=("cells", "regions"), default="cells")
+    parser.add_argument("--partitions", default="16,16", help="cells: the regions of each k-means partition")
+    parser.add_argument("--directions", type=int, default=0, help="cells: principal directions' sides (default 0)")
     parser.add_argument("--replicates", type=int, default=5)
     parser.add_argument("--horizon", type=int, default=60)
     parser.add_argument("--warm", type=int, default=40)
     parser.add_argument("--null-cycles", type=int, default=1000)
-    parser.add_argument("--deltas", default="0.02,0.05,0.10")
+    parser.add_argument("--cases", default="share2,share5,share10,unseen")
     args = parser.parse_args(argv)
     started = time.monotonic()
     texts = corpus.load()
     rows = corpus.embeddings(texts, ("mean",))["mean"]
     traffic = Traffic(texts)
-    threshold = threshold_for(60 / (7 * 86400), 0.5)
-    per = args.n // 4
-    out: dict[str, object] = {"n": args.n, "rows_per_cycle": per, "threshold": threshold, "horizon": args.horizon}
-    delays: dict[str, list[int | None]] = {}
-    null_alarms = 0
+    rates = [int(r) for r in args.rows_per_cycle.split(",")] if args.rows_per_cycle else [args.n // 4]
+    out: dict[str, object] = {"n": args.n, "score": args.score, "partitions": args.partitions,
+                              "directions": args.directions, "threshold": threshold_for(60 / (7 * 86400), 0.5),
+                              "horizon": args.horizon, "warm": args.warm, "replicates": args.replicates}
+    delays: dict[str, dict[str, list[int | None]]] = {}
+    null: dict[str, dict[str, float]] = {}
     for replicate in range(args.replicates):
         rng = np.random.default_rng(replicate)
         reference = rows[traffic.base(rng, args.n)]
-        regions = fit_regions(reference, seed=replicate)
-        if regions is None:
-            raise RuntimeError("too few reference rows for regions")
-        detector = EvidenceDetector(regions.reference_counts, threshold, seed=replicate)
-        for _ in range(args.null_cycles):
-            detector.update(regions.assign(rows[traffic.base(rng, per)])[0])
-        null_alarms += detector.alarms
-        for delta in (float(d) for d in args.deltas.split(",")):
-            detector = EvidenceDetector(regions.reference_counts, threshold, seed=1000 + replicate)
-            for _ in range(args.warm):
-                detector.update(regions.assign(rows[traffic.base(rng, per)])[0])
-            case = f"share{round(delta * 100)}"
-            found = None
-            for k in range(1, args.horizon + 1):
-                labels = regions.assign(rows[traffic.shifted(rng, per, case, replicate)])[0]
-                if detector.update(labels).alarmed:
-                    found = k
-                    break
-            delays.setdefault(f"{delta:g}", []).append(found)
+        partitions = tuple(int(k) for k in args.partitions.split(","))
+        assign, make = scorer(args.score, reference, replicate, partitions, args.directions)
+        table = assign(rows)  # the corpus is small: every row's label once, a stream's by lookup
+        for per in rates:
+            detector = make(replicate)
+            for _ in range(args.null_cycles):
+                detector.update(table[traffic.base(rng, per)])
+            entry = null.setdefault(str(per), {"cycles": 0, "false_alarms": 0})
+            entry["cycles"] += args.null_cycles
+            entry["false_alarms"] += detector.alarms
+            for case in args.cases.split(","):
+                detector = make(1000 + replicate)
+                for _ in range(args.warm):
+                    detector.update(table[traffic.base(rng, per)])
+                found = None
+                for k in range(1, args.horizon + 1):
+                    if detector.update(table[traffic.shifted(rng, per, case, replicate)]).alarmed:
+                        found = k
+                        break
+                delays.setdefault(str(per), {}).setdefault(case, []).append(found)
     out["delays"] = delays
     out["summary"] = {
-        delta: {"found": sum(d is not None for d in found), "of": len(found),
-                "median_cycles": statistics.median(d for d in found if d is not None)
-                if any(d is not None for d in found) else None}
-        for delta, found in delays.items()
+        per: {case: {"found": sum(d is not None for d in found), "of": len(found),
+                     "mean_cycles": round(statistics.mean(args.horizon if d is None else d for d in found), 1),
+                     "median_found": statistics.median(d for d in found if d is not None)
+                     if any(d is not None for d in found) else None}
+              for case, found in by_case.items()}
+        for per, by_case in delays.items()
     }
-    out["null"] = {"cycles": args.null_cycles * args.replicates, "false_alarms": null_alarms,
-                   "bound": args.null_cycles * args.replicates / threshold}
+    threshold = float(out["threshold"])  # type: ignore[arg-type]
+    out["null"] = {per: dict(entry, bound=entry["cycles"] / threshold) for per, entry in null.items()}
     out["seconds"] = round(time.monotonic() - started, 1)
     print(json.dumps(out, indent=1))
     return 0

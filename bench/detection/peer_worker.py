@@ -177,7 +177,8 @@ WEEK_NULLS = 2 * WEEK
 
 def week_method(kind: str, plan: protocol.Plan) -> tuple[Any, Any, dict[str, Any]]:
     """Evidently ``kind`` at the suite's budget (a false alarm a week at a 60 s cycle): its threshold
-    is the (1 - 1/10,080) quantile of its score over :data:`WEEK_NULLS` fresh null decisions (an
+    is the (1 - 1/10,080) quantile of its score over :data:`WEEK_NULLS` (or the plan's ``week_nulls``,
+    at least 10,080 for the quantile to exist) fresh null decisions (an
     n-row reference and an n-row window of the base traffic each, drawn as the plan's nulls are).
     Only a peer cheap enough for 20,160 decisions gets this operating point."""
     from bench.detection.streams import Traffic
@@ -187,7 +188,7 @@ def week_method(kind: str, plan: protocol.Plan) -> tuple[Any, Any, dict[str, Any
     rng = np.random.default_rng(WEEK)
     n = int(plan.meta["n"])
     scores = [decide(fit(plan.rows[traffic.base(rng, n)], i, None), plan.rows[traffic.base(rng, n)], i)[0]
-              for i in range(WEEK_NULLS)]
+              for i in range(int(plan.meta.get("week_nulls", WEEK_NULLS)))]
     threshold = float(np.quantile(scores, 1 - 1 / WEEK, method="higher"))
 
     def decide_week(state: Any, window: np.ndarray, seed: int) -> protocol.Score:
@@ -210,6 +211,7 @@ def main() -> None:
         try:
             if name in WEEK_METHODS:
                 if protocol.phase() == "cost":  # its decisions cost what the method's own do
+                    protocol.write(out, results)
                     continue
                 fit, decide, week = week_method(name.split()[1], plan)
                 n = int(plan.meta["n"])  # the threshold is for n rows: the main cases only

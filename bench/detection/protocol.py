@@ -133,13 +133,16 @@ def run_batch(plan: Plan, name: str, fit: Callable[..., Any], decide: Callable[.
               cost: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
               explain: bool = False, null_limit: int | None = None,
               log: Callable[[str], None] = print, progress: Callable[[dict[str, Any]], None] | None = None,
+              before: Callable[[Any, np.ndarray], None] | None = None,
               ) -> dict[str, Any]:
     """Every case of the plan through one batch method: ``fit(reference, seed, ids) -> state`` (``ids``:
     the reference rows' ids in the plan, for a method that reads their classes) and
     ``decide(state, window, seed) -> (score, decisions[, info])`` (with ``explain``, also given the
     window's row ids and the injected classes). A shift replicate stops once ``stop_when(score,
     decisions)`` and the score exceeds the matched threshold (every operating point has fired), one
-    decision later with ``explain`` (the explanation's second cycle). ``cost``: ``{label: rows}``
+    decision later with ``explain`` (the explanation's second cycle). ``before(state, rows)``: a
+    method that keeps state from cycle to cycle is handed the stream's records before the change
+    (``WARM`` cycles, in order) after its fit. ``cost``: ``{label: rows}``
     timed separately (median seconds of three decisions and the peak memory they added). ``null_limit``:
     at most this many replicates of each null case (a method whose fit is too slow for them all)."""
     out: dict[str, Any] = {"method": name, "kind": "batch", "cases": {}, "cost": {}}
@@ -155,6 +158,8 @@ def run_batch(plan: Plan, name: str, fit: Callable[..., Any], decide: Callable[.
         for r in range(replicates):
             reference = plan.rows[info["reference"][r]]
             state = fit(reference, r, info["reference"][r])
+            if before is not None:
+                before(state, plan.rows[info["stream"][r][: WARM * plan.records_per_cycle(case)]])
             injected = info["injected"][r]
             classes = ([plan.classes.index(injected)] if injected else
                        [plan.classes.index(c) for c in plan.meta["unseen"]] if info["shift"] == "unseen" else [])

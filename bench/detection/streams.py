@@ -81,9 +81,11 @@ def build(corpus: Corpus, rows: dict[str, np.ndarray], path: Path, *, n: int = 1
           small_replicates: int | None = None,
           null_replicates: int = 200, horizon: int = 6, grid: tuple[int, ...] = (100, 300, 3000),
           grid_replicates: int = 10, grid_null: int = 100, online_null: int = 4, online_null_cycles: int = 100,
-          cost_n: int = 1000, seed: int = 0, only: tuple[str, ...] | None = None) -> dict[str, Any]:
+          cost_n: int = 1000, seed: int = 0, only: tuple[str, ...] | None = None,
+          deltas: tuple[float, ...] = DELTAS, week_nulls: int | None = None) -> dict[str, Any]:
     """Writes the plan to ``path`` and returns its meta. ``only``: just these cases (a variant no case uses
-    may be missing from ``rows``)."""
+    may be missing from ``rows``). ``deltas``: the share shifts. ``week_nulls``: fresh null decisions
+    that set a peer's threshold at a false alarm a week (the peer worker's default when None)."""
     traffic = Traffic(corpus)
     rng = np.random.default_rng(seed)
     arrays: dict[str, np.ndarray] = {}
@@ -104,7 +106,7 @@ def build(corpus: Corpus, rows: dict[str, np.ndarray], path: Path, *, n: int = 1
                        "injected": [injected_class(shift, r) for r in range(reps)]}
 
     add("null", n, null_replicates, 1, True, ["batch"], "null")
-    for delta in sorted(DELTAS, key=lambda d: (d < 0.05, -d)):  # 30, 20, 10, 5, then 2 and 1 (a run cut short)
+    for delta in sorted(deltas, key=lambda d: (d < 0.05, -d)):  # 30, 20, 10, 5, then 2 and 1 (a run cut short)
         name = f"share{round(delta * 100)}"  # δ of 1% and 2% are missed by most: every cycle of the horizon
         reps = small_replicates if small_replicates and delta < 0.05 else replicates
         add(name, n, reps, horizon, False, ["batch", "online"], name)
@@ -116,6 +118,8 @@ def build(corpus: Corpus, rows: dict[str, np.ndarray], path: Path, *, n: int = 1
         add(f"share10_n{size}", size, grid_replicates, FILL, False, ["batch"], "share10")
     stacked = np.concatenate([rows.get(v, rows["mean"]) for v in VARIANTS]).astype(np.float32)
     meta = {"classes": list(corpus.classes), "seen": list(SEEN), "unseen": list(UNSEEN), "variants": list(VARIANTS),
-            "n": n, "cost_n": cost_n, "fill": FILL, "warm": WARM, "cases": cases}
+            "n": n, "cost_n": cost_n, "fill": FILL, "warm": WARM, "cases": cases, "horizon": horizon}
+    if week_nulls is not None:
+        meta["week_nulls"] = week_nulls
     np.savez(path, rows=stacked, labels=corpus.labels, meta=json.dumps(meta), **arrays)
     return meta

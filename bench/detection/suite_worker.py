@@ -11,6 +11,11 @@
 - ``river ADWIN`` / ``river Page-Hinkley``: river's detectors with their default parameters on each
   record's cosine to the reference centroid.
 - ``embedding-monitor explain``: what moved, at the daemon's default sizes (:func:`explain_at_defaults`).
+- ``embedding-monitor evidence``: the suite at half the week's budget (a false alarm every two weeks)
+  OR the accumulating detector (:class:`~monitor.drift.online.evidence.EvidenceDetector` on
+  :class:`~monitor.drift.online.evidence.EvidenceCells` of the reference) at the other half
+  (``threshold_for(α, 1/2)``: A = 20,160 cycles), betting on each cycle's fresh ``n / 4`` records
+  (from the first cycle of the stream: 40 cycles before the change). Together: a false alarm a week.
 
 Run: ``python -m bench.detection.suite_worker PLAN OUT [methods...]``.
 """
@@ -27,6 +32,7 @@ from bench.detection import protocol
 from monitor.drift.attribution.region_shares import RegionReport
 from monitor.drift.attribution.regions import Regions, fit_regions
 from monitor.drift.online.detectors import OnlineDriftMonitor
+from monitor.drift.online.evidence import EvidenceCells, EvidenceDetector, threshold_for
 from monitor.drift.online.signals import SignalBaseline
 from monitor.drift.settings import DriftSettings
 from monitor.drift.twosample.suite import DriftReport, run_drift_suite
@@ -92,6 +98,46 @@ def suite_method(plan: protocol.Plan, interval: float) -> tuple[Any, Any]:
         return score, decided, info
 
     return fit, decide
+
+
+EVIDENCE_SHARE = 0.5  # of the week's budget, spent on the accumulating detector; the suite gets the rest
+
+
+def evidence_method(plan: protocol.Plan) -> tuple[Any, Any, Any]:
+    """``embedding-monitor evidence`` (module docstring): ``(fit, decide, before)`` for
+    :func:`~bench.detection.protocol.run_batch`. The score is the larger of the suite's and the
+    detector's distance to their own thresholds (``-log10`` p-values and ``log10 R_t`` against
+    ``log10 A``), so it is at least 0 exactly when the method fires; each decision's info holds the
+    detector's alarms so far (before the change included: a false alarm there restarts it)."""
+    per = plan.records_per_cycle("null")
+    alpha = settings_for(60.0, int(plan.meta["n"])).cycle_alpha
+    threshold = threshold_for(alpha, EVIDENCE_SHARE)
+    suite_every = f"{7 / (1 - EVIDENCE_SHARE):g}d"  # the suite at (1 - s) alpha
+
+    def fit(reference: np.ndarray, seed: int, ids: np.ndarray | None = None) -> Any:
+        settings = DriftSettings(interval_seconds=60.0, false_alarm_every=suite_every,
+                                 window_sample_size=len(reference), reference_sample_size=len(reference), threads=1)
+        cells = EvidenceCells.fit(reference, seed=seed)
+        return settings, reference, cells, EvidenceDetector(cells.reference_counts, threshold, sets=cells.sets(),
+                                                            seed=seed)
+
+    def before(state: Any, rows: np.ndarray) -> None:
+        _, _, cells, detector = state
+        for start in range(0, len(rows), per):
+            detector.update(cells.assign(rows[start : start + per]))
+
+    def decide(state: Any, window: np.ndarray, seed: int) -> tuple[float, dict[str, bool], dict[str, Any]]:
+        settings, reference, cells, detector = state
+        report = run_drift_suite(window, reference, settings, seed=seed)
+        suite = score_of(report) + math.log10(settings.cycle_alpha)
+        step = detector.update(cells.assign(window[-per:]))  # the cycle's fresh records
+        evidence = (step.log_evidence - math.log(threshold)) / math.log(10)
+        score = max(suite, evidence)
+        info = {"suite": suite >= 0, "evidence": bool(step.alarmed), "log_evidence": step.log_evidence,
+                "evidence_alarms": detector.alarms, "evidence_cycles": detector.cycles}
+        return score, {"60s": bool(suite >= 0 or step.alarmed)}, info
+
+    return fit, decide, before
 
 
 def online_method(name: str) -> tuple[Any, Any]:
@@ -177,16 +223,22 @@ def _ungated(explained: RegionReport | None) -> RegionReport | None:
 
 
 BATCH = {"embedding-monitor": 60.0, "embedding-monitor 900s": 900.0}
+EVIDENCE = "embedding-monitor evidence"
 ONLINE = ("embedding-monitor online", "river ADWIN", "river Page-Hinkley")
 
 
 def main() -> None:
     plan, out, methods = protocol.main_args()
-    methods = methods or [*BATCH, *ONLINE, "embedding-monitor explain"]
+    methods = methods or [*BATCH, EVIDENCE, *ONLINE, "embedding-monitor explain"]
     results = []
     for name in methods:
         if name == "embedding-monitor explain":
             results.append(explain_at_defaults(plan))
+        elif name == EVIDENCE:
+            fit, decide, before = evidence_method(plan)
+            results.append(protocol.run_batch(plan, name, fit, decide, lambda s, d: all(d.values()),
+                                              protocol.cost_rows(plan), before=before,
+                                              progress=lambda partial: protocol.write(out, [*results, partial])))
         elif name in BATCH:
             fit, decide = suite_method(plan, BATCH[name])
             results.append(protocol.run_batch(plan, name, fit, decide, lambda s, d: all(d.values()),

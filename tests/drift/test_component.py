@@ -54,7 +54,8 @@ def test_first_records_become_the_reference_exactly_and_are_stored(tmp_path: Pat
 
 
 def test_a_cycle_tests_each_window_once_and_flags_a_shift(tmp_path: Path, rng: np.random.Generator) -> None:
-    h = Harness(settings_for(tmp_path / "state", sustained={"detections": 2, "cycles": 3}))
+    # the suite's sustained rule alone: an evidence alarm is an alert on its own (test_evidence_daemon.py)
+    h = Harness(settings_for(tmp_path / "state", sustained={"detections": 2, "cycles": 3}, evidence_share=0))
     h.feed("m", "s", unit_rows(rng, 600, axis(0)))
     assert h.component.run_cycle() == {}  # nothing published yet
     h.publish()

@@ -93,3 +93,23 @@ def test_point_fives_rule_names_a_class_by_a_pure_region_or_by_the_novel_share()
     assert report.names_injected(novel, 0.10) == (False, True)  # up by 6 points: more than half of δ
     assert report.names_injected(dict(novel, novel_share=0.05), 0.10) == (False, False)
     assert report.names_injected(dict(novel, novel_shifted=False), 0.10) == (False, False)  # not named by its test
+
+
+@pytest.mark.slow  # the suite at a 60 s cycle on 30 nulls and the pooling replicates: over 5 s
+def test_the_suite_with_the_accumulating_detector_keeps_its_budget_and_is_reported_at_a_week(
+    plan: protocol.Plan,
+) -> None:
+    fit, decide, before = suite_worker.evidence_method(plan)
+    result = protocol.run_batch(plan, "embedding-monitor evidence", fit, decide, lambda s, d: all(d.values()),
+                                before=before, log=print)
+    alarms, count = report.null_rate(result, "null", "60s")
+    assert count == NULLS and alarms == 0  # a false alarm a week: nothing in 30 decisions
+    # the detector bet on every cycle before the change, 40 of them per replicate, and never alarmed
+    evidence_alarms, cycles = report.evidence_null(result)
+    assert cycles == (NULLS + 2) * protocol.WARM + NULLS and evidence_alarms == 0
+    assert max(report.delays(result, "pooling", "60s")) <= 2.0
+    meta = {**plan.meta, "replicates": 2, "horizon": 2}
+    table = report.tables([result], meta)
+    assert "its accumulating detector alone" in table and "| embedding-monitor evidence (60s) |" in table
+    week = table.split("**At a false alarm a week**")[1].split("\n\n")[1]
+    assert "| embedding-monitor evidence (60s) |" in week and "(2/2)" in week

@@ -295,7 +295,7 @@ _VALUES = st.one_of(
 
 
 @settings(max_examples=100, deadline=None, derandomize=True, database=None)
-@given(field=st.sampled_from(["regions", "bag", "recent", "log_evidence", "cycles", "alarms", "rng", "last"]),
+@given(field=st.sampled_from(["regions", "bag", "recent", "components", "cycles", "alarms", "rng", "last"]),
        value=_VALUES, drop=st.booleans())
 def test_a_checkpointed_detector_is_resumed_exactly_or_refused_unchanged(field: str, value: Any, drop: bool) -> None:
     """Outside bytes (a checkpoint file): any value in any field resumes a detector this feed could

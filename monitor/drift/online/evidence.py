@@ -1,4 +1,4 @@
-"""Evidence that accumulates: an anytime-valid change detector on the reference's regions.
+"""Evidence that accumulates: a change detector that bets on conformal p-values of the reference's cells.
 
 The drift suite decides on one window at a time and forgets it, so a shift too small for one
 window is missed in every window. This detector keeps the evidence. Each fresh row (a row of a
@@ -7,36 +7,44 @@ count the same row twice) is turned into a *conformal p-value*, the evidence in 
 a product of bets on those p-values, and a Shiryaev–Roberts statistic accumulates the cycles'
 evidence with a false-alarm guarantee that holds however long the stream runs.
 
-Conformal p-values. The rows' score is their region (:class:`~monitor.drift.attribution.regions.Regions`:
-the nearest of the k centres fitted on one half of the reference). The *bag* starts with the
-region counts of the reference's other, held-out half and takes in every stream row after it
-is scored. A row of region ``b`` arriving when the bag holds ``N`` rows, ``G`` of them in a
-region numbered above ``b`` and ``C`` in ``b``, gets ``p = (G + U (C + 1)) / (N + 1)`` with
-``U`` uniform on (0, 1) (Vovk, Gammerman & Shafer 2005, smoothed conformal p-values). When
-the held-out reference rows and the stream rows are exchangeable (in particular: independent
-draws from one distribution), these p-values are independent and uniform on (0, 1), exactly,
-whatever the centres, the region numbering or the distribution are (Vovk et al. 2003).
+Conformal p-values. The rows' score is a *cell* fixed before the stream from one half of the
+reference: their region (:class:`~monitor.drift.attribution.regions.Regions`: the nearest of the k
+centres fitted on that half) or, finer, an :class:`EvidenceCells` code (the region in several
+partitions, the side of principal directions, far or not). The *bag* starts with the cell counts
+of the reference's other, held-out half and takes in every stream row after it is scored. A row
+of cell ``b`` arriving when the bag holds ``N`` rows, ``G`` of them in a cell numbered above ``b``
+and ``C`` in ``b``, gets ``p = (G + U (C + 1)) / (N + 1)`` with ``U`` uniform on (0, 1) (Vovk,
+Gammerman & Shafer 2005, smoothed conformal p-values). When the held-out reference rows and the
+stream rows are exchangeable (in particular: independent draws from one distribution), these
+p-values are independent and uniform on (0, 1), exactly, whatever the cells or the distribution
+are (Vovk et al. 2003).
 
-Betting. Before each cycle the detector picks a density ``f`` on [0, 1] from the past alone: the
-interval of region ``b``'s p-values (its share of the bag, by region number) gets the height
-``(1 - λ) + λ q_b / π_b``, with ``π_b`` the bag's share of region ``b`` and ``q_b`` a forgetful
-estimate of the recent stream's share (a prior of ``prior_rows`` rows at the bag's shares plus
-the recent rows' counts, each cycle's weighing ``forget`` times the last). The density
-integrates to one, so under no change each row's factor ``f(p)`` has mean 1 given the past,
-and so does the cycle's evidence ``e_t``, the product of its rows' factors.
+Betting: a mixture. Before each cycle the detector fixes, from the past alone, several densities
+on [0, 1] that integrate to one. The *adaptive* bet gives the interval of cell ``b``'s p-values (its
+share ``π_b`` of the bag, by cell number) the height ``(1 - λ) + λ q_b / π_b``, ``q_b`` a forgetful
+estimate of the recent stream's share (a prior of ``prior_rows`` rows at the bag's shares plus the
+recent rows' counts, each cycle's weighing ``forget`` times the last). Each *alternative* set of
+cells ``S`` (``sets``: by default each cell alone; :meth:`EvidenceCells.sets`: each region of each
+partition, each side of each direction, the far rows) and stake ``λ`` in ``lambdas`` gives
+``1 + λ (1{p in S} / w_S - 1)``, ``w_S`` the bag's share of ``S``. A cycle's evidence ``e_t`` for a
+bet is the product of its rows' ``f(p)``.
 
-Accumulation. The Shiryaev–Roberts statistic ``R_t = (1 + R_{t-1}) e_t`` (``R_0 = 0``) alarms
-when ``R_t ≥ A`` and restarts at 0. Under no change ``R_t - t`` is a martingale, so the mean
-number of cycles to a false alarm is at least ``A`` (optional stopping; Shin, Ramdas & Rinaldo
-2023, e-detectors); between restarts false alarms come at most once per ``A`` cycles on
-average. ``log_evidence`` is ``log R_t``, exported per stream.
+Accumulation. Each bet runs a Shiryaev–Roberts statistic ``R_t = (1 + R_{t-1}) e_t`` (``R_0 = 0``);
+the detector's statistic is their average, which alarms when it reaches ``A`` and restarts every
+bet at 0. For bets that are functions of the past p-values, ``R_t - t`` is a martingale under no
+change for each bet and for the average, so the mean number of cycles to a false alarm is at least
+``A`` (optional stopping; Shin, Ramdas & Rinaldo 2023, e-detectors). The bets here read the bag's
+cells, which carry slightly more than the past p-values (a p-value at the end of its cell's
+interval does not say which of two neighbouring cells its row was in), so the argument holds up
+to a bias that shrinks as the bag grows; the rate is measured (:func:`simulate_null_alarms`,
+docs/drift.md) at half the bound or less. ``log_evidence`` is the log of the average, exported per
+stream.
 
 Assumptions, stated where the guarantee is used (docs/drift.md, "Evidence that accumulates"):
 the held-out reference rows and every stream row since the detector started are exchangeable
-(the stream has the reference's distribution and its rows are independent); the regions and
+(the stream has the reference's distribution and its rows are independent); the cells and
 their held-out counts do not change (a new reference starts a new detector). Not assumed: any
-model of the embeddings, the number of rows per cycle, or how the bets were chosen (they depend
-on the past only).
+model of the embeddings or the number of rows per cycle.
 
 numpy only.
 """
@@ -51,6 +59,7 @@ import numpy as np
 DEFAULT_LAMBDA = 0.5
 DEFAULT_FORGET = 0.8
 DEFAULT_PRIOR_ROWS = 200.0
+DEFAULT_LAMBDAS = (0.02, 0.05, 0.1, 0.2, 0.4)
 _CHUNK_ROWS = 512  # rows per block of the conformal p-values of one stream
 
 
@@ -136,39 +145,97 @@ def sr_step(log_evidence: np.ndarray, log_e: np.ndarray) -> np.ndarray:
     return np.logaddexp(0.0, log_evidence) + log_e
 
 
+def region_sets(k: int) -> np.ndarray:
+    """The default alternatives: one set per region, ``(k, k)`` (each region's share up)."""
+    return np.eye(k, dtype=bool)
+
+
+def check_sets(sets: np.ndarray | None, k: int) -> np.ndarray:
+    """``sets`` (J, k) as booleans, each a non-empty proper subset of the k cells (default :func:`region_sets`)."""
+    if sets is None:
+        return region_sets(k)
+    sets = np.asarray(sets)
+    if sets.ndim != 2 or sets.shape[1] != k or sets.shape[0] < 1 or sets.dtype != bool:
+        raise ValueError(f"sets must be a boolean (J, {k}) array of cells, J >= 1; got {sets.shape}, {sets.dtype}")
+    if not sets.any(axis=1).all() or sets.all(axis=1).any():
+        raise ValueError("every set must hold some cells and not all of them")
+    return sets
+
+
+def mixture_cycle(
+    bag: np.ndarray, recent: np.ndarray, labels: np.ndarray, rng: np.random.Generator,
+    bet: float, prior_rows: float, sets: np.ndarray, lambdas: np.ndarray,
+) -> np.ndarray:
+    """One cycle's log-evidence per component (..., 1 + J·L) of ``labels`` (..., n) against ``bag`` (..., k).
+
+    Component 0 is the adaptive bet of :func:`bet_density`; component ``1 + j·L + l`` bets that the
+    p-values fall in set ``j``'s cells more often than their width ``w_j`` (the bag's share of the
+    set): the density ``1 + λ_l (1{p in set j} / w_j - 1)``, which integrates to one. Every bet is
+    fixed before the cycle (the bag, ``recent`` and the sets), so each component's e-value has mean 1
+    given the past when the rows are exchangeable with the bag. A set of zero width is not bet on.
+    """
+    edges, heights = bet_density(bag, recent, bet, prior_rows)
+    p_values = conformal_p_values(labels, bag, rng)
+    k = heights.shape[-1]
+    cell = np.minimum((edges[..., None, 1:] >= p_values[..., None]).sum(axis=-1), k - 1)  # (..., n)
+    counts = (cell[..., None] == np.arange(k)).sum(axis=-2).astype(np.float64)  # (..., k) rows per cell
+    rows = counts.sum(axis=-1)
+    adaptive = (counts * np.log(heights)).sum(axis=-1)
+    member = sets.astype(np.float64)  # (J, k)
+    shares = bag / bag.sum(axis=-1, keepdims=True)
+    width = shares @ member.T  # (..., J)
+    inside = counts @ member.T  # (..., J)
+    lam = np.where(width[..., None] > 0, lambdas, 0.0)  # (..., J, L)
+    safe = np.where(width > 0, width, 1.0)[..., None]
+    per_set = inside[..., None] * np.log1p(lam * (1.0 / safe - 1.0)) + (rows[..., None, None]
+                                                                         - inside[..., None]) * np.log1p(-lam)
+    return np.concatenate([adaptive[..., None], per_set.reshape(*per_set.shape[:-2], -1)], axis=-1)
+
+
+def mixture_log(components: np.ndarray) -> np.ndarray:
+    """``log`` of the equal-weight average of the components' statistics (last axis, in logs)."""
+    return np.logaddexp.reduce(components, axis=-1) - math.log(components.shape[-1])
+
+
 def simulate_null_alarms(
     reference_counts: np.ndarray, shares: np.ndarray, rows: int, cycles: int, streams: int, threshold: float,
     *, bet: float = DEFAULT_LAMBDA, forget: float = DEFAULT_FORGET, prior_rows: float = DEFAULT_PRIOR_ROWS,
-    seed: int = 0,
+    lambdas: tuple[float, ...] = DEFAULT_LAMBDAS, sets: np.ndarray | None = None, seed: int = 0,
 ) -> int:
     """False alarms of ``streams`` detectors over ``cycles`` cycles each when nothing changes.
 
-    Each stream's rows fall in the regions at ``shares`` and the bag starts at ``reference_counts``
+    Each stream's rows fall in the cells at ``shares`` and the bag starts at ``reference_counts``
     (drawn from the same ``shares`` for the guarantee to apply); the same steps as
     :meth:`EvidenceDetector.update`, for all streams at once. A stream restarts after an alarm.
     """
     rng = np.random.default_rng(seed)
     k = len(shares)
+    member = check_sets(sets, k)
+    lam = np.asarray(lambdas, dtype=np.float64)
     bag = np.tile(np.asarray(reference_counts, dtype=np.int64), (streams, 1))
     recent = np.zeros((streams, k))
-    log_evidence = np.full(streams, -np.inf)
+    components = np.full((streams, 1 + len(member) * len(lam)), -np.inf)
     alarms, limit = 0, math.log(threshold)
     cumulative = np.cumsum(shares)
     for _ in range(cycles):
         labels = np.minimum(np.searchsorted(cumulative, rng.random((streams, rows)), side="right"), k - 1)
-        log_e = bet_cycle(bag, recent, labels, rng, bet, prior_rows)
+        log_e = mixture_cycle(bag, recent, labels, rng, bet, prior_rows, member, lam)
         counts = (labels[..., None] == np.arange(k)).sum(axis=1)
         bag += counts
         recent = forget * recent + counts
-        log_evidence = sr_step(log_evidence, log_e)
-        alarmed = log_evidence >= limit
+        components = sr_step(components, log_e)
+        alarmed = mixture_log(components) >= limit
         alarms += int(alarmed.sum())
-        log_evidence[alarmed] = -np.inf
+        components[alarmed] = -np.inf
     return alarms
 
 
 class EvidenceDetector:
     """The per-stream accumulator (module docstring); ``update`` once per cycle with its fresh rows' regions.
+
+    ``sets`` (J, k) booleans: the alternatives bet on one by one (default: each region's share up);
+    ``lambdas``: the fixed stakes each is bet at. With labels that are cells of several partitions at
+    once (:class:`EvidenceCells`), a set is one region of one partition.
 
     Examples
     --------
@@ -192,6 +259,8 @@ class EvidenceDetector:
         bet: float = DEFAULT_LAMBDA,
         forget: float = DEFAULT_FORGET,
         prior_rows: float = DEFAULT_PRIOR_ROWS,
+        lambdas: tuple[float, ...] = DEFAULT_LAMBDAS,
+        sets: np.ndarray | None = None,
         seed: int | np.random.SeedSequence | None = 0,
     ):
         counts = np.asarray(reference_counts, dtype=np.int64)
@@ -201,11 +270,16 @@ class EvidenceDetector:
             raise ValueError(f"threshold must be above 1 (the mean cycles to a false alarm), got {threshold}")
         if not 0 < bet < 1 or not 0 <= forget < 1 or not prior_rows > 0:
             raise ValueError(f"need 0 < bet < 1, 0 <= forget < 1, prior_rows > 0; got {bet}, {forget}, {prior_rows}")
+        lam = np.asarray(lambdas, dtype=np.float64)
+        if lam.ndim != 1 or not len(lam) or not ((lam > 0) & (lam < 1)).all():
+            raise ValueError(f"lambdas must be stakes in (0, 1); got {lambdas}")
         self.bag = counts.copy()
         self.threshold = float(threshold)
         self.bet, self.forget, self.prior_rows = bet, forget, prior_rows
+        self.lambdas = lam
+        self.sets = check_sets(sets, len(counts))
         self.recent = np.zeros(len(counts))
-        self.log_evidence = -math.inf  # log R_t; R_0 = 0
+        self.components = np.full(1 + len(self.sets) * len(lam), -np.inf)  # each bet's log R_t; R_0 = 0
         self.rng = np.random.default_rng(seed)
         self.cycles = 0
         self.alarms = 0
@@ -214,23 +288,133 @@ class EvidenceDetector:
     def k(self) -> int:
         return len(self.bag)
 
+    @property
+    def log_evidence(self) -> float:
+        """``log R_t`` of the mixture: the log of the components' average statistic."""
+        return float(mixture_log(self.components))
+
     def update(self, labels: np.ndarray) -> EvidenceStep:
         """Bet on one cycle's fresh rows (their region labels, in arrival order); the statistic after it."""
         labels = np.asarray(labels, dtype=np.int64).ravel()
         if labels.size and (labels.min() < 0 or labels.max() >= self.k):
             raise ValueError(f"region labels must be in [0, {self.k}); got {labels.min()}..{labels.max()}")
-        log_e = float(bet_cycle(self.bag, self.recent, labels, self.rng, self.bet, self.prior_rows))
+        before = self.log_evidence
+        log_e = mixture_cycle(self.bag, self.recent, labels, self.rng, self.bet, self.prior_rows, self.sets,
+                              self.lambdas)
         counts = np.bincount(labels, minlength=self.k)
         self.bag += counts
         self.recent = self.forget * self.recent + counts
-        self.log_evidence = float(sr_step(np.array(self.log_evidence), np.array(log_e)))
+        self.components = sr_step(self.components, log_e)
         self.cycles += 1
-        alarmed = self.log_evidence >= math.log(self.threshold)
-        step = EvidenceStep(int(labels.size), log_e, self.log_evidence, alarmed)
+        after = self.log_evidence
+        alarmed = after >= math.log(self.threshold)
+        # the mixture's own cycle evidence: R_t = (1 + R_{t-1}) e_t for the averaged statistic too
+        step = EvidenceStep(int(labels.size), after - float(np.logaddexp(0.0, before)), after, alarmed)
         if alarmed:
             self.alarms += 1
-            self.log_evidence = -math.inf
+            self.components[:] = -np.inf
         return step
+
+
+@dataclass(frozen=True)
+class EvidenceCells:
+    """A finer score than one partition's region: the cell of a row in several partitions at once, on
+    which side of the median it lies along the reference's first principal directions, and whether
+    it lies far from its nearest centre.
+
+    Fitted on one half of a reference: ``partitions`` k-means partitions of ``regions`` centres each
+    (different seeds), the first ``directions`` principal directions of the fit rows with the median
+    of their projections, and the ``far_quantile`` of the fit rows' distance to the first
+    partition's nearest centre; the other half's cell counts are the bag. A row's cell is the
+    mixed-radix code of its region in each partition, its side of each direction and its far bit.
+    ``sets()``: the alternatives for :class:`EvidenceDetector`, one per region of each partition,
+    one per side of each direction (a class that moves the mean moves rows across a median) and
+    one for the far rows. The score is fixed before the stream (it depends on the fit half alone).
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> cells = EvidenceCells.fit(rng.normal(size=(400, 8)), regions=4, partitions=2, directions=1, seed=0)
+    >>> cells.reference_counts.sum(), cells.sets().shape, int(cells.assign(rng.normal(size=(5, 8))).max()) < 64
+    (np.int64(200), (11, 64), True)
+    """
+
+    centres: tuple[np.ndarray, ...]
+    radius: float
+    reference_counts: np.ndarray
+    mean: np.ndarray | None = None
+    axes: np.ndarray | None = None  # (directions, d)
+    medians: np.ndarray | None = None  # (directions,)
+
+    @classmethod
+    def fit(cls, reference: np.ndarray, *, regions: int | tuple[int, ...] = 16, partitions: int = 2,
+            directions: int = 0, far_quantile: float = 0.95, seed: int = 0) -> EvidenceCells:
+        """``regions``: the centres of each of the ``partitions`` partitions, or a tuple of them, one per
+        partition (then ``partitions`` is its length)."""
+        from monitor.drift.attribution.regions import kmeans, nearest
+
+        rows = np.asarray(reference, dtype=np.float64)
+        half = len(rows) // 2
+        counts = (regions,) * partitions if isinstance(regions, int) else tuple(regions)
+        if (not counts or min(counts) < 2 or half < max(counts) or not 0 < far_quantile < 1
+                or not 0 <= directions <= min(half, rows.shape[1])):
+            raise ValueError(f"need 2 <= regions <= half the reference ({half}), partitions >= 1, 0 <= directions "
+                             f"<= the rows' dimension and 0 < far_quantile < 1; got {regions}, {partitions}, "
+                             f"{directions}, {far_quantile}")
+        rng = np.random.default_rng(seed)
+        order = rng.permutation(len(rows))
+        fit_rows, held_out = rows[order[:half]], rows[order[half:]]
+        centres = tuple(kmeans(fit_rows, k, rng) for k in counts)
+        radius = float(np.quantile(nearest(fit_rows, centres[0])[1], far_quantile))
+        mean = axes = medians = None
+        if directions:
+            mean = fit_rows.mean(axis=0)
+            axes = np.linalg.svd(fit_rows - mean, full_matrices=False)[2][:directions]
+            medians = np.median((fit_rows - mean) @ axes.T, axis=0)
+        cells = cls(centres, radius, np.zeros(0, dtype=np.int64), mean, axes, medians)
+        return cls(centres, radius, np.bincount(cells.assign(held_out), minlength=cells.k), mean, axes, medians)
+
+    @property
+    def directions(self) -> int:
+        return 0 if self.axes is None else len(self.axes)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The radix of each part of a cell's code: the partitions, then the directions' sides, then far."""
+        return (*(len(c) for c in self.centres), *(2,) * self.directions, 2)
+
+    @property
+    def k(self) -> int:
+        return int(np.prod(self.sizes))
+
+    def assign(self, rows: np.ndarray) -> np.ndarray:
+        """Each row's cell (n,) in [0, k)."""
+        from monitor.drift.attribution.regions import nearest
+
+        rows = np.asarray(rows, dtype=np.float64)
+        code = np.zeros(len(rows), dtype=np.int64)
+        scale = 1
+        for i, centres in enumerate(self.centres):
+            label, distance = nearest(rows, centres)
+            code += label * scale
+            if i == 0:
+                far = distance > self.radius
+            scale *= len(centres)
+        if self.axes is not None and self.mean is not None and self.medians is not None:
+            sides = ((rows - self.mean) @ self.axes.T > self.medians).astype(np.int64)
+            code += (sides * (2 ** np.arange(self.directions))).sum(axis=1) * scale
+            scale *= 2**self.directions
+        return code + far.astype(np.int64) * scale
+
+    def sets(self) -> np.ndarray:
+        """(J, k) booleans: each region of each partition, each side of each direction, then the far rows."""
+        cells = np.arange(self.k)
+        out, scale = [], 1
+        for i, size in enumerate(self.sizes):
+            part = (cells // scale) % size
+            out += [part == 1] if i == len(self.sizes) - 1 else [part == b for b in range(size)]
+            scale *= size
+        return np.array(out)
 
 
 def threshold_for(cycle_alpha: float, share: float) -> float:

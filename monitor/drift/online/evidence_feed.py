@@ -33,6 +33,7 @@ from monitor.state import checks
 from monitor.state.reservoir import generator_from_state
 
 MAX_REGIONS = 64  # drift.regions.max_regions at most
+MAX_BETS = 1 + MAX_REGIONS * 32  # the adaptive bet and, per set of regions, each stake (a checkpoint holds each)
 
 
 @dataclass(frozen=True)
@@ -159,13 +160,14 @@ class EvidenceFeed:
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """The detector's state (the bag, the recent counts, ``log R``, its random state) and the last
+        """The detector's state (the bag, the recent counts, each bet's ``log R``, its random state) and the last
         bet; labels still pending are not kept (their rows are never bet on: a value-blind skip)."""
         d = self.detector
         return {
             "regions": regions_fingerprint(self.regions), "bag": [int(x) for x in d.bag],
-            "recent": [float(x) for x in d.recent], "log_evidence": None if d.log_evidence == -math.inf
-            else d.log_evidence, "cycles": d.cycles, "alarms": d.alarms, "rng": dict(d.rng.bit_generator.state),
+            "recent": [float(x) for x in d.recent],
+            "components": [None if x == -math.inf else float(x) for x in d.components],
+            "cycles": d.cycles, "alarms": d.alarms, "rng": dict(d.rng.bit_generator.state),
             "last": None if self.last is None else self.last.state(),
         }
 
@@ -179,7 +181,10 @@ class EvidenceFeed:
         if len(bag) != self.regions.k or (bag < self.regions.reference_counts).any():
             raise checks.InvalidState(f"the evidence bag {bag.tolist()[:8]} does not hold the reference's counts")
         d = self.detector
-        d.bag, d.recent, d.log_evidence = bag, parsed["recent"], parsed["log_evidence"]
+        if len(parsed["components"]) != len(d.components):
+            raise checks.InvalidState(f"the checkpointed evidence has {len(parsed['components'])} bets, "
+                                      f"this detector {len(d.components)}")
+        d.bag, d.recent, d.components = bag, parsed["recent"], parsed["components"]
         d.cycles, d.alarms, d.rng = parsed["cycles"], parsed["alarms"], parsed["rng"]
         self.last = parsed["last"]
 
@@ -221,13 +226,16 @@ def check_feed_state(state: Mapping[str, Any]) -> dict[str, Any]:
         rng = generator_from_state(dict(rng_state))
     except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
         raise checks.InvalidState(f"the evidence's random state is not one numpy writes: {exc}") from None
-    log_evidence = state["log_evidence"]
+    components = state["components"]
+    if not isinstance(components, list | tuple) or not 1 <= len(components) <= MAX_BETS:
+        raise checks.InvalidState(f"the evidence must hold 1..{MAX_BETS} bets")
     last = state.get("last")
     return {
         "regions": checks.integer(state["regions"], "evidence regions checksum", 0, 2**32 - 1),
         "bag": np.array([checks.count(x, "evidence bag count") for x in bag], dtype=np.int64),
         "recent": np.array([checks.finite(x, "evidence recent count", low=0.0) for x in recent]),
-        "log_evidence": -math.inf if log_evidence is None else checks.finite(log_evidence, "log evidence"),
+        "components": np.array([-math.inf if x is None else checks.finite(x, "log evidence of a bet")
+                                for x in components]),
         "cycles": checks.count(state["cycles"], "evidence cycles"),
         "alarms": checks.count(state["alarms"], "evidence alarms"), "rng": rng,
         "last": None if last is None else EvidenceResult.from_state(last),
