@@ -18,7 +18,8 @@ reference samples and the cycle alpha of a 5 s and a 60 s cycle (a fresh false a
   windows a tenth (then a fifth) of which come from classes the reference never had: at the first
   cycle a region is named, how many of its window exemplars are new items (:func:`run_unseen`);
 - ``naming`` (not in the default ``--cases`` either): other partitions and rankings against the
-  detection bench's δ = 10% windows, for the classes 32 regions do not name (:func:`run_naming`).
+  detection bench's δ = 10% windows, for the classes 32 regions do not name (:func:`run_naming`);
+- ``rules`` (nor this): the exemplar rules side by side on the detection bench's windows (:func:`run_rules`).
 
 Each replicate of the first four is ONE cycle on a window whose composition is the case's share (the window sample
 of a reservoir over a window holding that share is Binomial(sample, share) new rows); this is not
@@ -292,6 +293,69 @@ def run_naming(seeds: tuple[int, ...] = (32, 33, 34), purity: float = 0.6) -> No
         print(f"naming   {key}: {count}/{windows}")
 
 
+def run_rules(seeds: tuple[int, ...] = (31, 32)) -> None:
+    """The ``rules`` case: exemplar rules side by side on ``bench/detection``'s windows at its default
+    sizes (4,000-row reference, 2,000-row window wholly after the change, one replicate per seen class
+    and seed), for the ``unseen`` case (a tenth from classes the reference never had) and δ = 10%
+    (a seen class raised). Each window's regions are named by Benjamini–Hochberg at ``q``/2 whatever
+    the verdict (so every window counts); per rule, the items of what arrived among the 3 window
+    exemplars of the first named region that gained share, and of every such region."""
+    from bench.detection import corpus
+    from bench.detection.streams import Traffic
+    from monitor.drift.attribution.region_shares import compare_regions, exemplar_order, witness_parts
+    from monitor.drift.attribution.regions import ranked_ids
+
+    texts = corpus.load()
+    vectors = corpus.embeddings(texts, ("mean",))["mean"].astype(np.float64)
+    traffic = Traffic(texts)
+    for case in ("unseen", "share10"):
+        tally: dict[str, list[int]] = {}
+        for seed in seeds:
+            rng = np.random.default_rng(seed)
+            for r in range(len(corpus.SEEN)):
+                reference = vectors[traffic.base(rng, 4000)]
+                records = traffic.shifted(rng, 2000, case, r)
+                window = vectors[records]
+                arrived = (np.isin(texts.labels[records], [texts.classes.index(c) for c in corpus.UNSEEN])
+                           if case == "unseen" else texts.labels[records] == texts.classes.index(corpus.SEEN[r]))
+                regions = fit_regions(reference, seed=r)
+                assert regions is not None
+                sample = reference[np.random.default_rng(1000 + r).choice(len(reference), 2000, replace=False)]
+                ids = [str(i) for i in range(len(window))]
+                report = compare_regions(regions, window, ids, sample, 0.025, exemplars=3, seed=r)
+                gained = [g.region for g in report.ranked() if g.shifted and g.change > 0]
+                if not gained:
+                    continue
+                labels = regions.assign(window)[0]
+                # the kernel witness as compare_regions computes it (its rng from the same seed)
+                at_window = witness_parts(window, labels, sample, regions.assign(sample)[0], regions.k,
+                                          np.random.default_rng(r))[1]
+                scores = {
+                    "neighbours' share, 20 (the rule)": exemplar_order(
+                        neighbour_shares(window, sample, np.random.default_rng(r)), at_window),
+                    "neighbours' share, 10": exemplar_order(
+                        neighbour_shares(window, sample, np.random.default_rng(r), neighbours=10), at_window),
+                    "neighbours' share, 40": exemplar_order(
+                        neighbour_shares(window, sample, np.random.default_rng(r), neighbours=40), at_window),
+                    "neighbours' share, 20, 1,000 rows a side": exemplar_order(
+                        neighbour_shares(window, sample, np.random.default_rng(r), points=1000), at_window),
+                    "kernel witness (the previous rule)": -at_window,
+                    "least like any reference row": -nearest_distance(window, sample),
+                }
+                for rule, score in scores.items():
+                    chosen = ranked_ids(labels, score, ids, regions.k, 3)
+                    first = [int(i) for i in chosen[gained[0]]]
+                    every = [int(i) for j in gained for i in chosen[j]]
+                    counts = tally.setdefault(rule, [0, 0, 0, 0])
+                    counts[0] += int(arrived[first].sum())
+                    counts[1] += len(first)
+                    counts[2] += int(arrived[every].sum())
+                    counts[3] += len(every)
+        for rule, (first_hit, first_all, every_hit, every_all) in tally.items():
+            print(f"rules    {case}: {rule}: first named region's exemplars arrived {first_hit}/{first_all}, "
+                  f"every named region's {every_hit}/{every_all}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--replicates", type=int, default=10)
@@ -302,6 +366,9 @@ def main() -> None:
     for case in args.cases.split(","):
         if case == "naming":
             run_naming()
+            continue
+        if case == "rules":
+            run_rules()
             continue
         if case == "unseen":
             for share in (UNSEEN_SHARE, 2 * UNSEEN_SHARE) if args.replicates > 3 else (UNSEEN_SHARE,):
