@@ -110,9 +110,9 @@ def blocks(out: str) -> list[list[str]]:
 def test_a_healthy_demo_never_flags_drift_over_twenty_cycles_and_skips_no_job(tmp_path: Path) -> None:
     demo = Demo(tmp_path, "  rate: 300\n  canary_period_seconds: 2\n  phases: [{kind: healthy, seconds: 1000}]\n")
     try:
-        wait_until(lambda: demo.tested_streams() == len(STREAMS), timeout=45, interval=0.5, message="first verdicts")
+        wait_until(lambda: demo.tested_streams() == len(STREAMS), timeout=180, interval=0.5, message="first verdicts")
         first = demo.drift_runs()
-        wait_until(lambda: demo.drift_runs() >= first + 20, timeout=80, interval=0.5, message="20 more drift cycles")
+        wait_until(lambda: demo.drift_runs() >= first + 20, timeout=240, interval=0.5, message="20 more drift cycles")
         samples = demo.scrape()
     finally:
         out = demo.stop()
@@ -149,11 +149,11 @@ def test_a_healthy_demo_never_flags_drift_over_twenty_cycles_and_skips_no_job(tm
 def test_the_scripted_demo_catches_the_silent_swap_and_names_the_topic_shift(tmp_path: Path) -> None:
     phases = (
         "  phases: [{kind: healthy, seconds: 15}, {kind: swapped, seconds: 15}, {kind: healthy, seconds: 20},\n"
-        "           {kind: topic_shift, seconds: 60}]\n  loop: false\n"
+        "           {kind: topic_shift, seconds: 180}]\n  loop: false\n"  # the wait ends when it is named
     )
     demo = Demo(tmp_path, f"  rate: 300\n  canary_period_seconds: 2\n{phases}")
     try:
-        wait_until(lambda: named_topic(blocks(demo.out)), timeout=120, interval=1, message="the topic shift named")
+        wait_until(lambda: named_topic(blocks(demo.out)), timeout=300, interval=1, message="the topic shift named")
     finally:
         out = demo.stop()
     views = blocks(out)

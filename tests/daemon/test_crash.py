@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 import re
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -44,16 +45,22 @@ def test_sigkill_at_random_moments_counts_every_record_exactly_once(
     state_dir, port = tmp_path / "state", free_port()
     rng = random.Random(20240607)
     seen_before_kill: list[float] = []
-    with KnownSequence(broker, topic) as producer:
+    # the stream is written only while a daemon runs, so every kill lands mid-stream however long a
+    # start takes on a busy machine
+    writing = threading.Event()
+    with KnownSequence(broker, topic, gate=writing) as producer:
         for kill in range(KILLS):
             log = tmp_path / f"run-{kill}.log"
             with daemons.crash_tested(broker, topic, group, state_dir, log, port=port, client=client) as daemon:
                 wait_until(lambda: "assigned partitions" in daemon.output(), timeout=40, message="partitions assigned")
+                writing.set()
                 time.sleep(rng.uniform(0.05, 2.5))  # the point: killed at random while it consumes and commits
+                writing.clear()
                 with_records = scrape(port)
                 seen_before_kill.append(value(with_records, "embmon_records_total", model="bin", stream="default") or 0)
                 assert daemon.kill() == -signal.SIGKILL
-        producer.join(timeout=60)
+        writing.set()
+        producer.join(timeout=90)
     assert producer.error is None
 
     log = tmp_path / "final.log"
@@ -66,7 +73,7 @@ def test_sigkill_at_random_moments_counts_every_record_exactly_once(
                     and value(s, "embmon_records_total", model="json", stream="default") == producer.MESSAGES
                     and value(s, "embmon_window_records", model="bin", stream="default") == expected_bin)
 
-        wait_until(done, timeout=60, message="all records counted after the restarts")
+        wait_until(done, timeout=120, message="all records counted after the restarts")
         time.sleep(1.5)  # the point: no replayed (double-counted) poll lands within 1.5 s (nothing to wait for)
         samples = scrape(port)
         assert daemon.stop(timeout=15) == 0

@@ -109,10 +109,11 @@ class KnownSequence(_ProducerThread):
     MESSAGES = 150
     DIM_BIN, DIM_JSON = 16, 8
 
-    def __init__(self, broker: Broker, topic: str):
+    def __init__(self, broker: Broker, topic: str, gate: threading.Event | None = None):
         super().__init__(name="test-producer", daemon=True)
         self.broker, self.topic = broker, topic
         self.stopped = threading.Event()
+        self.gate = gate  # when given, a message is written only while it is set (a test paces the stream by it)
         rng = np.random.default_rng(11)
         self.bin_rows = rng.standard_normal((self.MESSAGES, 20, self.DIM_BIN)).astype(np.float32) + 0.3
         self.json_rows = rng.standard_normal((self.MESSAGES, self.DIM_JSON)).astype(np.float32)
@@ -124,6 +125,8 @@ class KnownSequence(_ProducerThread):
             producer = self.broker.producer()
             headers = [("model", b"bin"), ("dim", str(self.DIM_BIN).encode())]
             for i in range(self.MESSAGES):
+                while self.gate is not None and not self.gate.wait(0.1) and not self.stopped.is_set():
+                    pass
                 if self.stopped.is_set():
                     break
                 partition = i % 2
