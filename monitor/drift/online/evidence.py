@@ -31,14 +31,15 @@ bet is the product of its rows' ``f(p)``.
 
 Accumulation. Each bet runs a Shiryaev–Roberts statistic ``R_t = (1 + R_{t-1}) e_t`` (``R_0 = 0``);
 the detector's statistic is their average, which alarms when it reaches ``A`` and restarts every
-bet at 0. For bets that are functions of the past p-values, ``R_t - t`` is a martingale under no
-change for each bet and for the average, so the mean number of cycles to a false alarm is at least
-``A`` (optional stopping; Shin, Ramdas & Rinaldo 2023, e-detectors). The bets here read the bag's
-cells, which carry slightly more than the past p-values (a p-value at the end of its cell's
-interval does not say which of two neighbouring cells its row was in), so the argument holds up
-to a bias that shrinks as the bag grows; the rate is measured (:func:`simulate_null_alarms`,
-docs/drift.md) at half the bound or less. ``log_evidence`` is the log of the average, exported per
-stream.
+bet at 0. Every bet is a function of past p-values only: its cells are intervals of [0, 1] fixed
+once, from the reference's held-out counts (cell ``b``: region ``b``'s share of them), ``q_b`` counts
+the past p-values that fell in each, and ``w_S`` is the fixed cells' width. So under no change
+``R_t - t`` is a martingale with respect to the p-values, for each bet and for the average, and the
+mean number of cycles to a false alarm is at least ``A`` (optional stopping; Shin, Ramdas & Rinaldo
+2023, e-detectors), exactly. (Cells taken from the growing bag would read the past rows' regions,
+which say slightly more than their p-values; fixed cells give that up, and only lose the alignment
+of a region's p-values with its cell as the bag drifts from the reference.) ``log_evidence`` is the
+log of the average, exported per stream.
 
 Assumptions, stated where the guarantee is used (docs/drift.md, "Evidence that accumulates"):
 the held-out reference rows and every stream row since the detector started are exchangeable
@@ -133,10 +134,12 @@ def log_evidence_of(p_values: np.ndarray, edges: np.ndarray, heights: np.ndarray
 
 
 def bet_cycle(
-    bag: np.ndarray, recent: np.ndarray, labels: np.ndarray, rng: np.random.Generator, bet: float, prior_rows: float
+    bag: np.ndarray, recent: np.ndarray, labels: np.ndarray, rng: np.random.Generator, bet: float, prior_rows: float,
+    fixed: np.ndarray | None = None,
 ) -> np.ndarray:
-    """One cycle's log-evidence (...,) of ``labels`` (..., n) against ``bag`` and ``recent`` (..., k), unchanged."""
-    edges, heights = bet_density(bag, recent, bet, prior_rows)
+    """One cycle's log-evidence (...,) of ``labels`` (..., n) against ``bag`` and ``recent`` (..., k), unchanged;
+    the bet's cells from ``fixed`` counts (the reference's; default ``bag``)."""
+    edges, heights = bet_density(bag if fixed is None else fixed, recent, bet, prior_rows)
     return log_evidence_of(conformal_p_values(labels, bag, rng), edges, heights)
 
 
@@ -164,17 +167,23 @@ def check_sets(sets: np.ndarray | None, k: int) -> np.ndarray:
 
 def mixture_cycle(
     bag: np.ndarray, recent: np.ndarray, labels: np.ndarray, rng: np.random.Generator,
-    bet: float, prior_rows: float, sets: np.ndarray, lambdas: np.ndarray,
-) -> np.ndarray:
-    """One cycle's log-evidence per component (..., 1 + J·L) of ``labels`` (..., n) against ``bag`` (..., k).
+    bet: float, prior_rows: float, sets: np.ndarray, lambdas: np.ndarray, fixed: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One cycle's log-evidence per component (..., 1 + J·L) of ``labels`` (..., n) against ``bag`` (..., k),
+    and the cycle's p-values counted per cell (..., k).
 
-    Component 0 is the adaptive bet of :func:`bet_density`; component ``1 + j·L + l`` bets that the
-    p-values fall in set ``j``'s cells more often than their width ``w_j`` (the bag's share of the
-    set): the density ``1 + λ_l (1{p in set j} / w_j - 1)``, which integrates to one. Every bet is
-    fixed before the cycle (the bag, ``recent`` and the sets), so each component's e-value has mean 1
-    given the past when the rows are exchangeable with the bag. A set of zero width is not bet on.
+    The cells are intervals of [0, 1] fixed once, from ``fixed`` (the reference's held-out counts;
+    default ``bag``): cell ``b`` is region ``b``'s share of them, in region order from the top.
+    Component 0 is the adaptive bet of :func:`bet_density`, ``recent`` the forgetful counts of past
+    p-values per cell; component ``1 + j·L + l`` bets that the p-values fall in set ``j``'s cells more
+    often than their width ``w_j``: the density ``1 + λ_l (1{p in set j} / w_j - 1)``, which
+    integrates to one. Every bet is a function of the cells, fixed before the stream, and of past
+    p-values only, so each component's e-value has mean 1 given the past p-values whenever the
+    p-values are independent and uniform: exactly, when the rows are exchangeable with the bag's
+    reference rows. A set of zero width is not bet on.
     """
-    edges, heights = bet_density(bag, recent, bet, prior_rows)
+    fixed = bag if fixed is None else np.asarray(fixed)
+    edges, heights = bet_density(fixed, recent, bet, prior_rows)
     p_values = conformal_p_values(labels, bag, rng)
     k = heights.shape[-1]
     cell = np.minimum((edges[..., None, 1:] >= p_values[..., None]).sum(axis=-1), k - 1)  # (..., n)
@@ -182,14 +191,14 @@ def mixture_cycle(
     rows = counts.sum(axis=-1)
     adaptive = (counts * np.log(heights)).sum(axis=-1)
     member = sets.astype(np.float64)  # (J, k)
-    shares = bag / bag.sum(axis=-1, keepdims=True)
+    shares = fixed / fixed.sum(axis=-1, keepdims=True)
     width = shares @ member.T  # (..., J)
     inside = counts @ member.T  # (..., J)
     lam = np.where(width[..., None] > 0, lambdas, 0.0)  # (..., J, L)
     safe = np.where(width > 0, width, 1.0)[..., None]
     per_set = inside[..., None] * np.log1p(lam * (1.0 / safe - 1.0)) + (rows[..., None, None]
                                                                          - inside[..., None]) * np.log1p(-lam)
-    return np.concatenate([adaptive[..., None], per_set.reshape(*per_set.shape[:-2], -1)], axis=-1)
+    return np.concatenate([adaptive[..., None], per_set.reshape(*per_set.shape[:-2], -1)], axis=-1), counts
 
 
 def mixture_log(components: np.ndarray) -> np.ndarray:
@@ -213,16 +222,16 @@ def simulate_null_alarms(
     member = check_sets(sets, k)
     lam = np.asarray(lambdas, dtype=np.float64)
     bag = np.tile(np.asarray(reference_counts, dtype=np.int64), (streams, 1))
+    fixed = bag.copy()
     recent = np.zeros((streams, k))
     components = np.full((streams, 1 + len(member) * len(lam)), -np.inf)
     alarms, limit = 0, math.log(threshold)
     cumulative = np.cumsum(shares)
     for _ in range(cycles):
         labels = np.minimum(np.searchsorted(cumulative, rng.random((streams, rows)), side="right"), k - 1)
-        log_e = mixture_cycle(bag, recent, labels, rng, bet, prior_rows, member, lam)
-        counts = (labels[..., None] == np.arange(k)).sum(axis=1)
-        bag += counts
-        recent = forget * recent + counts
+        log_e, cells = mixture_cycle(bag, recent, labels, rng, bet, prior_rows, member, lam, fixed)
+        bag += (labels[..., None] == np.arange(k)).sum(axis=1)
+        recent = forget * recent + cells
         components = sr_step(components, log_e)
         alarmed = mixture_log(components) >= limit
         alarms += int(alarmed.sum())
@@ -273,6 +282,7 @@ class EvidenceDetector:
         lam = np.asarray(lambdas, dtype=np.float64)
         if lam.ndim != 1 or not len(lam) or not ((lam > 0) & (lam < 1)).all():
             raise ValueError(f"lambdas must be stakes in (0, 1); got {lambdas}")
+        self.reference_counts = counts.copy()  # the bets' cells, fixed for the detector's life
         self.bag = counts.copy()
         self.threshold = float(threshold)
         self.bet, self.forget, self.prior_rows = bet, forget, prior_rows
@@ -299,11 +309,10 @@ class EvidenceDetector:
         if labels.size and (labels.min() < 0 or labels.max() >= self.k):
             raise ValueError(f"region labels must be in [0, {self.k}); got {labels.min()}..{labels.max()}")
         before = self.log_evidence
-        log_e = mixture_cycle(self.bag, self.recent, labels, self.rng, self.bet, self.prior_rows, self.sets,
-                              self.lambdas)
-        counts = np.bincount(labels, minlength=self.k)
-        self.bag += counts
-        self.recent = self.forget * self.recent + counts
+        log_e, cells = mixture_cycle(self.bag, self.recent, labels, self.rng, self.bet, self.prior_rows, self.sets,
+                                     self.lambdas, self.reference_counts)
+        self.bag += np.bincount(labels, minlength=self.k)
+        self.recent = self.forget * self.recent + cells
         self.components = sr_step(self.components, log_e)
         self.cycles += 1
         after = self.log_evidence
