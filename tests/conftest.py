@@ -143,10 +143,11 @@ def _over_the_fast_tier_limit(times: dict[str, dict[str, Any]], limit: float) ->
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist, the slow tests first, the modules with the most recorded slow time first.
+    """Under pytest-xdist, the slow tests first, the modules with the most recorded slow time first,
+    dealt out to the workers' shares in turn.
 
-    xdist hands out the tests in this order, so the long ones start while the short ones can still
-    fill the workers around them, instead of one long test running alone at the end. Within a module
+    Each worker then starts with long tests while the short ones can still fill the workers around
+    them, instead of one long test running alone at the end. Within a module
     the order is kept (its module fixtures are set up once per run of consecutive tests). Every worker
     collects and sorts alike (the same durations file), as xdist requires."""
     if not _is_worker(config):
@@ -162,6 +163,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     position = {id(item): i for i, item in enumerate(items)}
     items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
                                  -module_seconds.get(_module(item), 0.0), position[id(item)]))
+    # --dist worksteal hands each worker one contiguous quarter and steals from the queues' ends: deal
+    # the tests out so that every quarter starts with its share of the slow ones
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    if workers > 1:
+        items[:] = [items[i] for start in range(workers) for i in range(start, len(items), workers)]
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -87,7 +87,7 @@ def check(
     assert accepted + sum(result.rejected.values()) >= sum(expected_min_records(v, h) for v, h in messages)
     for batch in result.batches:
         assert batch.vectors.dtype == np.float32 and batch.vectors.shape[1] == decoder.dims[batch.model]
-        assert np.isfinite(batch.vectors).all() and (np.abs(batch.vectors).sum(axis=1) > 0).all()
+        assert np.isfinite(batch.vectors).all() and (batch.vectors != 0).any(axis=1).all()  # no overflowing sum
     SEEN["messages"] += len(messages)
 
 

@@ -88,10 +88,21 @@ def scenarios(minilm: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.n
 
 @pytest.fixture(scope="module")
 def reports(scenarios: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, DriftReport]:
-    settings = DriftSettings()
+    """Each test's power with the suite holding the whole budget (``evidence_share: 0``); at the defaults
+    the accumulating detector takes half of it (:func:`test_every_shift_is_flagged_at_the_default_split`)."""
+    settings = DriftSettings(evidence_share=0)
     return {
         name: run_drift_suite(window, reference, settings, seed=0) for name, (window, reference) in scenarios.items()
     }
+
+
+@pytest.mark.slow
+def test_every_shift_is_flagged_at_the_default_split(scenarios: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+    settings = DriftSettings()
+    assert settings.evidence_share == 0.5
+    for name, (window, reference) in scenarios.items():
+        report = run_drift_suite(window, reference, settings, seed=0)
+        assert report.detected == (name != "null"), (name, {r.test: r.p_value for r in report.results})
 
 
 @pytest.mark.slow

@@ -123,9 +123,10 @@ class EvidenceFeed:
         """The region of each row: the nearest centre (as :meth:`Regions.assign
         <monitor.drift.attribution.regions.Regions.assign>`, in float32; a row equally near two centres
         may go either way, which changes no guarantee: any fixed rule of the row alone will do)."""
-        scores = np.asarray(vectors, dtype=np.float32) @ self._centres
-        scores -= self._half_norms
-        return np.argmax(scores, axis=1)
+        with np.errstate(over="ignore", invalid="ignore"):  # finite rows near float32's limit: still a fixed rule
+            scores = np.asarray(vectors, dtype=np.float32) @ self._centres
+            scores -= self._half_norms
+            return np.argmax(scores, axis=1)
 
     def add_labels(self, labels: np.ndarray) -> int:
         """Keep region labels (in arrival order) for the next cycle, up to the cap; returns how many were kept."""
