@@ -135,7 +135,8 @@ def test_a_healthy_demo_never_flags_drift_over_twenty_cycles_and_skips_no_job(tm
     core = {(job, outcome) for job, outcome in outcomes if not job.startswith(outbound)}
     assert {outcome for _, outcome in core} <= {"success", "skipped"}, outcomes
     core_runs = sum(n for (job, _), n in outcomes.items() if not job.startswith(outbound))
-    core_skips = sum(n for (job, outcome), n in outcomes.items() if not job.startswith(outbound) and outcome != "success")
+    core_skips = sum(n for (job, outcome), n in outcomes.items()
+                     if not job.startswith(outbound) and outcome != "success")
     assert core_skips <= max(1, 0.05 * core_runs), outcomes
     assert {outcome for job, outcome in outcomes if job.startswith(outbound)} <= {"success", "skipped"}, outcomes
     outbound_skips = core_skips + sum(n for (job, outcome), n in outcomes.items()
