@@ -120,7 +120,8 @@ class RegionSettings(_Section):
         description="k is min(this, held-out reference rows / 50): 32 for the default 4,000-row stored sample; "
         "more regions name a narrower topic (docs/drift.md, 'What moved'), each adds 3 series per stream",
     )
-    exemplars: int = Field(3, ge=0, le=10, description="ids shown per region (nearest the centre)")
+    exemplars: int = Field(3, ge=0, le=10, description="ids shown per region: the window rows that moved it most "
+                           "(ranked by a local witness, docs/drift.md 'What moved')")
     fdr_q: float = Field(
         0.05, gt=0, lt=1,
         description="explanation false discovery rate: once the suite rejected, regions and the novel share are "
