@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 from monitor import catalog
 from monitor.daemon.export import by_label
 from monitor.scaleout.resume import REFUSED_REASONS
+from monitor.scaleout.table import IGNORED_REASONS
 
 if TYPE_CHECKING:
     from monitor.scaleout.publisher import PartialsPublisher
@@ -195,7 +196,9 @@ class ReducerCollector(Collector):
         yield age
         yield records
         yield by_label(catalog.counter("embmon_reducer_partials_applied_total"), status.applied, APPLIED_KINDS)
-        yield by_label(catalog.counter("embmon_reducer_partials_ignored_total"), status.ignored)
+        # every reason from the start, at 0: a series born at 1 shows no increase(), and the refusal alert
+        # would miss the first foreign record
+        yield by_label(catalog.counter("embmon_reducer_partials_ignored_total"), status.ignored, IGNORED_REASONS)
         yield from self._ownership_families()
 
     def _ownership_families(self) -> Iterable[Metric]:

@@ -158,8 +158,8 @@ def test_every_scale_out_query_returns_series(deployment: Deployment) -> None:
     d = deployment
     wait_until(lambda: merged_everything(d), timeout=90, message="the reducer merged every record")
     inject_corrupt_record(d)
-    d.prom.wait_until(lambda: d.prom.query('embmon_reducer_partials_ignored_total{reason="corrupt"}'), timeout=30,
-                    message="the corrupt record counted")
+    d.prom.wait_until(lambda: any(float(r["value"][1]) >= 1 for r in d.prom.query(
+        'embmon_reducer_partials_ignored_total{reason="corrupt"}')), timeout=30, message="the corrupt record counted")
     queries = [q for q in all_queries()
                if sources(q.expr) & SCALE_OUT and q.origin not in (EMPTY_WHILE_MERGING, EMPTY_WHILE_EXPORTED)]
     assert any(q.origin.startswith("dashboard embedding-monitor-monitor-health") for q in queries)
@@ -212,6 +212,10 @@ def inject_corrupt_record(d: Deployment) -> None:
 @pytest.mark.slow
 def test_a_foreign_record_on_the_partials_topic_is_refused_and_alerted(deployment: Deployment) -> None:
     d = deployment
+    # the reducer exports every refusal reason at 0 from the start; once Prometheus holds that 0, the first
+    # foreign record is an increase() (a series born at 1 is none: the alert would miss it)
+    d.prom.wait_until(lambda: d.prom.query('embmon_reducer_partials_ignored_total{reason="corrupt"}'), timeout=60,
+                      message="the refusal counter scraped at 0")
     inject_corrupt_record(d)
     (alert, *_) = d.prom.wait_until(lambda: d.firing("EmbeddingMonitorPartialsRefused"), timeout=60,
                                   message="EmbeddingMonitorPartialsRefused")
