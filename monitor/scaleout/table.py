@@ -485,14 +485,10 @@ class MergeTable:
         oldest live one) up to ``before``, summed over the replicas' pieces (0 records where none)."""
         out = []
         with self._lock:
-            dim = self._dims.get((model, stream))
-            if dim is None:
-                return []
-            for index in range(max(first, self._oldest_live(self.clock())), before):
+            for index, dim, pieces in self._subwindow_pieces(model, stream, first, before):
                 count, units, norms = 0, np.zeros(dim), 0.0
-                for view in sorted(self._replicas.values(), key=lambda v: v.replica):
-                    piece = view.pieces.get((model, stream, index))
-                    if piece is not None and piece.stats.dim == dim:
+                for piece in pieces:
+                    if piece.stats.dim == dim:
                         count += piece.stats.count
                         units = units + piece.stats.unit_sum
                         norms += piece.stats.norm_sum
@@ -505,15 +501,20 @@ class MergeTable:
         values) one after the other, by replica name; (0, d) where none."""
         out = []
         with self._lock:
-            dim = self._dims.get((model, stream))
-            if dim is None:
-                return []
-            for index in range(max(first, self._oldest_live(self.clock())), before):
-                pieces = [view.pieces.get((model, stream, index))
-                          for view in sorted(self._replicas.values(), key=lambda v: v.replica)]
-                rows = [p.reservoir.vectors for p in pieces if p is not None and p.reservoir.dim == dim]
+            for index, dim, pieces in self._subwindow_pieces(model, stream, first, before):
+                rows = [p.reservoir.vectors for p in pieces if p.reservoir.dim == dim]
                 out.append((index, np.concatenate(rows) if rows else np.zeros((0, dim), dtype=np.float32)))
         return out
+
+    def _subwindow_pieces(self, model: str, stream: str, first: int, before: int) -> list[tuple[int, int, list[Any]]]:
+        """(index, dim, the replicas' pieces by replica name) of each live sub-window from ``first`` up to
+        ``before``; none when the stream's dimension is unknown. The caller holds the lock while it reads them."""
+        dim = self._dims.get((model, stream))
+        if dim is None:
+            return []
+        views = sorted(self._replicas.values(), key=lambda v: v.replica)
+        return [(index, dim, [p for v in views if (p := v.pieces.get((model, stream, index))) is not None])
+                for index in range(max(first, self._oldest_live(self.clock())), before)]
 
     def streams(self) -> list[StreamKey]:
         with self._lock:
