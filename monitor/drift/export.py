@@ -173,10 +173,12 @@ class DriftSnapshot:
 
 
 def suite_p_value(report: DriftReport) -> float | None:
-    """``min(1, k · min p)`` over the k planned tests (None when none ran)."""
-    if not report.results:
+    """``min(1, k · min p)`` over the k planned tests, a test without a result counting as ``p = 1``
+    (so 1 when the deadline cut every test: the cycle's verdict is still "not detected", and
+    ``embmon_drift_tests_cut_total`` says why); None when no test was planned."""
+    if not report.family_size:
         return None
-    return min(1.0, report.family_size * min(r.p_value for r in report.results))
+    return min(1.0, report.family_size * min((r.p_value for r in report.results), default=1.0))
 
 
 def families(snapshot: DriftSnapshot) -> Iterable[Metric]:

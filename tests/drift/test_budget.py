@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from monitor.deadline import Deadline
-from monitor.drift.export import suite_p_value
+from monitor.drift.export import CycleResult, DriftSnapshot, families, suite_p_value
 from monitor.drift.settings import DriftSettings
 from monitor.drift.twosample.calibration import TestResult
 from monitor.drift.twosample.permutation import sequential_permutation_test
@@ -100,6 +100,24 @@ def test_no_test_starts_after_the_deadline_and_the_correction_keeps_the_planned_
     # thresholds of the whole family, not of the two tests that ran
     assert all(r.threshold == pytest.approx(settings.cycle_alpha / 4) for r in report.results)
     assert suite_p_value(report) == pytest.approx(4 * 0.001)
+
+
+def test_a_cycle_whose_every_test_the_deadline_cut_still_exports_its_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loaded machine can cut every test of a cycle: the suite's series stay (p = 1, not detected),
+    so a dashboard or an alert on them does not go blank; the cut counter says why."""
+    clock = FakeClock()
+    started = fake_tests(monkeypatch, clock, seconds=3.0, p_value=0.001)
+    rng = np.random.default_rng(0)
+    report = run_drift_suite(rng.normal(size=(50, 4)), rng.normal(size=(50, 4)), DriftSettings(),
+                             deadline=Deadline(0.0, clock))
+    assert started == [] and report.results == () and report.family_size == 4 and not report.detected
+    assert suite_p_value(report) == 1.0
+    snapshot = DriftSnapshot(results={("m", "s"): CycleResult(report, False, 0.0, 0.0)})
+    exported = {(family.name, sample.labels.get("test")): sample.value
+                for family in families(snapshot) for sample in family.samples if sample.labels.get("model") == "m"}
+    assert exported[("embmon_drift_detected", "suite")] == 0.0
+    assert exported[("embmon_drift_p_value", "suite")] == 1.0
+    assert exported[("embmon_drift_detected", "sustained")] == 0.0
 
 
 def test_without_a_deadline_every_test_runs(monkeypatch: pytest.MonkeyPatch) -> None:
