@@ -15,6 +15,14 @@ threshold is a false alarm a week at a 60 s cycle with half the budget (A = 20,1
 Reports the delay (cycles after the change to the first alarm; a miss counts as the horizon in
 the mean) per case, rate and replicate, and the false alarms over ``null-cycles`` unchanged cycles
 per replicate and rate. Prints JSON.
+
+Beside each delay, the *information bound* of the score: the Kullback–Leibler divergence of the
+shifted traffic's cell shares from the unchanged traffic's (both from 100,000 drawn rows), times
+the rows a cycle: the log-evidence per cycle that a bet knowing the shifted shares exactly would
+gain on these cells, on average. No bet on these cells does better on average, so ``log A``
+divided by it is a lower bound on the mean cycles of any such detector; a case whose bound is
+near the horizon cannot be found in it by this construction at this rate, however the bets are
+tuned (``bound_cycles`` in the summary; median over replicates).
 """
 
 from __future__ import annotations
@@ -50,6 +58,16 @@ def scorer(kind: str, reference: np.ndarray, seed: int, partitions: tuple[int, .
                                                                                seed=s)
 
 
+def information_per_row(table: np.ndarray, traffic: Traffic, case: str, replicate: int, k: int,
+                        draws: int = 100_000) -> float:
+    """KL(shifted cell shares || unchanged cell shares) in nats per row, the shares from ``draws`` rows each."""
+    rng = np.random.default_rng([replicate, 99])
+    base = np.bincount(table[traffic.base(rng, draws)], minlength=k) / draws
+    moved = np.bincount(table[traffic.shifted(rng, draws, case, replicate)], minlength=k) / draws
+    seen = moved > 0
+    return float(np.sum(moved[seen] * np.log(moved[seen] / np.maximum(base[seen], 1.0 / draws))))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=500, help="reference rows and window rows (default 500)")
@@ -72,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                               "directions": args.directions, "threshold": threshold_for(60 / (7 * 86400), 0.5),
                               "horizon": args.horizon, "warm": args.warm, "replicates": args.replicates}
     delays: dict[str, dict[str, list[int | None]]] = {}
+    information: dict[str, list[float]] = {}
     null: dict[str, dict[str, float]] = {}
     for replicate in range(args.replicates):
         rng = np.random.default_rng(replicate)
@@ -79,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         partitions = tuple(int(k) for k in args.partitions.split(","))
         assign, make = scorer(args.score, reference, replicate, partitions, args.directions)
         table = assign(rows)  # the corpus is small: every row's label once, a stream's by lookup
+        k = int(table.max()) + 1
+        for case in args.cases.split(","):
+            information.setdefault(case, []).append(information_per_row(table, traffic, case, replicate, k))
         for per in rates:
             detector = make(replicate)
             for _ in range(args.null_cycles):
@@ -97,6 +119,11 @@ def main(argv: list[str] | None = None) -> int:
                         break
                 delays.setdefault(str(per), {}).setdefault(case, []).append(found)
     out["delays"] = delays
+    log_a = float(np.log(float(out["threshold"])))  # type: ignore[arg-type]
+    out["information"] = {case: {"nats_per_row": round(statistics.median(v), 5),
+                                 "bound_cycles": {per: round(log_a / max(statistics.median(v) * int(per), 1e-12), 1)
+                                                  for per in map(str, rates)}}
+                          for case, v in information.items()}
     out["summary"] = {
         per: {case: {"found": sum(d is not None for d in found), "of": len(found),
                      "mean_cycles": round(statistics.mean(args.horizon if d is None else d for d in found), 1),

@@ -58,8 +58,8 @@ def sizes(size: str) -> dict[str, object]:
     if size == "reduced":
         # The methods that decide at a week (the suite, the suite with the accumulating detector,
         # Evidently distance at a week), Evidently distance at its own rule and the online ones:
-        # 5 replicates a case, no grid, the Evidently distance threshold at a week from 10,080 nulls.
-        return {"n": 500, "replicates": 5, "small_replicates": 5, "null_replicates": 100, "horizon": 60,
+        # 10 replicates a case, no grid, the Evidently distance threshold at a week from 10,080 nulls.
+        return {"n": 500, "replicates": 10, "small_replicates": 10, "null_replicates": 100, "horizon": 60,
                 "grid": (), "grid_replicates": 0, "grid_null": 0, "online_null": 2, "online_null_cycles": 200,
                 "cost_n": 1000, "deltas": (0.02, 0.05, 0.10, 0.20, 0.30), "week_nulls": 10_080}
     # n = 500, the sample-size grid at 100, 300, 1,000 and 3,000 (3 shift and 20 null replicates each:

