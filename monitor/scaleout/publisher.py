@@ -257,8 +257,10 @@ class PartialsPublisher:
     def _drop_producer(self, timeout: float = 1.0) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
+            from monitor.sources.kafka.clients import close_producer
+
             try:
-                producer.close(timeout=timeout)
+                close_producer(producer, timeout)
             except Exception:  # already failing; a fresh producer comes next time
                 logger.debug("closing the partials producer", exc_info=True)
 

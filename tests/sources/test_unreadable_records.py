@@ -260,6 +260,7 @@ def test_fuzzed_headers_and_keys_through_the_broker_count_each_record_as_alone(
     assert seen["bad_header"] > 0 and seen["applied"] > 0  # the strategies reach both outcomes
 
 
+@pytest.mark.filterwarnings("ignore:Do not use the `random` module inside strategies")  # as above
 @pytest.mark.slow
 @pytest.mark.parametrize("client", ["kafka-python", "confluent"])
 def test_fuzzed_headers_and_keys_through_the_broker_many(client: str, broker: Broker, tmp_path: Path) -> None:

@@ -54,12 +54,26 @@ def import_graph() -> dict[str, set[str]]:
     return graph
 
 
+def _parse(path: Path) -> ast.Module:
+    """``ast.parse`` of the file, once more if CPython 3.11's parser trips on its own recursion count.
+
+    3.11 keeps the AST constructor's recursion depth in interpreter state that another thread's
+    parse or compile can move (``SystemError: AST constructor recursion depth mismatch``, seen once
+    beside a Kafka client's I/O thread): the file is fine, the second parse succeeds."""
+    try:
+        return ast.parse(path.read_text(), str(path))
+    except SystemError as error:
+        if "recursion depth mismatch" not in str(error):
+            raise
+        return ast.parse(path.read_text(), str(path))
+
+
 def importers(package: str) -> set[str]:
     """The monitor modules that import ``package`` or one of its submodules, anywhere in their code."""
     found = set()
     for path in PACKAGE.rglob("*.py"):
         module = module_name(path)
-        names = _imports(ast.parse(path.read_text(), str(path)), module, path.name == "__init__.py")
+        names = _imports(_parse(path), module, path.name == "__init__.py")
         if any(name == package or name.startswith(f"{package}.") for name in names):
             found.add(module)
     return found

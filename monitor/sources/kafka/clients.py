@@ -14,6 +14,9 @@ from one set of options. The librdkafka source builds its consumer in :mod:`moni
 
 from __future__ import annotations
 
+import gc
+import inspect
+import socket
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeAlias, overload
 
@@ -29,7 +32,7 @@ if TYPE_CHECKING:
     Producer: TypeAlias = KafkaProducer | LibrdkafkaProducer  # what the partials publisher holds
 
 __all__ = ["CONSUMER_DEFAULTS", "PRODUCER_DEFAULTS", "CooperativeStickyAssignor", "CorruptRecordError", "KafkaError",
-           "TopicPartition", "new_consumer", "new_producer"]
+           "TopicPartition", "close_producer", "new_consumer", "new_producer"]
 
 CONSUMER_DEFAULTS: Mapping[str, Any] = KafkaConsumer.DEFAULT_CONFIG  # the option names a consumer takes
 PRODUCER_DEFAULTS: Mapping[str, Any] = KafkaProducer.DEFAULT_CONFIG  # and a producer
@@ -66,6 +69,49 @@ def new_producer(config: Mapping[str, Any], kafka: KafkaSettings | None = None) 
     producer = KafkaProducer(**config)
     _honour_auto_create(producer, config)
     return producer
+
+
+def close_producer(producer: Producer, timeout: float) -> None:
+    """Close ``producer``, waiting up to about ``timeout`` seconds for its pending records, and stop its
+    I/O thread even when they cannot be delivered.
+
+    kafka-python's ``close`` flushes first, and when the records cannot be delivered (the broker is
+    gone) the flush raises ``KafkaTimeoutError`` before the I/O thread is told to stop: that thread
+    then retries for the life of the process, with its sockets, one more for every producer a
+    failing publisher drops. On that error the I/O thread is force-closed (the pending records fail,
+    as a close that cannot wait means) and joined, and the close finished. librdkafka's producer
+    has no such thread of ours to stop."""
+    try:
+        producer.close(timeout=timeout)
+        return
+    except KafkaError:
+        sender = getattr(producer, "_sender", None)  # kafka-python's I/O thread
+        if sender is None:
+            raise
+    sender.force_close()
+    sender.join(timeout)
+    producer.close(timeout=0)  # the aborted records are done now: the flush passes, the rest is released
+    _close_abandoned_connects()
+
+
+def _close_abandoned_connects() -> None:
+    """Close the sockets of the connection attempts kafka-python's closed client abandoned.
+
+    A client closed while it is connecting (to a broker that is gone, it reconnects every few
+    hundred milliseconds) drops the attempt with its socket still open: the socket is a local of
+    ``KafkaNetSocket.sock_connect``, whose frame a coroutine left suspended or an exception's
+    traceback keeps (a log record or a failed future of that client holds the exception), and it is
+    closed only when the last of them goes, by the collector at the earliest. Closed here instead: a
+    scan of the collector's objects, on this rare path only (a producer that could not deliver)."""
+    from kafka.net.inet import KafkaNetSocket
+
+    code = KafkaNetSocket.sock_connect.__code__
+    for thing in gc.get_objects():
+        frame = thing.cr_frame if inspect.iscoroutine(thing) else thing if inspect.isframe(thing) else None
+        if frame is not None and frame.f_code is code:
+            sock = frame.f_locals.get("sock")
+            if isinstance(sock, socket.socket):
+                sock.close()
 
 
 def _honour_auto_create(client: KafkaConsumer | KafkaProducer, config: Mapping[str, Any]) -> None:

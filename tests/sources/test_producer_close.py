@@ -1,0 +1,59 @@
+"""A producer closed with records it cannot deliver stops its I/O thread (``close_producer``).
+
+kafka-python's ``close`` flushes first; with the broker gone the flush raises before the I/O thread
+is told to stop, and that thread retried for the life of the process. The partials publisher drops
+its producer on every failed publication, so a replica whose broker was away leaked one such thread
+(and its sockets) per failure; the thread-leak check of the test suite caught it on a loaded machine.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import pytest
+
+from monitor.sources.kafka.clients import close_producer, new_producer
+from tests.support.broker import Broker
+from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.broker]
+
+
+def io_thread(client_id: str) -> weakref.ref[threading.Thread]:
+    """The producer's I/O thread, weakly: a reference would keep its client, and its sockets, alive."""
+    return weakref.ref(next(t for t in threading.enumerate() if t.name == f"{client_id}-network-thread"))
+
+
+def ended(thread: weakref.ref[threading.Thread]) -> bool:
+    alive = thread()
+    return alive is None or not alive.is_alive()
+
+
+@pytest.mark.slow  # a broker of its own, stopped under the producer: 6 s
+def test_a_producer_holding_records_for_a_stopped_broker_closes_and_its_io_thread_ends() -> None:
+    client_id = "close-with-pending"
+    broker = Broker().start()
+    try:
+        broker.create_topics("pending")
+        producer = new_producer({"bootstrap_servers": broker.bootstrap, "client_id": client_id,
+                                 "allow_auto_create_topics": False, "max_block_ms": 5000})
+        producer.send("pending", b"delivered").get(timeout=30)  # the topic's metadata is now known
+    finally:
+        broker.stop()
+    pending = producer.send("pending", b"never delivered")  # waits in the accumulator: no broker to take it
+    thread = io_thread(client_id)
+    close_producer(producer, timeout=1.0)
+    wait_until(lambda: ended(thread), timeout=30, interval=0.1, message="the I/O thread to end")
+    assert pending.is_done and pending.failed()  # the record a close could not wait for failed, visibly
+
+
+def test_a_producer_with_nothing_pending_closes_as_before(broker: Broker) -> None:
+    client_id = "close-with-nothing-pending"
+    broker.create_topics("nothing-pending")
+    producer = new_producer({"bootstrap_servers": broker.bootstrap, "client_id": client_id,
+                             "allow_auto_create_topics": False})
+    producer.send("nothing-pending", b"delivered").get(timeout=30)
+    thread = io_thread(client_id)
+    close_producer(producer, timeout=5.0)
+    wait_until(lambda: ended(thread), timeout=30, interval=0.1, message="the I/O thread to end")
