@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import fcntl
 import json
 import os
 import subprocess
+import tempfile
 import time
 import urllib.request
 import uuid
@@ -239,16 +241,29 @@ def play(manifest: list[dict[str, Any]], path: Path) -> subprocess.CompletedProc
     return podman("kube", "play", str(path), check=False, timeout=120)
 
 
+PODS_LOCK = Path(tempfile.gettempdir()) / "embmon-podman-pods.lock"
+
+
 @contextlib.contextmanager
 def pod_down(path: Path, name: str) -> Iterator[None]:
-    """Whatever the test did: the pod and the volumes podman made for it (its emptyDirs and ConfigMap) removed."""
-    try:
-        yield
-    finally:
-        podman("kube", "down", str(path), check=False, timeout=90)
-        podman("pod", "rm", "--force", name, check=False)
-        podman("volume", "rm", "--force", "embmon-state", "embmon-tmp", "embedding-service-monitor-config",
-               check=False)
+    """Whatever the test did: the pod and the volumes podman made for it (its emptyDirs and ConfigMap) removed.
+
+    The pod, its containers and its volumes have fixed names in podman's machine-wide state, and the
+    test workers share one podman: a pod test holds ``PODS_LOCK`` from its play to its clean-up, so
+    two workers never play the same pod at once (one's play found the other's pod, one's clean-up
+    took the other's volumes)."""
+    with open(PODS_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            _remove_pod(path, name)
+
+
+def _remove_pod(path: Path, name: str) -> None:
+    podman("kube", "down", str(path), check=False, timeout=90)
+    podman("pod", "rm", "--force", name, check=False)
+    podman("volume", "rm", "--force", "embmon-state", "embmon-tmp", "embedding-service-monitor-config", check=False)
 
 
 POD = "embedding-service-pod-0"  # podman names the pod of a Deployment <name>-pod-0, its containers <pod>-<name>
