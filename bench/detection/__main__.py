@@ -144,6 +144,10 @@ def collect(folder: Path, plan: Path) -> list[dict[str, object]]:
     return merged
 
 
+def _span(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
 def write_docs(results: list[dict[str, object]], meta: dict[str, object], seconds: float,
                phases: tuple[float, ...] = ()) -> None:
     docs = ROOT / "docs" / "benchmarks.md"
@@ -153,7 +157,7 @@ def write_docs(results: list[dict[str, object]], meta: dict[str, object], second
         BEGIN,
         f"Run: `python -m bench.detection{flag}`"
         f" on the 2-core development machine (shared, under `nice -n 15`), {seconds / 60:.0f} min"
-        + (f" ({phases[0] / 60:.0f} min of cases, every method at once; {phases[1] / 60:.0f} min of cost, one "
+        + (f" ({_span(phases[0])} of cases, every method at once; {_span(phases[1])} of cost, one "
            "method at a time)" if len(phases) == 2 else "")
         + f"; n = {meta['n']}, horizon {meta['horizon']} cycles after the change, {meta['replicates']} replicates "
         f"per shift case ({meta.get('small_replicates')} at δ < 5%; alibi's online detectors 5), "
