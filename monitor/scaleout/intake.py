@@ -252,10 +252,12 @@ class PartialsReader:
         if self._owned is None and not now:
             return set()  # not in the group yet: the restored checkpoint's partitions wait for the first assignment
         if self._owned is None:  # the first assignment: what the restored checkpoint holds counts as ours
-            self._owned = {p for (t, p) in self.offsets.applied() if t == self.partials_topic}
-            self._release(self._owned - now)
-            self._owned &= now
-            self._seek(consumer, self._owned)
+            restored = {p for (t, p) in self.offsets.applied() if t == self.partials_topic}
+            self._release(restored - now)
+            # sought (its end read, so it counts as rebuilding) before it is owned: a scrape in between
+            # would otherwise export the checkpoint's older counts of a partition another reducer moved on
+            self._seek(consumer, restored & now)
+            self._owned = restored & now
         if now == self._owned:
             return set()
         lost, gained = self._owned - now, now - self._owned
