@@ -91,24 +91,27 @@ def close_producer(producer: Producer, timeout: float) -> None:
     sender.force_close()
     sender.join(timeout)
     producer.close(timeout=0)  # the aborted records are done now: the flush passes, the rest is released
-    _close_abandoned_connects()
+    net = getattr(getattr(sender, "_client", None), "_net", None)  # its selector, which each attempt names
+    if net is not None:
+        _close_abandoned_connects(net)
 
 
-def _close_abandoned_connects() -> None:
+def _close_abandoned_connects(net: object) -> None:
     """Close the sockets of the connection attempts kafka-python's closed client abandoned.
 
     A client closed while it is connecting (to a broker that is gone, it reconnects every few
     hundred milliseconds) drops the attempt with its socket still open: the socket is a local of
     ``KafkaNetSocket.sock_connect``, whose frame a coroutine left suspended or an exception's
     traceback keeps (a log record or a failed future of that client holds the exception), and it is
-    closed only when the last of them goes, by the collector at the earliest. Closed here instead: a
-    scan of the collector's objects, on this rare path only (a producer that could not deliver)."""
+    closed only when the last of them goes, by the collector at the earliest. Closed here instead, the
+    attempts of this client's selector ``net`` only (another client's may be connecting now): a scan
+    of the collector's objects, on this rare path only (a producer that could not deliver)."""
     from kafka.net.inet import KafkaNetSocket
 
     code = KafkaNetSocket.sock_connect.__code__
     for thing in gc.get_objects():
         frame = thing.cr_frame if inspect.iscoroutine(thing) else thing if inspect.isframe(thing) else None
-        if frame is not None and frame.f_code is code:
+        if frame is not None and frame.f_code is code and frame.f_locals.get("net") is net:
             sock = frame.f_locals.get("sock")
             if isinstance(sock, socket.socket):
                 sock.close()
