@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import inspect
 import socket
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeAlias, overload
 
@@ -73,7 +74,7 @@ def new_producer(config: Mapping[str, Any], kafka: KafkaSettings | None = None) 
 
 def close_producer(producer: Producer, timeout: float) -> None:
     """Close ``producer``, waiting up to about ``timeout`` seconds for its pending records, and stop its
-    I/O thread even when they cannot be delivered.
+    I/O thread even when they cannot be delivered; the whole close takes about ``timeout`` at most.
 
     kafka-python's ``close`` flushes first, and when the records cannot be delivered (the broker is
     gone) the flush raises ``KafkaTimeoutError`` before the I/O thread is told to stop: that thread
@@ -81,6 +82,7 @@ def close_producer(producer: Producer, timeout: float) -> None:
     failing publisher drops. On that error the I/O thread is force-closed (the pending records fail,
     as a close that cannot wait means) and joined, and the close finished. librdkafka's producer
     has no such thread of ours to stop."""
+    deadline = time.monotonic() + timeout  # the whole close, the forced part included
     try:
         producer.close(timeout=timeout)
         return
@@ -89,7 +91,7 @@ def close_producer(producer: Producer, timeout: float) -> None:
         if sender is None:
             raise
     sender.force_close()
-    sender.join(timeout)
+    sender.join(max(0.1, deadline - time.monotonic()))
     producer.close(timeout=0)  # the aborted records are done now: the flush passes, the rest is released
     net = getattr(getattr(sender, "_client", None), "_net", None)  # its selector, which each attempt names
     if net is not None:
