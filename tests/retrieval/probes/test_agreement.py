@@ -14,7 +14,7 @@ from monitor.config import load_settings
 from monitor.retrieval.probes.agreement import agreement_per_query
 from monitor.retrieval.probes.component import ProbeComponent
 from tests.support.probes import collect, probe_context, window_of
-from tests.support.realdata import help_topic_sentences, load_minilm, minilm_encode
+from tests.support.realdata import help_topic_sentences, load_minilm, minilm_encode, stored_encoding
 from tests.support.scrape import value
 
 K = 10
@@ -33,10 +33,14 @@ def sentences(limit: int) -> list[str]:
 def embeddings() -> dict[str, Any]:
     texts = sentences(300)
     reference = minilm_encode(tuple(texts), batch_size=64, normalize=True)
-    shallow = load_minilm()  # a private copy: its layers are cut
-    encoder = shallow[0].auto_model.encoder
-    encoder.layer = encoder.layer[:2]  # a genuinely different (weaker) model: the first 2 of 6 layers
-    truncated = shallow.encode(texts, batch_size=64, normalize_embeddings=True)
+
+    def first_two_layers() -> np.ndarray:
+        shallow = load_minilm()  # a private copy: its layers are cut
+        encoder = shallow[0].auto_model.encoder
+        encoder.layer = encoder.layer[:2]  # a genuinely different (weaker) model: the first 2 of 6 layers
+        return shallow.encode(texts, batch_size=64, normalize_embeddings=True)
+
+    truncated = stored_encoding(tuple(texts), ("minilm, first 2 of 6 layers", 64, True), first_two_layers)
     basis, _ = np.linalg.qr(np.random.default_rng(0).standard_normal((512, 384)))
     rotated = (reference.astype(np.float64) @ basis.T).astype(np.float32)  # 512-d, same cosines
     ids = [f"s{i}" for i in range(len(texts))]
