@@ -72,6 +72,7 @@ def test_exact_search_is_the_engines_flat_scan_under_the_same_filter(lance: dict
     assert connector.count() == N and connector.dim == D
 
 
+@pytest.mark.slow  # 9-11.5 s on the 2-core machine, 6 s of it CPU (.cache/test-durations.json)
 def test_postfiltered_search_under_returns_for_the_small_tenant_at_the_first_cycle(lance: dict[str, Any]) -> None:
     probe = IndexProbe(spec_for(lance, nprobes=1, prefilter=False), LanceDbConnector(
         spec_for(lance, nprobes=1, prefilter=False).lancedb))  # type: ignore[arg-type]

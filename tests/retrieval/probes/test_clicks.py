@@ -185,6 +185,7 @@ def expected_from(events: list[dict], catalog: set[str], k: int) -> dict[str, fl
     }
 
 
+@pytest.mark.slow  # 7.6 s on the 2-core machine, waiting on the broker (.cache/test-durations.json)
 @pytest.mark.broker
 def test_click_feedback_through_the_broker(broker: Broker, tmp_path: Path) -> None:
     rng = np.random.default_rng(21)

@@ -203,6 +203,7 @@ def test_golden_set_over_the_window_sample(tmp_path: Path, collection: dict[str,
     check_exported(collect(component), expected_metrics(collection, [5, K]), len(collection["queries"]))
 
 
+@pytest.mark.slow  # 5.8 s on the 2-core machine, 3.3 s of it CPU (.cache/test-durations.json)
 def test_text_queries_are_embedded_with_the_configured_encoder(tmp_path: Path) -> None:
     """all-MiniLM-L6-v2 (offline) embeds documents and query texts; the probe ranks the sample."""
     path = minilm_path()
