@@ -31,6 +31,9 @@ drift:
   reference_sample_size: 500
   reference: {{records: 1500}}
 """
+# the demo ends by itself after this long, should a test die without stopping it: longer than any
+# test's waits (180 s for the first verdicts and 240 s more; a loaded machine uses them up)
+DURATION = 600
 STREAMS = ("minilm-demo/documents", "mpnet-demo/documents", "minilm-demo/catalog", "mpnet-demo/catalog")
 
 
@@ -44,7 +47,7 @@ class Demo:
         self.port = free_port()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "monitor", "demo", "--config", str(self.config), "--metrics-port", str(self.port),
-             "--log-file", str(self.log), "--duration", "150"],
+             "--log-file", str(self.log), "--duration", str(DURATION)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
         )
         self.lines: list[str] = []
@@ -61,6 +64,9 @@ class Demo:
         return "\n".join(self.lines)
 
     def scrape(self) -> Samples:
+        if self.proc.poll() is not None:  # fail now, naming why, not after the wait's time with "refused"
+            log = self.log.read_text()[-2000:] if self.log.exists() else "(no log)"
+            raise AssertionError(f"the demo exited with status {self.proc.returncode}: {log}")
         return scrape(self.port)
 
     def stop(self) -> str:
