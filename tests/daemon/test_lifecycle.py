@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -134,7 +135,18 @@ SLOW_SHUTDOWN = textwrap.dedent(
 )
 
 
-def test_sigterm_stops_cleanly_and_a_second_one_cuts_a_hung_shutdown_short(tmp_path: Path) -> None:
+def to_another_thread(proc: subprocess.Popen[str], signum: int) -> None:
+    """``signum`` to a thread of ``proc`` other than its main one (``tgkill``), as the kernel may hand it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    others = sorted(int(tid) for tid in os.listdir(f"/proc/{proc.pid}/task") if int(tid) != proc.pid)
+    assert others, "the daemon runs threads beside the main one"
+    assert libc.tgkill(proc.pid, others[-1], signum) == 0, ctypes.get_errno()
+
+
+@pytest.mark.parametrize("second", ["to the process", "to another thread"])
+def test_sigterm_stops_cleanly_and_a_second_one_cuts_a_hung_shutdown_short(tmp_path: Path, second: str) -> None:
+    """The second SIGTERM ends the process at once also when the kernel hands it to a thread other
+    than the main one, which is stuck in a call that only a signal of its own would interrupt."""
     with subprocess.Popen([sys.executable, "-c", SLOW_SHUTDOWN, str(tmp_path)], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True) as proc:
         try:
@@ -143,7 +155,10 @@ def test_sigterm_stops_cleanly_and_a_second_one_cuts_a_hung_shutdown_short(tmp_p
             proc.send_signal(signal.SIGTERM)
             assert proc.stdout.readline().strip() == "closing"  # shutdown is under way, and hangs
             started = time.monotonic()
-            proc.send_signal(signal.SIGTERM)
+            if second == "to the process":
+                proc.send_signal(signal.SIGTERM)
+            else:
+                to_another_thread(proc, signal.SIGTERM)
             _, stderr = proc.communicate(timeout=10)
         finally:
             proc.kill()
