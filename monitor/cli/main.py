@@ -130,7 +130,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from monitor.daemon.lifecycle import StopRequest, capture_signals
 
         stop = StopRequest()
-        with capture_signals(stop):  # a signal while the daemon is being built stops it cleanly too
+        with capture_signals(stop, until_exit=True):  # a signal while the daemon is being built stops it too
             return daemon(settings, early_port=True, stop_request=stop).serve()
     return daemon(settings).serve()
 

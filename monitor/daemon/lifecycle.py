@@ -53,7 +53,8 @@ class StopRequest:
 
 
 @contextlib.contextmanager
-def capture_signals(stop: StopRequest, force_exit: Callable[[int], None] = os._exit) -> Iterator[None]:
+def capture_signals(stop: StopRequest, force_exit: Callable[[int], None] = os._exit, *,
+                    until_exit: bool = False) -> Iterator[None]:
     """SIGINT/SIGTERM request a clean stop; a second one calls ``force_exit(128 + signum)``.
 
     The signals are acted on in a thread of their own, which reads them from the interpreter's
@@ -64,7 +65,12 @@ def capture_signals(stop: StopRequest, force_exit: Callable[[int], None] = os._e
     every signal it gets to that descriptor, in whichever thread it runs.
 
     Only the main thread may install handlers; elsewhere (a daemon embedded in a test's thread)
-    this does nothing. The previous handlers and wakeup descriptor come back on exit.
+    this does nothing. The previous handlers and wakeup descriptor come back on exit, unless
+    ``until_exit`` (a daemon that owns its process): then they stay until the process ends, so that
+    a signal while the interpreter exits (waiting for a thread-pool worker, within
+    :class:`ShutdownWatchdog`'s grace) still counts. Put back, a SIGINT there would raise
+    ``KeyboardInterrupt`` into the interpreter's exit, where it is lost, and a SIGTERM would kill the
+    process without a word.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -96,12 +102,13 @@ def capture_signals(stop: StopRequest, force_exit: Callable[[int], None] = os._e
     try:
         yield
     finally:
-        signal.set_wakeup_fd(previous_fd)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        os.close(writer_fd)  # the reader sees the end of its pipe, after what was written before
-        reader.join(timeout=5.0)
-        os.close(reader_fd)
+        if not until_exit:
+            signal.set_wakeup_fd(previous_fd)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            os.close(writer_fd)  # the reader sees the end of its pipe, after what was written before
+            reader.join(timeout=5.0)
+            os.close(reader_fd)
 
 
 def _noted(signum: int, frame: FrameType | None) -> None:

@@ -166,6 +166,48 @@ def test_sigterm_stops_cleanly_and_a_second_one_cuts_a_hung_shutdown_short(tmp_p
     assert "exiting now, without a clean shutdown" in stderr
 
 
+HELD_EXIT = textwrap.dedent(
+    """
+    import sys, threading, time
+    from monitor.config import load_settings
+    from monitor.daemon import lifecycle
+    from monitor.logs import configure_logging
+    from monitor.daemon.service import Monitor
+
+    lifecycle.LEFTOVER_GRACE_SECONDS = 60.0  # the watchdog's bound (9.5 s) ends the exit, not its grace
+    configure_logging("INFO")
+    settings = load_settings(overrides={"source": "synthetic", "http": {"host": "127.0.0.1", "port": 0},
+                                        "state_dir": sys.argv[1], "drift": {"enabled": False}})
+    # a thread that holds the interpreter's exit, as a scheduled job still writing to a stalled disk does
+    held = threading.Thread(target=time.sleep, args=(30,), name="held")
+    Monitor(settings).serve(on_started=lambda: (held.start(), print("up", flush=True)))
+    print("served", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_second_signal_while_the_interpreter_exits_still_exits_at_once(tmp_path: Path, signum: int) -> None:
+    """The shutdown is done and the interpreter waits for a thread: the handlers are still the
+    daemon's, so a second signal exits at once with 128 + the signal (put back, a SIGINT was lost
+    in the exit and the process went on to the watchdog's bound, and a SIGTERM killed it unlogged)."""
+    with subprocess.Popen([sys.executable, "-c", HELD_EXIT, str(tmp_path)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "up"
+            proc.send_signal(signal.SIGTERM)
+            assert proc.stdout.readline().strip() == "served"  # the interpreter is exiting, held
+            started = time.monotonic()
+            to_another_thread(proc, signum)
+            _, stderr = proc.communicate(timeout=20)
+        finally:
+            proc.kill()
+    assert proc.returncode == 128 + signum, stderr[-3000:]
+    assert time.monotonic() - started < 5, stderr[-3000:]
+    assert "exiting now, without a clean shutdown" in stderr
+
+
 def test_metrics_include_the_standard_process_and_python_collectors(tmp_path: Path) -> None:
     with daemons.monitor(settings(tmp_path), source=Recording()) as monitor:
         samples = scrape(monitor.http.port)
