@@ -127,11 +127,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     logger.info("settings: %s", settings.redacted())
     daemon = role_class(settings.scale_out.role)
     if daemon.serves_port_while_building:
-        from monitor.daemon.lifecycle import StopRequest, capture_signals
+        from monitor.daemon.lifecycle import ShutdownWatchdog, StopRequest, capture_signals
+        from monitor.daemon.service import shutdown_bound
 
         stop = StopRequest()
-        with capture_signals(stop, until_exit=True):  # a signal while the daemon is being built stops it too
-            return daemon(settings, early_port=True, stop_request=stop).serve()
+        with capture_signals(stop, until_exit=True):  # a signal while the daemon is being built stops it too,
+            # within the same bound: building takes seconds, many more on a loaded machine
+            watchdog = ShutdownWatchdog(stop, shutdown_bound(settings)).start()
+            return daemon(settings, early_port=True, stop_request=stop).serve(watchdog=watchdog)
     return daemon(settings).serve()
 
 

@@ -209,7 +209,8 @@ class ShutdownWatchdog:
 
     def __init__(self, stop: StopRequest, bound: float, force_exit: Callable[[int], None] = os._exit,
                  main: threading.Thread | None = None, exit_status: Callable[[], int] = lambda: 0):
-        self._stop, self.bound, self._force_exit, self._exit_status = stop, bound, force_exit, exit_status
+        self._stop, self.bound, self._force_exit = stop, bound, force_exit
+        self.exit_status = exit_status  # the daemon's, once it is built
         self._main = main or threading.main_thread()
         self._finished = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="embmon-shutdown-watchdog", daemon=True)
@@ -239,7 +240,7 @@ class ShutdownWatchdog:
             logger.warning("exiting without waiting for %s (work abandoned at shutdown)",
                            ", ".join(left) if left else "the interpreter's exit handlers")
         logging.shutdown()
-        self._force_exit(self._exit_status())
+        self._force_exit(self.exit_status())
 
     def _others(self) -> list[str]:
         """The threads besides the main one and this one that still run."""

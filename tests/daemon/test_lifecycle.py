@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import socket
@@ -135,14 +134,6 @@ SLOW_SHUTDOWN = textwrap.dedent(
 )
 
 
-def to_another_thread(proc: subprocess.Popen[str], signum: int) -> None:
-    """``signum`` to a thread of ``proc`` other than its main one (``tgkill``), as the kernel may hand it."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    others = sorted(int(tid) for tid in os.listdir(f"/proc/{proc.pid}/task") if int(tid) != proc.pid)
-    assert others, "the daemon runs threads beside the main one"
-    assert libc.tgkill(proc.pid, others[-1], signum) == 0, ctypes.get_errno()
-
-
 def second_signal(script: str, tmp_path: Path, then: str, second: Callable[[subprocess.Popen[str]], None],
                   ) -> tuple[int, float, str]:
     """Run ``script``; SIGTERM once it prints ``up``, ``second(proc)`` once it prints ``then``: its exit
@@ -168,7 +159,7 @@ def test_sigterm_stops_cleanly_and_a_second_one_cuts_a_hung_shutdown_short(tmp_p
     than the main one, which is stuck in a call that only a signal of its own would interrupt."""
     status, took, stderr = second_signal(  # "closing": the shutdown is under way, and hangs
         SLOW_SHUTDOWN, tmp_path, "closing", lambda proc: proc.send_signal(signal.SIGTERM)
-        if second == "to the process" else to_another_thread(proc, signal.SIGTERM))
+        if second == "to the process" else daemons.to_another_thread(proc.pid, signal.SIGTERM))
     assert status == 128 + signal.SIGTERM and took < 5, stderr[-3000:]
     assert "exiting now, without a clean shutdown" in stderr
 
@@ -199,7 +190,7 @@ def test_a_second_signal_while_the_interpreter_exits_still_exits_at_once(tmp_pat
     daemon's, so a second signal exits at once with 128 + the signal (put back, a SIGINT was lost
     in the exit and the process went on to the watchdog's bound, and a SIGTERM killed it unlogged)."""
     status, took, stderr = second_signal(  # "served": the interpreter is exiting, held
-        HELD_EXIT, tmp_path, "served", lambda proc: to_another_thread(proc, signum))
+        HELD_EXIT, tmp_path, "served", lambda proc: daemons.to_another_thread(proc.pid, signum))
     assert status == 128 + signum and took < 5, stderr[-3000:]
     assert "exiting now, without a clean shutdown" in stderr
 
