@@ -109,7 +109,7 @@ class Daemon:
     refresher: Refresher
     status: DaemonStatus
     computes_windows = True  # schedules the refresh of window metrics
-    serves_port_while_building = False  # takes ``early_port`` and ``stop_request`` (cli/main.py)
+    serves_port_while_building = False  # takes ``early_port`` (cli/main.py); every role takes ``stop_request``
     exit_status = 0  # what ``serve`` returns: non-zero once a part the process cannot do without failed
 
     def __init__(self, stop_request: StopRequest | None = None) -> None:

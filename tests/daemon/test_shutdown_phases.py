@@ -249,3 +249,34 @@ def test_sigterm_while_the_daemon_is_being_built_exits_within_the_shutdown_bound
     assert status == 0, daemon.output()[-3000:]
     assert took < PROMISED_SECONDS, daemon.output()[-3000:]
     assert "received SIGTERM; shutting down" in daemon.output()
+
+
+SLOW_REDUCER_BUILD = """
+import time
+from monitor.scaleout import reducer
+
+class SlowlyBuilt(reducer.MergeTable):
+    def __init__(self, *args, **kwargs):  # as the reducer's build is on a loaded machine
+        print("building the reducer", flush=True)
+        time.sleep(60)
+        super().__init__(*args, **kwargs)
+
+reducer.MergeTable = SlowlyBuilt
+"""
+
+
+@pytest.mark.slow  # the shutdown bound, 3.5 s here, is the point
+def test_sigterm_while_the_reducer_is_being_built_exits_within_the_shutdown_bound(tmp_path: Path) -> None:
+    """Every role's signals are captured before it is built (the reducer's were not: a SIGTERM then
+    killed it, status -15), and the shutdown bound runs from the signal."""
+    with daemons.process("--role", "reducer", "--bootstrap-servers", UNREACHABLE, "--state-dir",
+                         str(tmp_path / "state"), log=tmp_path / "run.log", prelude=SLOW_REDUCER_BUILD,
+                         env={"EMBMON_SHUTDOWN_TIMEOUT_SECONDS": "2"}) as daemon:
+        wait_until(lambda: "building the reducer" in daemon.output(), timeout=60, message="the build",
+                   on_timeout=daemon.output)
+        daemons.to_another_thread(daemon.proc.pid, signal.SIGTERM)
+        signalled = time.monotonic()
+        status = daemon.wait(timeout=30)
+        took = time.monotonic() - signalled
+    assert status == 0, daemon.output()[-3000:]
+    assert took < PROMISED_SECONDS, daemon.output()[-3000:]
