@@ -119,63 +119,59 @@ def run_demo(
     out: TextIO | None = None,
 ) -> int:
     """Serve the demo until Ctrl-C or ``duration``; the live view on ``out`` (stdout), the log in a file."""
-    from monitor.daemon.lifecycle import ShutdownWatchdog, StopRequest, capture_signals
-    from monitor.daemon.service import Monitor, shutdown_bound
+    from monitor.daemon.service import Monitor
 
-    stop = StopRequest()
-    with capture_signals(stop, until_exit=True):  # a signal while the demo is being built stops it too,
-        watchdog = ShutdownWatchdog(stop, shutdown_bound(settings)).start()  # within the same bound
-        out = out or sys.stdout
-        if verbose:
-            log_file = None
-        elif log_file is None:
-            handle, name = tempfile.mkstemp(prefix="embmon-demo-", suffix=".log")
-            os.close(handle)
-            log_file = Path(name)
-        configure_logging(settings.log_level, None if verbose else log_file)
-        endpoint = _serve_demo_endpoint(settings)
-        settings, factories = with_index_incident(settings)
-        monitor = Monitor(settings, component_factories=factories, stop_request=stop)
-        if endpoint is not None:
-            endpoint.lowercase = lambda: getattr(getattr(monitor.source, "current_phase", None), "kind", None) \
-                == SERVING_INCIDENT_PHASE
-        stop_view = threading.Event()
-        viewer: list[threading.Thread] = []
+    out = out or sys.stdout
+    if verbose:
+        log_file = None
+    elif log_file is None:
+        handle, name = tempfile.mkstemp(prefix="embmon-demo-", suffix=".log")
+        os.close(handle)
+        log_file = Path(name)
+    configure_logging(settings.log_level, None if verbose else log_file)
+    endpoint = _serve_demo_endpoint(settings)
+    settings, factories = with_index_incident(settings)
+    monitor = Monitor(settings, component_factories=factories)
+    if endpoint is not None:
+        endpoint.lowercase = lambda: getattr(getattr(monitor.source, "current_phase", None), "kind", None) \
+            == SERVING_INCIDENT_PHASE
+    stop_view = threading.Event()
+    viewer: list[threading.Thread] = []
 
-        def started() -> None:
-            port = monitor.http.port
-            print(
-                f"embedding-monitor demo: metrics at http://127.0.0.1:{port}/metrics; Ctrl-C stops\n"
-                f"script: {script_text(settings)}\n"
-                f"drift every {settings.drift.interval_seconds:g}s against each stream's first "
-                f"{settings.drift.reference.records} records; "
-                f"canaries every {settings.synthetic.canary_period_seconds:g}s"
-                + (f"; the serving probe calls {SERVED} every {settings.serving.interval_seconds:g}s (it lower-cases "
-                   f"its input while {SERVING_INCIDENT_PHASE})" if endpoint is not None else "") + "\n"
-                f"state directory: {settings.state_dir}\n"
-                f"log: {log_file if log_file is not None else 'stderr'}",
-                file=out,
-                flush=True,
+    def started() -> None:
+        port = monitor.http.port
+        print(
+            f"embedding-monitor demo: metrics at http://127.0.0.1:{port}/metrics; Ctrl-C stops\n"
+            f"script: {script_text(settings)}\n"
+            f"drift every {settings.drift.interval_seconds:g}s against each stream's first "
+            f"{settings.drift.reference.records} records; "
+            f"canaries every {settings.synthetic.canary_period_seconds:g}s"
+            + (f"; the serving probe calls {SERVED} every {settings.serving.interval_seconds:g}s (it lower-cases "
+               f"its input while {SERVING_INCIDENT_PHASE})" if endpoint is not None else "") + "\n"
+            f"state directory: {settings.state_dir}\n"
+            f"log: {log_file if log_file is not None else 'stderr'}",
+            file=out,
+            flush=True,
+        )
+        if view:
+            notes = (f"metrics: http://127.0.0.1:{port}/metrics", f"log: {log_file or 'stderr (--verbose)'}")
+            thread = threading.Thread(
+                target=_show, args=(monitor, out, stop_view, notes), name="embmon-demo-view", daemon=True
             )
-            if view:
-                notes = (f"metrics: http://127.0.0.1:{port}/metrics", f"log: {log_file or 'stderr (--verbose)'}")
-                thread = threading.Thread(
-                    target=_show, args=(monitor, out, stop_view, notes), name="embmon-demo-view", daemon=True
-                )
-                thread.start()
-                viewer.append(thread)
+            thread.start()
+            viewer.append(thread)
 
-        try:
-            monitor.serve(stop_after=duration, on_started=started, watchdog=watchdog)
-        finally:
-            stop_view.set()
-            for thread in viewer:
-                thread.join(timeout=5.0)
-            if endpoint is not None:
-                endpoint.stop()
-        if log_file is not None:
-            print(f"embedding-monitor demo stopped; its log is in {log_file}", file=out, flush=True)
-        return 0
+    try:
+        monitor.serve(stop_after=duration, on_started=started)
+    finally:
+        stop_view.set()
+        for thread in viewer:
+            thread.join(timeout=5.0)
+        if endpoint is not None:
+            endpoint.stop()
+    if log_file is not None:
+        print(f"embedding-monitor demo stopped; its log is in {log_file}", file=out, flush=True)
+    return 0
 
 
 def with_index_incident(settings: Settings) -> tuple[Settings, list[Any] | None]:

@@ -126,15 +126,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level)
     logger.info("settings: %s", settings.redacted())
     daemon = role_class(settings.scale_out.role)
-    from monitor.daemon.lifecycle import ShutdownWatchdog, StopRequest, capture_signals
-    from monitor.daemon.service import shutdown_bound
+    if daemon.serves_port_while_building:
+        from monitor.daemon.lifecycle import StopRequest, capture_signals
 
-    stop = StopRequest()
-    with capture_signals(stop, until_exit=True):  # a signal while the daemon is being built stops it too,
-        # within the same bound: building takes seconds, many more on a loaded machine
-        watchdog = ShutdownWatchdog(stop, shutdown_bound(settings)).start()
-        early = {"early_port": True} if daemon.serves_port_while_building else {}
-        return daemon(settings, stop_request=stop, **early).serve(watchdog=watchdog)
+        stop = StopRequest()
+        with capture_signals(stop):  # a signal while the daemon is being built stops it cleanly too
+            return daemon(settings, early_port=True, stop_request=stop).serve()
+    return daemon(settings).serve()
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

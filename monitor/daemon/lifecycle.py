@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 LEFTOVER_GRACE_SECONDS = 2.0  # after the shutdown, for the process to exit by itself
+SIGNAL_CHECK_SECONDS = 0.2  # the main thread's wait returns to Python this often (see StopRequest.wait)
 
 
 class StopRequest:
@@ -48,35 +49,37 @@ class StopRequest:
         return self._event.is_set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """True once a stop is requested; False when ``timeout`` passes first."""
-        return self._event.wait(timeout)
+        """True once a stop is requested; False when ``timeout`` passes first.
+
+        In the main thread the wait is cut into slices of :data:`SIGNAL_CHECK_SECONDS`. CPython runs a
+        signal's Python handler only in the main thread, between bytecodes, and a signal the kernel
+        hands to another thread does not wake a main thread blocked on a lock: a bare
+        ``Event.wait()`` there would never see that SIGTERM (measured on a loaded machine, where
+        one went unanswered for over a minute until a second one came).
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return self._event.wait(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = SIGNAL_CHECK_SECONDS if deadline is None else min(SIGNAL_CHECK_SECONDS, deadline - time.monotonic())
+            if left <= 0:
+                return self._event.is_set()
+            if self._event.wait(left):
+                return True
 
 
 @contextlib.contextmanager
-def capture_signals(stop: StopRequest, force_exit: Callable[[int], None] = os._exit, *,
-                    until_exit: bool = False) -> Iterator[None]:
+def capture_signals(stop: StopRequest, force_exit: Callable[[int], None] = os._exit) -> Iterator[None]:
     """SIGINT/SIGTERM request a clean stop; a second one calls ``force_exit(128 + signum)``.
 
-    The signals are acted on in a thread of their own, which reads them from the interpreter's
-    wakeup file descriptor (``signal.set_wakeup_fd``), not in a Python handler: CPython runs those in
-    the main thread only, once it is back in Python, and a signal the kernel hands to another thread
-    does not interrupt what the main thread waits for (a join during shutdown, a close that hangs), so
-    the second signal would wait for the shutdown it is meant to cut short. The C-level handler writes
-    every signal it gets to that descriptor, in whichever thread it runs.
-
     Only the main thread may install handlers; elsewhere (a daemon embedded in a test's thread)
-    this does nothing. The previous handlers and wakeup descriptor come back on exit, unless
-    ``until_exit`` (a daemon that owns its process): then they stay until the process ends, so that
-    a signal while the interpreter exits (waiting for a thread-pool worker, within
-    :class:`ShutdownWatchdog`'s grace) still counts. Put back, a SIGINT there would raise
-    ``KeyboardInterrupt`` into the interpreter's exit, where it is lost, and a SIGTERM would kill the
-    process without a word.
+    this does nothing. The previous handlers come back on exit.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    def handle(signum: int) -> None:
+    def handle(signum: int, frame: FrameType | None) -> None:
         stop.signals += 1
         name = signal.Signals(signum).name
         if stop.signals > 1:
@@ -87,32 +90,12 @@ def capture_signals(stop: StopRequest, force_exit: Callable[[int], None] = os._e
         logger.info("received %s; shutting down (send it again to exit at once)", name)
         stop.request()
 
-    def read(fd: int) -> None:
-        while received := os.read(fd, 512):
-            for signum in received:
-                if signum in HANDLED_SIGNALS:
-                    handle(signum)
-
-    reader_fd, writer_fd = os.pipe()
-    os.set_blocking(writer_fd, False)  # the C handler must never block on it
-    reader = threading.Thread(target=read, args=(reader_fd,), name="embmon-signals", daemon=True)
-    reader.start()
-    previous = {sig: signal.signal(sig, _noted) for sig in HANDLED_SIGNALS}
-    previous_fd = signal.set_wakeup_fd(writer_fd, warn_on_full_buffer=False)
+    previous = {sig: signal.signal(sig, handle) for sig in HANDLED_SIGNALS}
     try:
         yield
     finally:
-        if not until_exit:
-            signal.set_wakeup_fd(previous_fd)
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            os.close(writer_fd)  # the reader sees the end of its pipe, after what was written before
-            reader.join(timeout=5.0)
-            os.close(reader_fd)
-
-
-def _noted(signum: int, frame: FrameType | None) -> None:
-    """The Python handler of a captured signal: nothing (the wakeup descriptor's reader acts on it)."""
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class StartInterrupted(Exception):
@@ -209,8 +192,7 @@ class ShutdownWatchdog:
 
     def __init__(self, stop: StopRequest, bound: float, force_exit: Callable[[int], None] = os._exit,
                  main: threading.Thread | None = None, exit_status: Callable[[], int] = lambda: 0):
-        self._stop, self.bound, self._force_exit = stop, bound, force_exit
-        self.exit_status = exit_status  # the daemon's, once it is built
+        self._stop, self.bound, self._force_exit, self._exit_status = stop, bound, force_exit, exit_status
         self._main = main or threading.main_thread()
         self._finished = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="embmon-shutdown-watchdog", daemon=True)
@@ -240,7 +222,7 @@ class ShutdownWatchdog:
             logger.warning("exiting without waiting for %s (work abandoned at shutdown)",
                            ", ".join(left) if left else "the interpreter's exit handlers")
         logging.shutdown()
-        self._force_exit(self.exit_status())
+        self._force_exit(self._exit_status())
 
     def _others(self) -> list[str]:
         """The threads besides the main one and this one that still run."""

@@ -83,11 +83,6 @@ def stale_after(period: float) -> float:
     return max(STALE_PERIODS * period, period + STALE_MIN_SECONDS)
 
 
-def shutdown_bound(settings: Settings) -> float:
-    """Seconds from a stop request to the end of the process, at the latest (:class:`ShutdownWatchdog`)."""
-    return settings.shutdown_timeout_seconds + 1.5
-
-
 def daemon_metrics_registry() -> CollectorRegistry:
     """A fresh registry with what every exporter shows (process_resident_memory_bytes, python_info,
     GC): prometheus-client puts those only on its global default registry."""
@@ -109,7 +104,7 @@ class Daemon:
     refresher: Refresher
     status: DaemonStatus
     computes_windows = True  # schedules the refresh of window metrics
-    serves_port_while_building = False  # takes ``early_port`` (cli/main.py); every role takes ``stop_request``
+    serves_port_while_building = False  # takes ``early_port`` and ``stop_request`` (cli/main.py)
     exit_status = 0  # what ``serve`` returns: non-zero once a part the process cannot do without failed
 
     def __init__(self, stop_request: StopRequest | None = None) -> None:
@@ -120,17 +115,16 @@ class Daemon:
         self._stopped = False
         self._stop_lock = threading.Lock()
 
-    def serve(self, stop_after: float | None = None, on_started: Callable[[], None] | None = None,
-              watchdog: ShutdownWatchdog | None = None) -> int:
+    def serve(self, stop_after: float | None = None, on_started: Callable[[], None] | None = None) -> int:
         """The whole life of the daemon: signals first, start, wait for a stop request, stop; the exit status.
 
         A stop request in any phase, start-up included, ends the process within the shutdown
-        bound (:func:`shutdown_bound`), with status 0 (:class:`ShutdownWatchdog`; ``watchdog``: one the
-        caller started before building the daemon), or :data:`LOOP_FAILED_EXIT_STATUS` after :meth:`fail`."""
+        bound (``shutdown_timeout_seconds`` + 1.5 s), with status 0 (:class:`ShutdownWatchdog`), or
+        :data:`LOOP_FAILED_EXIT_STATUS` after :meth:`fail`."""
         self.http.server.on_failure = self.fail  # every role's port: exit non-zero if its I/O loop stops
-        with capture_signals(self.stop_request, until_exit=True):  # the process ends with this
-            watchdog = watchdog or ShutdownWatchdog(self.stop_request, shutdown_bound(self.settings)).start()
-            watchdog.exit_status = lambda: self.exit_status
+        with capture_signals(self.stop_request):
+            watchdog = ShutdownWatchdog(self.stop_request, self.settings.shutdown_timeout_seconds + 1.5,
+                                        exit_status=lambda: self.exit_status).start()
             try:
                 self.start()
             except StartInterrupted:

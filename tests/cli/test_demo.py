@@ -10,16 +10,13 @@ from __future__ import annotations
 import os
 import pty
 import re
-import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.support import daemons
 from tests.support.broker import free_port
 from tests.support.scrape import Samples, scrape, value
 from tests.support.waiting import wait_until
@@ -267,34 +264,3 @@ def test_on_a_terminal_the_view_is_redrawn_in_place_not_printed_line_by_line(tmp
     assert "[t=" not in screen  # no plain lines on a terminal
     assert "INFO" not in screen  # the log went to its file
     assert "embedding-monitor serving" in (tmp_path / "demo.log").read_text()
-
-
-SLOW_BUILD = """
-import time
-import monitor.cli.demo as demo
-
-built = demo.with_index_incident
-
-def slowly_built(settings):  # as the demo's imports and its index are on a loaded machine
-    print("building the demo", flush=True)
-    time.sleep(60)
-    return built(settings)
-
-demo.with_index_incident = slowly_built
-"""
-
-
-@pytest.mark.slow  # the shutdown bound, 3.5 s here, is the point
-def test_sigterm_while_the_demo_is_being_built_exits_0_within_the_shutdown_bound(tmp_path: Path) -> None:
-    """Signals are the demo's from before it is built: a SIGTERM (to any thread) then ends it with
-    status 0 within the shutdown bound; it used to kill the process (status -15, its state left behind)."""
-    with daemons.process("--duration", "60", "--log-file", str(tmp_path / "demo.log"), log=tmp_path / "out.log",
-                         command="demo", prelude=SLOW_BUILD, env={"EMBMON_SHUTDOWN_TIMEOUT_SECONDS": "2"}) as demo:
-        wait_until(lambda: "building the demo" in demo.output(), timeout=60, message="the build",
-                   on_timeout=demo.output)
-        daemons.to_another_thread(demo.proc.pid, signal.SIGTERM)
-        signalled = time.monotonic()
-        status = demo.wait(timeout=30)
-        took = time.monotonic() - signalled
-    assert status == 0, demo.output()[-3000:]
-    assert took < 10, demo.output()[-3000:]

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -134,64 +134,20 @@ SLOW_SHUTDOWN = textwrap.dedent(
 )
 
 
-def second_signal(script: str, tmp_path: Path, then: str, second: Callable[[subprocess.Popen[str]], None],
-                  ) -> tuple[int, float, str]:
-    """Run ``script``; SIGTERM once it prints ``up``, ``second(proc)`` once it prints ``then``: its exit
-    status, the seconds from the second signal to the exit, its stderr."""
-    with subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE,
+def test_sigterm_stops_cleanly_and_a_second_one_cuts_a_hung_shutdown_short(tmp_path: Path) -> None:
+    with subprocess.Popen([sys.executable, "-c", SLOW_SHUTDOWN, str(tmp_path)], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True) as proc:
         try:
             assert proc.stdout is not None
             assert proc.stdout.readline().strip() == "up"
             proc.send_signal(signal.SIGTERM)
-            assert proc.stdout.readline().strip() == then
+            assert proc.stdout.readline().strip() == "closing"  # shutdown is under way, and hangs
             started = time.monotonic()
-            second(proc)
-            _, stderr = proc.communicate(timeout=20)
+            proc.send_signal(signal.SIGTERM)
+            _, stderr = proc.communicate(timeout=10)
         finally:
             proc.kill()
-    return proc.returncode, time.monotonic() - started, stderr
-
-
-@pytest.mark.parametrize("second", ["to the process", "to another thread"])
-def test_sigterm_stops_cleanly_and_a_second_one_cuts_a_hung_shutdown_short(tmp_path: Path, second: str) -> None:
-    """The second SIGTERM ends the process at once also when the kernel hands it to a thread other
-    than the main one, which is stuck in a call that only a signal of its own would interrupt."""
-    status, took, stderr = second_signal(  # "closing": the shutdown is under way, and hangs
-        SLOW_SHUTDOWN, tmp_path, "closing", lambda proc: proc.send_signal(signal.SIGTERM)
-        if second == "to the process" else daemons.to_another_thread(proc.pid, signal.SIGTERM))
-    assert status == 128 + signal.SIGTERM and took < 5, stderr[-3000:]
-    assert "exiting now, without a clean shutdown" in stderr
-
-
-HELD_EXIT = textwrap.dedent(
-    """
-    import sys, threading, time
-    from monitor.config import load_settings
-    from monitor.daemon import lifecycle
-    from monitor.logs import configure_logging
-    from monitor.daemon.service import Monitor
-
-    lifecycle.LEFTOVER_GRACE_SECONDS = 60.0  # the watchdog's bound (9.5 s) ends the exit, not its grace
-    configure_logging("INFO")
-    settings = load_settings(overrides={"source": "synthetic", "http": {"host": "127.0.0.1", "port": 0},
-                                        "state_dir": sys.argv[1], "drift": {"enabled": False}})
-    # a thread that holds the interpreter's exit, as a scheduled job still writing to a stalled disk does
-    held = threading.Thread(target=time.sleep, args=(30,), name="held")
-    Monitor(settings).serve(on_started=lambda: (held.start(), print("up", flush=True)))
-    print("served", flush=True)
-    """
-)
-
-
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_second_signal_while_the_interpreter_exits_still_exits_at_once(tmp_path: Path, signum: int) -> None:
-    """The shutdown is done and the interpreter waits for a thread: the handlers are still the
-    daemon's, so a second signal exits at once with 128 + the signal (put back, a SIGINT was lost
-    in the exit and the process went on to the watchdog's bound, and a SIGTERM killed it unlogged)."""
-    status, took, stderr = second_signal(  # "served": the interpreter is exiting, held
-        HELD_EXIT, tmp_path, "served", lambda proc: daemons.to_another_thread(proc.pid, signum))
-    assert status == 128 + signum and took < 5, stderr[-3000:]
+    assert proc.returncode == 128 + signal.SIGTERM and time.monotonic() - started < 5
     assert "exiting now, without a clean shutdown" in stderr
 
 

@@ -18,7 +18,6 @@ bound) or :meth:`DaemonProcess.kill` (SIGKILL) first.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -138,15 +137,6 @@ def process(*args: str, log: Path, port: int | None = None, env: Mapping[str, st
         yield daemon
     finally:
         daemon.close()
-
-
-def to_another_thread(pid: int, signum: int) -> None:
-    """``signum`` to a thread of process ``pid`` other than its main one (``tgkill``), as the kernel may
-    hand a process-wide signal to any thread that does not block it."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    others = sorted(int(tid) for tid in os.listdir(f"/proc/{pid}/task") if int(tid) != pid)
-    assert others, "the process runs threads beside the main one"
-    assert libc.tgkill(pid, others[-1], signum) == 0, ctypes.get_errno()
 
 
 # a SIGKILLed member stays in its group until its session expires: keep that short
