@@ -43,7 +43,11 @@ def test_a_producer_holding_records_for_a_stopped_broker_closes_and_its_io_threa
         broker.stop()
     pending = producer.send("pending", b"never delivered")  # waits in the accumulator: no broker to take it
     thread = io_thread(client_id)
+    # a weak proxy whose object is gone, as kafka-python's cluster metadata keeps of the connection
+    # manager of a producer dropped before: the close's scan of the collector's objects must pass it
+    gone = weakref.proxy(threading.Event())
     close_producer(producer, timeout=1.0)
+    assert gone is not None
     wait_until(lambda: ended(thread), timeout=30, interval=0.1, message="the I/O thread to end")
     assert pending.is_done and pending.failed()  # the record a close could not wait for failed, visibly
 

@@ -15,9 +15,9 @@ from one set of options. The librdkafka source builds its consumer in :mod:`moni
 from __future__ import annotations
 
 import gc
-import inspect
 import socket
 import time
+import types
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeAlias, overload
 
@@ -112,7 +112,10 @@ def _close_abandoned_connects(net: object) -> None:
 
     code = KafkaNetSocket.sock_connect.__code__
     for thing in gc.get_objects():
-        frame = thing.cr_frame if inspect.iscoroutine(thing) else thing if inspect.isframe(thing) else None
+        # type(), not isinstance(): a weak proxy whose object is gone (kafka-python's cluster metadata
+        # keeps one of a dropped client's connection manager) raises ReferenceError when asked its class
+        kind = type(thing)
+        frame = thing.cr_frame if kind is types.CoroutineType else thing if kind is types.FrameType else None
         if frame is not None and frame.f_code is code and frame.f_locals.get("net") is net:
             sock = frame.f_locals.get("sock")
             if isinstance(sock, socket.socket):
