@@ -8,6 +8,9 @@ its producer on every failed publication, so a replica whose broker was away lea
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import threading
 import weakref
 
@@ -61,3 +64,41 @@ def test_a_producer_with_nothing_pending_closes_as_before(broker: Broker) -> Non
     thread = io_thread(client_id)
     close_producer(producer, timeout=5.0)
     wait_until(lambda: ended(thread), timeout=30, interval=0.1, message="the I/O thread to end")
+
+
+NEVER_CONNECTED = textwrap.dedent(
+    """
+    import gc, os, time
+    from monitor.sources.kafka.clients import KafkaError, close_producer, new_producer
+
+    try:  # its bootstrap finds no broker
+        new_producer({"bootstrap_servers": "127.0.0.1:1", "bootstrap_timeout_ms": 1000})
+    except KafkaError:
+        pass
+    # told the broker's version, it does not bootstrap: built, it keeps trying to connect
+    producer = new_producer({"bootstrap_servers": "127.0.0.1:1", "api_version": (2, 5)})
+    time.sleep(1.0)
+    close_producer(producer, timeout=1.0)
+    del producer
+    gc.collect()
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass  # the listing's own descriptor, closed by now
+    print(sum(link.startswith("socket:") for link in links))
+    """
+)
+
+
+def test_a_producer_that_never_connected_leaves_no_socket_open() -> None:
+    """Neither a producer whose bootstrap fails nor one closed before it ever connected leaves a socket
+    for the collector, in a process whose only Kafka clients are built by these factories (a reducer:
+    the refused attempts' sockets were closed only once the Kafka source had started, and a failed
+    constructor left its selector's wake-up sockets)."""
+    run = subprocess.run([sys.executable, "-X", "dev", "-W", "error::ResourceWarning", "-c", NEVER_CONNECTED],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "ResourceWarning" not in run.stderr, run.stderr[-3000:]
+    assert run.stdout.strip() == "0", run.stderr[-3000:]

@@ -19,11 +19,13 @@ import socket
 import time
 import types
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypeAlias, overload
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, overload
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
 from kafka.errors import CorruptRecordError, KafkaError
+
+from monitor.sources.kafka.internals import close_failed_connect_sockets
 
 if TYPE_CHECKING:
     from monitor.sources.kafka.rdkafka import LibrdkafkaConsumer, LibrdkafkaProducer
@@ -51,7 +53,7 @@ def new_consumer(config: Mapping[str, Any], kafka: KafkaSettings | None = None) 
         from monitor.sources.kafka.rdkafka import LibrdkafkaConsumer, consumer_properties
 
         return LibrdkafkaConsumer(consumer_properties(config, kafka))
-    consumer = KafkaConsumer(**config)
+    consumer = _built(KafkaConsumer, config)
     _honour_auto_create(consumer, config)
     return consumer
 
@@ -67,9 +69,35 @@ def new_producer(config: Mapping[str, Any], kafka: KafkaSettings | None = None) 
         from monitor.sources.kafka.rdkafka import LibrdkafkaProducer, producer_properties
 
         return LibrdkafkaProducer(producer_properties(config, kafka))
-    producer = KafkaProducer(**config)
+    producer = _built(KafkaProducer, config)
     _honour_auto_create(producer, config)
     return producer
+
+
+Client = TypeVar("Client", KafkaConsumer, KafkaProducer)
+
+
+def _built(kind: type[Client], config: Mapping[str, Any]) -> Client:
+    """``kind(**config)``, whose sockets are closed when they are done with, not left to the collector.
+
+    A refused connection attempt's socket is closed when it fails (kafka-python 3.0 left it open:
+    :func:`~monitor.sources.kafka.internals.close_failed_connect_sockets`, applied here for every
+    client, not only the source's). A constructor that raises (its bootstrap: no broker answered
+    in time) closes the network client it had built, with its selector's wake-up sockets."""
+    close_failed_connect_sockets()
+    built: list[Any] = []
+    make = config.get("kafka_client") or kind.DEFAULT_CONFIG["kafka_client"]
+
+    def kafka_client(**options: Any) -> Any:
+        built.append(make(**options))
+        return built[-1]
+
+    try:
+        return kind(**{**config, "kafka_client": kafka_client})
+    except BaseException:
+        for client in built:
+            client.close()
+        raise
 
 
 def close_producer(producer: Producer, timeout: float) -> None:
