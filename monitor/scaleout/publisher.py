@@ -131,6 +131,7 @@ class PartialsPublisher:
         self._settings = settings
         self._producer_factory = producer_factory
         self._producer: Producer | None = None
+        self._closed = False  # closed publishers build no producer again (its I/O thread would outlive the daemon)
         self._lock = threading.Lock()  # one staging or send at a time
         self._staged: Publication | None = None
         self._held: dict[SubwindowKey, Held] = {}
@@ -184,6 +185,8 @@ class PartialsPublisher:
             publication = self._staged
             if publication is None:
                 return True
+            if self._closed:  # a checkpoint that ends after the shutdown closed this: its offsets stay uncommitted
+                return False
             try:
                 self._send(publication)
             except Exception as exc:  # counted; kept staged, the next checkpoint retries
@@ -223,6 +226,8 @@ class PartialsPublisher:
         """Write a manifest (another replica's, killed while sealing it) where it is missing; False
         (logged) when the broker did not take it."""
         with self._lock:
+            if self._closed:
+                return False
             try:
                 self.seal(self._ensure_producer(), record, partitions)
             except Exception as exc:  # noqa: BLE001 - reported; the caller goes on without it
@@ -266,6 +271,7 @@ class PartialsPublisher:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             # at shutdown, time for the producer's network thread to end and close its sockets (1 s was
             # not always enough on a busy machine: the thread and a socket outlived the daemon)
             self._drop_producer(timeout=5.0)

@@ -100,6 +100,9 @@ def _built(kind: type[Client], config: Mapping[str, Any]) -> Client:
         raise
 
 
+THREAD_END_SECONDS = 1.0  # close_producer: the least it waits for a force-closed I/O thread to end
+
+
 def close_producer(producer: Producer, timeout: float) -> None:
     """Close ``producer``, waiting up to about ``timeout`` seconds for its pending records, and stop its
     I/O thread even when they cannot be delivered; the whole close takes about ``timeout`` at most.
@@ -113,13 +116,19 @@ def close_producer(producer: Producer, timeout: float) -> None:
     deadline = time.monotonic() + timeout  # the whole close, the forced part included
     try:
         producer.close(timeout=timeout)
-        return
     except KafkaError:
         sender = getattr(producer, "_sender", None)  # kafka-python's I/O thread
         if sender is None:
             raise
+    else:
+        # a close whose join ran out force-closes the thread and returns: it ends at its next loop,
+        # moments later, unless the machine is busy; what is left of the deadline, a second at least
+        sender = getattr(producer, "_sender", None)
+        if sender is not None and sender.is_alive():
+            sender.join(max(THREAD_END_SECONDS, deadline - time.monotonic()))
+        return
     sender.force_close()
-    sender.join(max(0.1, deadline - time.monotonic()))
+    sender.join(max(THREAD_END_SECONDS, deadline - time.monotonic()))
     producer.close(timeout=0)  # the aborted records are done now: the flush passes, the rest is released
     net = getattr(getattr(sender, "_client", None), "_net", None)  # its selector, which each attempt names
     if net is not None:
