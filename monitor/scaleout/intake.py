@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -178,6 +178,9 @@ class PartialsReader:
         self._lag = LagReading()
         self._apply_lock = threading.Lock()  # held while one poll is applied, and by captures
         self._stop = threading.Event()
+        # taken to hand consumers to the intake or to take them away: a consumer the loop built after
+        # ``stop`` gave up waiting for it (a slow join) is closed, not left to the collector
+        self._clients_lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="embmon-reducer-intake", daemon=True)
         self._log = RateLimitedLog(logger)
 
@@ -197,16 +200,18 @@ class PartialsReader:
         return self._thread.is_alive()
 
     def close(self) -> None:
-        consumers, self._consumer, self._side = (self._consumer, self._side), None, None
-        self._up = False
-        for consumer in consumers:
-            if consumer is not None:
-                try:
-                    consumer.close(autocommit=False)
-                except Exception:  # closing at shutdown
-                    logger.debug("closing the reducer's consumer", exc_info=True)
+        with self._clients_lock:
+            consumers, self._consumer, self._side = (self._consumer, self._side), None, None
+            self._up = False
+        _close_all(consumers)
 
     def _loop(self) -> None:
+        try:
+            self._polling()
+        finally:  # whatever the last poll built, even after ``stop`` stopped waiting for this thread
+            self.close()
+
+    def _polling(self) -> None:
         timeout = self.settings.kafka.poll_timeout_seconds
         while not self._stop.is_set():
             try:
@@ -445,10 +450,19 @@ class PartialsReader:
                                ",".join(self.settings.kafka.bootstrap_servers), type(exc).__name__,
                                self._backoff.failed())
                 return None
-            consumer.subscribe([self.partials_topic])
-            self._side = side
+            try:
+                consumer.subscribe([self.partials_topic])
+            except Exception:
+                _close_all((consumer, side))
+                raise
+        with self._clients_lock:
+            if self._stop.is_set():  # stopped while this was built: nothing else will close them
+                _close_all((consumer, side) if self.group is not None else (consumer,))
+                return None
+            if self.group is not None:
+                self._side = side
+            self._consumer, self._up = consumer, True
         self._backoff.succeeded()
-        self._consumer, self._up = consumer, True
         self._assigned = set()
         self._partitions_checked = -PARTITION_REFRESH_SECONDS
         return consumer
@@ -554,3 +568,12 @@ class PartialsReader:
 
     def backpressure_seconds(self) -> float:
         return 0.0
+
+
+def _close_all(consumers: Iterable[Consumer | None]) -> None:
+    for consumer in consumers:
+        if consumer is not None:
+            try:
+                consumer.close(autocommit=False)
+            except Exception:  # closing at shutdown, or a consumer that never fully connected
+                logger.debug("closing the reducer's consumer", exc_info=True)

@@ -1,6 +1,7 @@
 """A silent model swap through the broker, as a user would see it: canaries catch it on arrival.
 
-Real MiniLM sentence embeddings stream as JSON with ids at 200 records/s; three of the sentences
+Real MiniLM sentence embeddings stream as JSON with ids at 200 records/s, 100 sentences in a fixed
+cycle (so every window holds nearly the same records, before the swap and after); three of the sentences
 are canaries, re-sent every second. Then the embedding service is swapped for a rotated copy of the
 model (every norm, angle and spectrum unchanged, so the intrinsic metrics cannot see it). The
 canary mismatch counter must move within one refresh of the first swapped canary's arrival, and once the
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.broker
 MODEL, STREAM = "minilm", "docs"
 CANARIES = (0, 1, 2)  # sentence indices sent as canaries
 REFRESH, CANARY_PERIOD, WINDOW = 1.0, 1.0, 6.0
+CYCLE = 100  # sentences, sent in one fixed order, over and over
 
 
 class SwappingProducer(SteadyProducer):
@@ -40,11 +42,17 @@ class SwappingProducer(SteadyProducer):
         self.vectors = topics.embeddings()
         self.rotated = (self.vectors @ random_rotation(self.vectors.shape[1], seed=11)).astype(np.float32)
         self._next_canary = 0.0
+        self.cycle = np.random.default_rng(5).permutation(topics.usual_and_new()[0])[:CYCLE]
+        self._sent = 0
         self.first_swapped_canary_at: float | None = None
 
     def messages(self, rng: np.random.Generator, shifted: bool) -> list[Message]:
         space = self.rotated if shifted else self.vectors
-        picked = [int(i) for i in topics.draw(rng, self.batch)]
+        # A fixed cycle, not random draws: a window of 4-6 s then holds 8-12 whole cycles and a part of
+        # one, so its spectrum moves by under 2 % with where the window falls (stable rank; iid draws of
+        # 1,000 records moved it by 15 %), and the comparison below cannot depend on timing
+        picked = [int(self.cycle[(self._sent + j) % CYCLE]) for j in range(self.batch)]
+        self._sent += self.batch
         ids = [f"s{i}" for i in picked]
         now = time.time()
         if now >= self._next_canary:
@@ -93,12 +101,16 @@ def test_a_rotated_model_swap_is_caught_by_canaries_within_a_refresh(broker: Bro
         assert value(scrape(port), "embmon_canary_cosine_min", model=MODEL) < 0.5
         # once the window holds only the new model's records, the intrinsic metrics read as before:
         # a rotation keeps norms, angles and the spectrum, so only the canaries (and drift) see it.
-        # A fixed wait on purpose, not the event "the window turned over": the comparison is between
-        # two samples of the seeded stream, whose content moves the stable rank by more than the 5 %
-        # allowed (14.7 to 16.4 over 1,000-record stretches), so it holds only for the stretch this
-        # wait reaches; waiting for the turn-over (a window ~1-2 s earlier) failed 3 runs in 4
-        time.sleep(WINDOW + 2 * REFRESH)
-        after = scrape(port)
-        for name in ("embmon_effective_rank", "embmon_stable_rank", "embmon_mean_cosine_similarity"):
-            assert value(after, name, model=MODEL, stream=STREAM) == pytest.approx(
-                value(before, name, model=MODEL, stream=STREAM), rel=0.05), name
+        # The window is all new records a window and a refresh after the swap; on a loaded machine a
+        # late refresh can still publish a mixed one (whose rank is higher), hence the wait after it
+        time.sleep(WINDOW + REFRESH)
+        names = ("embmon_effective_rank", "embmon_stable_rank", "embmon_mean_cosine_similarity")
+
+        def differences() -> dict[str, float]:
+            after = scrape(port)
+            return {name: abs(value(after, name, model=MODEL, stream=STREAM) / value(before, name, model=MODEL,
+                                                                                    stream=STREAM) - 1)
+                    for name in names}
+
+        wait_until(lambda: max(differences().values()) < 0.05, timeout=30,
+                   message="the intrinsic metrics of the rotated window within 5 % of the old one's")

@@ -61,6 +61,7 @@ def event(i: int, rng: np.random.Generator) -> bytes:
     return orjson.dumps({"id": f"e{i}", "model": "json-model", "vector": rng.standard_normal(DIM).tolist()})
 
 
+@pytest.mark.slow  # 4.5 s idle, 7 s in the tier: the group join waits out max_poll_interval_ms
 @pytest.mark.parametrize("client", CLIENTS)
 def test_a_record_with_a_header_key_that_is_not_utf8_is_counted_once_and_its_neighbours_exactly(
     client: str, broker: Broker, tmp_path: Path
