@@ -43,6 +43,7 @@ from monitor.logs import configure_logging
 if TYPE_CHECKING:
     from monitor.canary.component import CanaryComponent
     from monitor.config import Settings
+    from monitor.daemon.lifecycle import StopRequest
     from monitor.daemon.service import Monitor
     from monitor.drift.export import CycleResult, DriftSnapshot
     from monitor.retrieval.probes.base import Estimate
@@ -117,8 +118,11 @@ def run_demo(
     verbose: bool = False,
     log_file: Path | None = None,
     out: TextIO | None = None,
+    stop_request: StopRequest | None = None,
 ) -> int:
-    """Serve the demo until Ctrl-C or ``duration``; the live view on ``out`` (stdout), the log in a file."""
+    """Serve the demo until Ctrl-C or ``duration``; the live view on ``out`` (stdout), the log in a file.
+
+    ``stop_request``: one the caller's signal handlers already set (the CLI's, while this is built)."""
     from monitor.daemon.service import Monitor
 
     out = out or sys.stdout
@@ -131,7 +135,7 @@ def run_demo(
     configure_logging(settings.log_level, None if verbose else log_file)
     endpoint = _serve_demo_endpoint(settings)
     settings, factories = with_index_incident(settings)
-    monitor = Monitor(settings, component_factories=factories)
+    monitor = Monitor(settings, component_factories=factories, stop_request=stop_request)
     if endpoint is not None:
         endpoint.lowercase = lambda: getattr(getattr(monitor.source, "current_phase", None), "kind", None) \
             == SERVING_INCIDENT_PHASE

@@ -126,29 +126,34 @@ def cmd_run(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level)
     logger.info("settings: %s", settings.redacted())
     daemon = role_class(settings.scale_out.role)
-    if daemon.serves_port_while_building:
-        from monitor.daemon.lifecycle import StopRequest, capture_signals
+    from monitor.daemon.lifecycle import StopRequest, capture_signals
 
-        stop = StopRequest()
-        with capture_signals(stop):  # a signal while the daemon is being built stops it cleanly too
+    stop = StopRequest()
+    # a signal while the daemon is being built (imports, a checkpoint restored) stops it cleanly too:
+    # without handlers yet, SIGTERM's default would kill the process with no shutdown at all
+    with capture_signals(stop):
+        if daemon.serves_port_while_building:
             return daemon(settings, early_port=True, stop_request=stop).serve()
-    return daemon(settings).serve()
+        return daemon(settings, stop_request=stop).serve()
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     import tempfile
 
     from monitor.cli.demo import DEMO_SETTINGS, run_demo
+    from monitor.daemon.lifecycle import StopRequest, capture_signals
     from monitor.extras import require_extras
 
     # A fresh state directory per run (removed at exit), so no earlier run's references leak in;
-    # --state-dir, EMBMON_STATE_DIR or the config file choose a lasting one instead.
-    with tempfile.TemporaryDirectory(prefix="embmon-demo-") as fresh:
+    # --state-dir, EMBMON_STATE_DIR or the config file choose a lasting one instead. The signal
+    # handlers come first: a Ctrl-C while the demo is being built still removes the directory.
+    stop = StopRequest()
+    with capture_signals(stop), tempfile.TemporaryDirectory(prefix="embmon-demo-") as fresh:
         settings = settings_from_args(args, defaults={**DEMO_SETTINGS, "state_dir": fresh})
         require_extras(settings)
         log_file = None if args.log_file is None else Path(args.log_file)
         return run_demo(settings, duration=args.duration, view=not args.no_summary, verbose=args.verbose,
-                        log_file=log_file)
+                        log_file=log_file, stop_request=stop)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

@@ -19,7 +19,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -68,15 +70,51 @@ class StopRequest:
                 return True
 
 
+class SignalPipe:
+    """Every signal with a Python handler, as one byte on a socket, in whatever thread the kernel handed it to.
+
+    CPython's C-level handler writes the signal's number to the wake-up fd (``signal.set_wakeup_fd``)
+    at once, in the thread that received it; the Python handler runs later, in the main thread,
+    and only when that thread next runs bytecode: not while it is blocked in a join or a lock
+    (a shutdown stuck in a close). :class:`ShutdownWatchdog` reads this pipe, so that a second stop
+    signal cuts such a shutdown short. ``before``: the stop signals already counted when it was
+    installed. Made and closed in the main thread; the previous wake-up fd comes back on close.
+    """
+
+    def __init__(self, before: int) -> None:
+        self.before = before
+        self._reader, self._writer = socket.socketpair()
+        self._reader.setblocking(False)
+        self._writer.setblocking(False)
+        self._previous = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
+
+    def read(self, timeout: float) -> list[int]:
+        """The signal numbers received since the last read, waiting up to ``timeout`` for one."""
+        try:
+            ready, _, _ = select.select([self._reader], [], [], timeout)
+            return list(self._reader.recv(512)) if ready else []
+        except (OSError, ValueError):  # closed meanwhile (the daemon returned): nothing more to read
+            return []
+
+    def close(self) -> None:
+        signal.set_wakeup_fd(self._previous)
+        self._writer.close()
+        self._reader.close()
+
+
 @contextlib.contextmanager
-def capture_signals(stop: StopRequest, force_exit: Callable[[int], None] = os._exit) -> Iterator[None]:
+def capture_signals(
+    stop: StopRequest, force_exit: Callable[[int], None] = os._exit, pipe: bool = False
+) -> Iterator[SignalPipe | None]:
     """SIGINT/SIGTERM request a clean stop; a second one calls ``force_exit(128 + signum)``.
 
     Only the main thread may install handlers; elsewhere (a daemon embedded in a test's thread)
-    this does nothing. The previous handlers come back on exit.
+    this does nothing and yields None. The previous handlers come back on exit. ``pipe``: also
+    yield a :class:`SignalPipe` (closed on exit), for a watchdog to see signals the main thread
+    cannot handle yet.
     """
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield None
         return
 
     def handle(signum: int, frame: FrameType | None) -> None:
@@ -91,9 +129,13 @@ def capture_signals(stop: StopRequest, force_exit: Callable[[int], None] = os._e
         stop.request()
 
     previous = {sig: signal.signal(sig, handle) for sig in HANDLED_SIGNALS}
+    wakeup = None
     try:
-        yield
+        wakeup = SignalPipe(stop.signals) if pipe else None
+        yield wakeup
     finally:
+        if wakeup is not None:
+            wakeup.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
@@ -188,12 +230,20 @@ class ShutdownWatchdog:
     and then calls ``force_exit(exit_status())``, logging what it abandoned: the interpreter would
     otherwise wait for a scheduled job still writing to a stalled disk. A process that exits by itself takes the
     watchdog with it. Only for a daemon that owns its process (``Daemon.serve``).
+
+    With ``signals`` (:class:`SignalPipe`), a stop signal requests the stop and a second one during
+    the shutdown calls ``force_exit(128 + signum)`` at once, whichever thread received them and
+    whatever the main thread is blocked in. A daemon that returns without a stop request (a finite run) ends the
+    watchdog's thread with it.
     """
 
     def __init__(self, stop: StopRequest, bound: float, force_exit: Callable[[int], None] = os._exit,
-                 main: threading.Thread | None = None, exit_status: Callable[[], int] = lambda: 0):
+                 main: threading.Thread | None = None, exit_status: Callable[[], int] = lambda: 0,
+                 signals: SignalPipe | None = None):
         self._stop, self.bound, self._force_exit, self._exit_status = stop, bound, force_exit, exit_status
         self._main = main or threading.main_thread()
+        self._signals = signals
+        self._received = signals.before if signals is not None else 0
         self._finished = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="embmon-shutdown-watchdog", daemon=True)
 
@@ -206,10 +256,16 @@ class ShutdownWatchdog:
         self._finished.set()
 
     def _watch(self) -> None:
-        self._stop.wait()
+        while not self._stop.requested:
+            if self._finished.is_set() or not self._main.is_alive():
+                return  # served out without a stop request: nothing to watch
+            if self._signals is None:
+                self._stop.wait(0.1)
+            else:
+                self._pause(0.1)  # a stop signal requests the stop here too, before the main thread can
         deadline = time.monotonic() + self.bound
         while self._main.is_alive() and not self._finished.is_set() and time.monotonic() < deadline:
-            time.sleep(0.05)
+            self._pause(0.05)
         if self._main.is_alive() and not self._finished.is_set():
             left = self._others()
             logger.error("shutdown did not finish within %.1fs of the stop request: exiting now (%s)", self.bound,
@@ -223,6 +279,24 @@ class ShutdownWatchdog:
                            ", ".join(left) if left else "the interpreter's exit handlers")
         logging.shutdown()
         self._force_exit(self._exit_status())
+
+    def _pause(self, seconds: float) -> None:
+        """Wait ``seconds``, or end the process at a second stop signal (class docstring)."""
+        if self._signals is None:
+            time.sleep(seconds)
+            return
+        for signum in self._signals.read(seconds):
+            if signum not in HANDLED_SIGNALS:
+                continue
+            self._received += 1
+            if self._received == 1:
+                self._stop.request()
+            else:
+                logger.warning("received %s again during the shutdown: exiting now, without waiting for it",
+                               signal.Signals(signum).name)
+                logging.shutdown()
+                self._force_exit(128 + signum)
+                return
 
     def _others(self) -> list[str]:
         """The threads besides the main one and this one that still run."""

@@ -122,9 +122,9 @@ class Daemon:
         bound (``shutdown_timeout_seconds`` + 1.5 s), with status 0 (:class:`ShutdownWatchdog`), or
         :data:`LOOP_FAILED_EXIT_STATUS` after :meth:`fail`."""
         self.http.server.on_failure = self.fail  # every role's port: exit non-zero if its I/O loop stops
-        with capture_signals(self.stop_request):
+        with capture_signals(self.stop_request, pipe=True) as signals:
             watchdog = ShutdownWatchdog(self.stop_request, self.settings.shutdown_timeout_seconds + 1.5,
-                                        exit_status=lambda: self.exit_status).start()
+                                        exit_status=lambda: self.exit_status, signals=signals).start()
             try:
                 self.start()
             except StartInterrupted:

@@ -38,7 +38,7 @@ from monitor.daemon.counters import InternalErrors
 from monitor.daemon.export import ComponentCollector, CoreCollector, OperationsCollector
 from monitor.daemon.features import ComponentFactory
 from monitor.daemon.jobs import JobRunner
-from monitor.daemon.lifecycle import StartUp
+from monitor.daemon.lifecycle import StartUp, StopRequest
 from monitor.daemon.refresh import Published, Refresher
 from monitor.daemon.service import Daemon, daemon_metrics_registry
 from monitor.daemon.status import DaemonStatus, StreamCounts
@@ -101,8 +101,11 @@ class Reducer(Daemon):
         clock: Callable[[], float] = time.time,
         component_factories: list[ComponentFactory] | None = None,
         consumer_factory: Callable[[], Consumer] | None = None,
+        *,
+        stop_request: StopRequest | None = None,
     ):
-        super().__init__()
+        """``stop_request``: one the caller's signal handlers already set (the CLI's, while this is built)."""
+        super().__init__(stop_request)
         online = settings.drift.online  # the drift component's are off here: the reducer runs its own
         self.settings = settings = reducer_settings(settings)
         self.clock = clock

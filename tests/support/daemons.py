@@ -18,6 +18,7 @@ bound) or :meth:`DaemonProcess.kill` (SIGKILL) first.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -137,6 +138,40 @@ def process(*args: str, log: Path, port: int | None = None, env: Mapping[str, st
         yield daemon
     finally:
         daemon.close()
+
+
+# A process whose runnable threads waited for a CPU more than this many times what they ran was
+# held off the cores by others (a parallel suite's workers): measured on the healthy demo, 0.4 on
+# the idle 2-core machine, 1.2 beside one busy loop, 1.8 beside two (its refreshes began to skip), 2.4
+# beside three
+STARVED_WAIT_RATIO = 1.5
+
+
+def cpu_wait(pid: int) -> tuple[float, float]:
+    """Seconds the process's threads waited on a run queue, and ran, so far (``/proc/PID/task/*/schedstat``)."""
+    waited = ran = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            running, waiting, _ = stat.read_text().split()
+        except (OSError, ValueError):
+            continue  # a thread that ended meanwhile
+        ran, waited = ran + int(running), waited + int(waiting)
+    return waited / 1e9, ran / 1e9
+
+
+def starved(pid: int, since: tuple[float, float]) -> tuple[bool, str]:
+    """Whether process ``pid`` was held off the cores since ``since`` (a :func:`cpu_wait`), and the figures."""
+    waited, ran = (after - before for after, before in zip(cpu_wait(pid), since, strict=True))
+    return waited > STARVED_WAIT_RATIO * ran, f"waited {waited:.1f} s for a CPU, ran {ran:.1f} s"
+
+
+def to_another_thread(pid: int, signum: int) -> None:
+    """``signum`` to a thread of process ``pid`` other than its main one (``tgkill``), as the kernel may
+    hand a process-wide signal to any thread that does not block it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    others = sorted(int(tid) for tid in os.listdir(f"/proc/{pid}/task") if int(tid) != pid)
+    assert others, "the process runs threads beside the main one"
+    assert libc.tgkill(pid, others[-1], signum) == 0, ctypes.get_errno()
 
 
 # a SIGKILLed member stays in its group until its session expires: keep that short
