@@ -101,7 +101,7 @@ def container(image: Built, broker: Broker) -> Iterator[Container]:
     topic, suffix = "embeddings", uuid.uuid4().hex[:8]
     broker.create_topics(topic)
     produce_rows(broker, topic, ROWS, seed=39)
-    name, volume, port = f"embmon-test-{suffix}", f"embmon-state-{suffix}", free_port()
+    name, volume, port = f"embmon-test-{suffix}", f"embmon-test-state-{suffix}", free_port()
     podman("volume", "create", volume)
     started = time.monotonic()
     podman("run", "--detach", "--name", name, "--read-only", "--tmpfs", "/tmp", "--network", "host",
@@ -260,10 +260,19 @@ def pod_down(path: Path, name: str) -> Iterator[None]:
             _remove_pod(path, name)
 
 
+POD_VOLUMES = ("embmon-state", "embmon-tmp", "embedding-service-monitor-config")
+
+
 def _remove_pod(path: Path, name: str) -> None:
     podman("kube", "down", str(path), check=False, timeout=90)
     podman("pod", "rm", "--force", name, check=False)
-    podman("volume", "rm", "--force", "embmon-state", "embmon-tmp", "embedding-service-monitor-config", check=False)
+    # only volumes of exactly these names: podman looks a volume up by a unique *prefix* of its name
+    # too, so `volume rm --force embmon-state` with the pod's own volume gone took another test's
+    # `embmon-state-<id>`, and --force the container using it (a container test's vanished mid-test)
+    existing = set(podman("volume", "ls", "--format", "{{.Name}}", check=False).stdout.split())
+    doomed = [v for v in POD_VOLUMES if v in existing]
+    if doomed:
+        podman("volume", "rm", "--force", *doomed, check=False)
 
 
 POD = "embedding-service-pod-0"  # podman names the pod of a Deployment <name>-pod-0, its containers <pod>-<name>
