@@ -126,12 +126,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level)
     logger.info("settings: %s", settings.redacted())
     daemon = role_class(settings.scale_out.role)
-    from monitor.daemon.lifecycle import StopRequest, capture_signals
+    from monitor.daemon.lifecycle import StopRequest, stop_signals
 
     stop = StopRequest()
     # a signal while the daemon is being built (imports, a checkpoint restored) stops it cleanly too:
-    # without handlers yet, SIGTERM's default would kill the process with no shutdown at all
-    with capture_signals(stop):
+    # without handlers yet, SIGTERM's default would kill the process with no shutdown at all;
+    # a second one ends it at once
+    with stop_signals(stop):
         if daemon.serves_port_while_building:
             return daemon(settings, early_port=True, stop_request=stop).serve()
         return daemon(settings, stop_request=stop).serve()
@@ -141,14 +142,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     import tempfile
 
     from monitor.cli.demo import DEMO_SETTINGS, run_demo
-    from monitor.daemon.lifecycle import StopRequest, capture_signals
+    from monitor.daemon.lifecycle import StopRequest, stop_signals
     from monitor.extras import require_extras
 
     # A fresh state directory per run (removed at exit), so no earlier run's references leak in;
     # --state-dir, EMBMON_STATE_DIR or the config file choose a lasting one instead. The signal
     # handlers come first: a Ctrl-C while the demo is being built still removes the directory.
     stop = StopRequest()
-    with capture_signals(stop), tempfile.TemporaryDirectory(prefix="embmon-demo-") as fresh:
+    with stop_signals(stop), tempfile.TemporaryDirectory(prefix="embmon-demo-") as fresh:
         settings = settings_from_args(args, defaults={**DEMO_SETTINGS, "state_dir": fresh})
         require_extras(settings)
         log_file = None if args.log_file is None else Path(args.log_file)

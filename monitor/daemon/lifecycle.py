@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import select
 import signal
@@ -138,6 +139,22 @@ def capture_signals(
             wakeup.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def stop_signals(stop: StopRequest) -> Iterator[None]:
+    """:func:`capture_signals` for a whole command, its build included: a second stop signal ends the
+    process at once with ``128 + signum``, whichever thread the kernel handed it to, even while the main
+    thread is still busy building (Python's handlers would run only after the build). A signal-only
+    :class:`ShutdownWatchdog` (no bound) reads the wake-up pipe; it is retired, its thread ended, on exit.
+    """
+    with capture_signals(stop, pipe=True) as signals:
+        guard = None if signals is None else ShutdownWatchdog(stop, math.inf, signals=signals).start()
+        try:
+            yield
+        finally:
+            if guard is not None:
+                guard.retire()
 
 
 class StartInterrupted(Exception):
@@ -272,11 +289,12 @@ class ShutdownWatchdog:
                 self._stop.wait(0.1)
             else:
                 self._pause(0.1)  # a stop signal requests the stop here too, before the main thread can
-        if self._retired.is_set():
-            return  # the finite run's own stop (see retire)
         deadline = time.monotonic() + self.bound
-        while self._main.is_alive() and not self._finished.is_set() and time.monotonic() < deadline:
+        while (self._main.is_alive() and not self._finished.is_set() and not self._retired.is_set()
+               and time.monotonic() < deadline):
             self._pause(0.05)
+        if self._retired.is_set():
+            return  # a finite run's own stop, or the end of a command (see retire, stop_signals)
         if self._main.is_alive() and not self._finished.is_set():
             left = self._others()
             logger.error("shutdown did not finish within %.1fs of the stop request: exiting now (%s)", self.bound,
