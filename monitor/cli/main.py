@@ -126,12 +126,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level)
     logger.info("settings: %s", settings.redacted())
     daemon = role_class(settings.scale_out.role)
-    from monitor.daemon.lifecycle import StopRequest, capture_signals
+    from monitor.daemon.lifecycle import StopRequest, stop_signals
 
     stop = StopRequest()
     # a signal while the daemon is being built (imports, a checkpoint restored) stops it cleanly too:
-    # without handlers yet, SIGTERM's default would kill the process with no shutdown at all
-    with capture_signals(stop):
+    # without handlers yet, SIGTERM's default would kill the process with no shutdown at all;
+    # a second one ends it at once
+    with stop_signals(stop):
         if daemon.serves_port_while_building:
             return daemon(settings, early_port=True, stop_request=stop).serve()
         return daemon(settings, stop_request=stop).serve()
@@ -141,19 +142,44 @@ def cmd_demo(args: argparse.Namespace) -> int:
     import tempfile
 
     from monitor.cli.demo import DEMO_SETTINGS, run_demo
-    from monitor.daemon.lifecycle import StopRequest, capture_signals
+    from monitor.daemon.lifecycle import StopRequest, stop_signals
     from monitor.extras import require_extras
 
     # A fresh state directory per run (removed at exit), so no earlier run's references leak in;
     # --state-dir, EMBMON_STATE_DIR or the config file choose a lasting one instead. The signal
     # handlers come first: a Ctrl-C while the demo is being built still removes the directory.
     stop = StopRequest()
-    with capture_signals(stop), tempfile.TemporaryDirectory(prefix="embmon-demo-") as fresh:
-        settings = settings_from_args(args, defaults={**DEMO_SETTINGS, "state_dir": fresh})
-        require_extras(settings)
-        log_file = None if args.log_file is None else Path(args.log_file)
-        return run_demo(settings, duration=args.duration, view=not args.no_summary, verbose=args.verbose,
-                        log_file=log_file, stop_request=stop)
+    with stop_signals(stop):
+        fresh = tempfile.mkdtemp(prefix="embmon-demo-")
+        try:
+            settings = settings_from_args(args, defaults={**DEMO_SETTINGS, "state_dir": fresh})
+            require_extras(settings)
+            log_file = None if args.log_file is None else Path(args.log_file)
+            return run_demo(settings, duration=args.duration, view=not args.no_summary, verbose=args.verbose,
+                            log_file=log_file, stop_request=stop)
+        finally:
+            _remove_state_dir(Path(fresh))
+
+
+# A job abandoned at the shutdown (a serving probe pinning its canaries) may still write into the
+# demo's state directory while it is removed; within the shutdown watchdog's grace (2 s) after the stop
+DEMO_STATE_REMOVAL_SECONDS = 1.5
+
+
+def _remove_state_dir(path: Path) -> None:
+    """Remove the demo's temporary state directory, retrying while a late writer adds to it; never raises."""
+    import shutil
+    import time
+
+    deadline = time.monotonic() + DEMO_STATE_REMOVAL_SECONDS
+    while True:
+        shutil.rmtree(path, ignore_errors=True)
+        if not path.exists():
+            return
+        if time.monotonic() >= deadline:
+            logger.warning("could not remove the demo's state directory %s: something still writes into it", path)
+            return
+        time.sleep(0.05)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

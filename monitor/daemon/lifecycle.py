@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import select
 import signal
@@ -140,6 +141,22 @@ def capture_signals(
             signal.signal(sig, handler)
 
 
+@contextlib.contextmanager
+def stop_signals(stop: StopRequest) -> Iterator[None]:
+    """:func:`capture_signals` for a whole command, its build included: a second stop signal ends the
+    process at once with ``128 + signum``, whichever thread the kernel handed it to, even while the main
+    thread is still busy building (Python's handlers would run only after the build). A signal-only
+    :class:`ShutdownWatchdog` (no bound) reads the wake-up pipe; it is retired, its thread ended, on exit.
+    """
+    with capture_signals(stop, pipe=True) as signals:
+        guard = None if signals is None else ShutdownWatchdog(stop, math.inf, signals=signals).start()
+        try:
+            yield
+        finally:
+            if guard is not None:
+                guard.retire()
+
+
 class StartInterrupted(Exception):
     """A stop was requested while the daemon was starting; raised instead of starting ``part``."""
 
@@ -234,7 +251,8 @@ class ShutdownWatchdog:
     With ``signals`` (:class:`SignalPipe`), a stop signal requests the stop and a second one during
     the shutdown calls ``force_exit(128 + signum)`` at once, whichever thread received them and
     whatever the main thread is blocked in. A daemon that returns without a stop request (a finite run) ends the
-    watchdog's thread with it.
+    watchdog's thread with it: :meth:`retire` before its ``stop()``, which requests the stop too
+    (else the watchdog would end the process, an in-process caller's included, after its grace).
     """
 
     def __init__(self, stop: StopRequest, bound: float, force_exit: Callable[[int], None] = os._exit,
@@ -245,6 +263,7 @@ class ShutdownWatchdog:
         self._signals = signals
         self._received = signals.before if signals is not None else 0
         self._finished = threading.Event()
+        self._retired = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="embmon-shutdown-watchdog", daemon=True)
 
     def start(self) -> ShutdownWatchdog:
@@ -255,17 +274,27 @@ class ShutdownWatchdog:
         """The shutdown is done: what still runs in other threads is abandoned work."""
         self._finished.set()
 
+    def retire(self, timeout: float = 1.0) -> None:
+        """The daemon served out without a stop request (a finite run): end the watchdog's thread, so that
+        the stop that follows neither ends the process nor leaves the thread running; waits up to ``timeout``."""
+        self._retired.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
     def _watch(self) -> None:
         while not self._stop.requested:
-            if self._finished.is_set() or not self._main.is_alive():
+            if self._retired.is_set() or self._finished.is_set() or not self._main.is_alive():
                 return  # served out without a stop request: nothing to watch
             if self._signals is None:
                 self._stop.wait(0.1)
             else:
                 self._pause(0.1)  # a stop signal requests the stop here too, before the main thread can
         deadline = time.monotonic() + self.bound
-        while self._main.is_alive() and not self._finished.is_set() and time.monotonic() < deadline:
+        while (self._main.is_alive() and not self._finished.is_set() and not self._retired.is_set()
+               and time.monotonic() < deadline):
             self._pause(0.05)
+        if self._retired.is_set():
+            return  # a finite run's own stop, or the end of a command (see retire, stop_signals)
         if self._main.is_alive() and not self._finished.is_set():
             left = self._others()
             logger.error("shutdown did not finish within %.1fs of the stop request: exiting now (%s)", self.bound,

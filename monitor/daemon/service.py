@@ -132,7 +132,8 @@ class Daemon:
             else:
                 if on_started is not None:
                     on_started()
-                self.stop_request.wait(timeout=stop_after)
+                if not self.stop_request.wait(timeout=stop_after):
+                    watchdog.retire()  # served out: the stop below is ours, the process is not the watchdog's to end
             self.stop()
             watchdog.finished()
         return self.exit_status

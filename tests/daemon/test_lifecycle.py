@@ -148,7 +148,9 @@ def test_sigterm_stops_cleanly_and_a_second_one_cuts_a_hung_shutdown_short(tmp_p
         finally:
             proc.kill()
     assert proc.returncode == 128 + signal.SIGTERM and time.monotonic() - started < 5
-    assert "exiting now, without a clean shutdown" in stderr
+    # the main thread's handler ("without a clean shutdown") or the watchdog reading the wake-up pipe
+    # ("without waiting for it"), whichever sees the second signal first
+    assert "again" in stderr and "exiting now, without" in stderr, stderr
 
 
 def test_metrics_include_the_standard_process_and_python_collectors(tmp_path: Path) -> None:
