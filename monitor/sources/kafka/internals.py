@@ -23,7 +23,9 @@ Where a partition's position is checked against its log (``monitor/sources/kafka
   trips ``KafkaConsumer.position`` may make.
 
 Committing on revocation uses the public ``KafkaConsumer.commit_async``, awaited. Also here:
-:func:`close_failed_connect_sockets`, a fix for a file-descriptor leak in kafka-python 3.0.x,
+:func:`close_consumer`, which closes the network client that ``KafkaConsumer.close`` leaves open
+when leaving the group raises, :func:`close_failed_connect_sockets`, a fix for a file-descriptor
+leak in kafka-python 3.0.x,
 :func:`take_fetch_failure`, which keeps a partition whose records cannot be read (a compression
 codec whose library is missing) from hanging the next poll, and :func:`read_unreadable_records`,
 which turns a record kafka-python cannot parse (a header key that is not UTF-8) into a placeholder
@@ -35,10 +37,13 @@ that moves one fails a test rather than a rebalance.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
+
+logger = logging.getLogger(__name__)
 
 
 async def fetch_committed(consumer: KafkaConsumer, partitions: list[Any], timeout_ms: int) -> dict[Any, Any]:
@@ -86,6 +91,25 @@ def current_position(consumer: KafkaConsumer, partition: TopicPartition) -> int 
     state = consumer._subscription.assignment.get(partition)
     position = getattr(state, "position", None)
     return None if position is None else int(position.offset)
+
+
+def close_consumer(consumer: KafkaConsumer, timeout_ms: int | None = None) -> None:
+    """``consumer.close(autocommit=False)``, and its network client closed whatever that raised.
+
+    ``KafkaConsumer.close`` closes its client only after the coordinator has left the group: when
+    leaving raises (a rebalance under way, a coordinator gone, under load), the client's connections
+    and selector stay open until the garbage collector finds them. Closing the client again after a
+    clean close does nothing. The close's own exception propagates.
+    """
+    try:
+        consumer.close(autocommit=False, timeout_ms=timeout_ms)
+    finally:
+        client = getattr(consumer, "_client", None)
+        if client is not None:
+            try:
+                client.close()
+            except Exception:  # closing what is left; the first error is the one to report
+                logger.debug("closing the Kafka consumer's network client", exc_info=True)
 
 
 def close_failed_connect_sockets() -> None:

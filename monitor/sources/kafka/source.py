@@ -37,6 +37,7 @@ from monitor.sources.base import MessageKind, Partition, SourceMessage
 from monitor.sources.kafka.clients import new_consumer
 from monitor.sources.kafka.internals import (
     any_broker_connected,
+    close_consumer,
     close_failed_connect_sockets,
     current_position,
     fetch_committed,
@@ -265,7 +266,7 @@ class KafkaSource(ConsumerReadings):
         def bootstrap() -> KafkaConsumer | None:
             consumer = new_consumer(config)
             if self._closed:  # the source closed while this waited for a broker: nobody will use it
-                consumer.close(autocommit=False, timeout_ms=0)
+                close_consumer(consumer, timeout_ms=0)
                 return None
             return consumer
 
@@ -527,7 +528,7 @@ class KafkaSource(ConsumerReadings):
 
         def close() -> None:
             try:
-                consumer.close(autocommit=False, timeout_ms=int(CLOSE_TIMEOUT_SECONDS * 1000))
+                close_consumer(consumer, timeout_ms=int(CLOSE_TIMEOUT_SECONDS * 1000))
             except KafkaError as exc:
                 logger.warning("error closing the Kafka consumer: %s", exc)
 

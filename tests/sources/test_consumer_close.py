@@ -1,0 +1,58 @@
+"""A consumer whose group leave raises at close still closes its connections (``close_consumer``).
+
+``KafkaConsumer.close`` closes its network client only after the coordinator has left the group.
+When leaving raises (a rebalance under way, a coordinator gone: seen under load while two replicas
+handed partitions over), the client's sockets stayed open until the garbage collector found them,
+and the suite's leak check failed whichever test was running then.
+"""
+
+from __future__ import annotations
+
+import gc
+import warnings
+
+import pytest
+from kafka.errors import KafkaError
+
+from monitor.sources.kafka.clients import TopicPartition, new_consumer
+from monitor.sources.kafka.internals import close_consumer
+from tests.support.broker import FAST_GROUP_OPTIONS, Broker
+from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.broker]
+
+
+def connected_consumer(broker: Broker, topic: str) -> object:
+    """A consumer of ``topic`` in a group, connected to the broker (by assignment: no join to wait for)."""
+    broker.create_topics(topic)
+    consumer = new_consumer({"bootstrap_servers": broker.bootstrap, "group_id": f"{topic}-group",
+                             "auto_offset_reset": "earliest", "enable_auto_commit": False, **FAST_GROUP_OPTIONS})
+    consumer.assign([TopicPartition(topic, 0)])
+    consumer.poll(timeout_ms=500)
+    wait_until(lambda: bool(consumer._client._manager._conns), timeout=30,  # type: ignore[attr-defined]
+               message="the consumer connected")
+    return consumer
+
+
+@pytest.mark.parametrize("failure", ["kafka-error", "other"])
+def test_a_consumer_whose_group_leave_raises_closes_its_connections(broker: Broker, failure: str) -> None:
+    consumer = connected_consumer(broker, f"close-leave-{failure}")
+    client = consumer._client  # type: ignore[attr-defined]
+
+    def leave(*args: object, **kwargs: object) -> None:
+        raise KafkaError("leaving the group failed") if failure == "kafka-error" else RuntimeError("the loop broke")
+
+    consumer._coordinator.close = leave  # type: ignore[attr-defined]
+    with pytest.raises((KafkaError, RuntimeError)):
+        close_consumer(consumer, timeout_ms=1000)  # type: ignore[arg-type]
+    assert not client._manager._conns, "every broker connection closed"
+    del consumer, client
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        gc.collect()  # an unclosed socket would raise here
+
+
+def test_a_clean_close_then_the_client_again_raises_nothing(broker: Broker) -> None:
+    consumer = connected_consumer(broker, "close-clean")
+    close_consumer(consumer, timeout_ms=1000)  # type: ignore[arg-type]
+    assert not consumer._client._manager._conns  # type: ignore[attr-defined]
