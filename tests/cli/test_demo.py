@@ -20,6 +20,7 @@ import pytest
 
 from tests.support.broker import free_port
 from tests.support.daemons import cli_argv, cpu_wait, starved
+from tests.support.paths import REPO
 from tests.support.scrape import Samples, scrape, value
 from tests.support.waiting import wait_until
 
@@ -259,6 +260,20 @@ def test_on_a_terminal_the_view_is_redrawn_in_place_not_printed_line_by_line(tmp
     assert "embedding-monitor serving" in (tmp_path / "demo.log").read_text()
 
 
+def demo_in_temp(tmp_path: Path, prelude: str) -> tuple[Path, subprocess.Popen[str]]:
+    """``embedding-monitor demo`` after ``prelude``, its temporary directories under ``tmp_path/tmp``
+    (TMPDIR), stdout and stderr together; run from this checkout, so that it imports this ``monitor``."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    proc = subprocess.Popen(
+        cli_argv("demo", "--metrics-port", str(free_port()), "--no-summary", "--log-file", str(tmp_path / "demo.log"),
+                 prelude=prelude),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+        env={**os.environ, "TMPDIR": str(temp)},
+    )
+    return temp, proc
+
+
 SLOW_DEMO_BUILD = """
 import time
 from monitor.daemon import service
@@ -278,14 +293,7 @@ service.Monitor.__init__ = slowly
 def test_a_sigterm_while_the_demo_is_being_built_stops_it_and_removes_its_state_directory(tmp_path: Path) -> None:
     """The demo's handlers go in before its temporary state directory is made: a SIGTERM during the
     build used to kill it by the default action (status -15), leaving that directory behind."""
-    temp = tmp_path / "tmp"
-    temp.mkdir()
-    proc = subprocess.Popen(
-        cli_argv("demo", "--metrics-port", str(free_port()), "--no-summary", "--log-file", str(tmp_path / "demo.log"),
-                 prelude=SLOW_DEMO_BUILD),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
-        env={**os.environ, "TMPDIR": str(temp)},
-    )
+    temp, proc = demo_in_temp(tmp_path, SLOW_DEMO_BUILD)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -299,3 +307,45 @@ def test_a_sigterm_while_the_demo_is_being_built_stops_it_and_removes_its_state_
     assert proc.returncode == 0, out
     assert not [p.name for p in temp.iterdir() if p.is_dir()], "the temporary state directory was removed"
     assert "received SIGTERM; shutting down" in (tmp_path / "demo.log").read_text()
+
+
+LATE_WRITER = """
+import threading, time
+from pathlib import Path
+from monitor.daemon import service
+
+stop = service.Daemon.stop
+
+def stop_then_write_late(self):
+    def write():  # as a job abandoned at the shutdown does, into the state directory
+        until, i = time.monotonic() + 1.0, 0  # past the directory's removal, not past the watchdog's grace
+        while time.monotonic() < until:
+            Path(self.settings.state_dir, f"late-{i}.json").write_text("{}")
+            i += 1
+            time.sleep(0.001)
+    stop(self)
+    threading.Thread(target=write, daemon=True).start()
+    time.sleep(0.02)
+
+service.Daemon.stop = stop_then_write_late
+"""
+
+
+@pytest.mark.slow  # the demo's build takes several seconds
+def test_sigterm_removes_the_state_directory_while_an_abandoned_job_still_writes_into_it(tmp_path: Path) -> None:
+    """The demo stopped by SIGTERM while a job it abandoned at the shutdown still writes into its
+    temporary state directory (a serving probe pinning its canaries, measured): it exits 0 and the
+    directory is removed all the same."""
+    temp, proc = demo_in_temp(tmp_path, LATE_WRITER)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("state directory:"):
+                break
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert not [p.name for p in temp.iterdir() if p.is_dir()], f"the temporary state directory was removed: {out}"
