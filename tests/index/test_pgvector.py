@@ -146,7 +146,10 @@ def test_a_one_percent_tenant_that_under_returns_is_flagged_at_the_first_cycle(p
 def test_iterative_scan_recovers_the_small_tenant(pg: dict[str, Any]) -> None:
     probe = probe_with(spec_for(pg["uri"], iterative_scan="relaxed_order", ef_search=40), pg)
     small = probe.run(Deadline.after(120), now=0.0).recall.row("small")
-    assert small is not None and small.under_return < 0.2 and small.recall.mean > 0.8
+    # against under-return >= 0.5 and recall < 0.2 without the iterative scan (the test above). The
+    # recall of 8 queries moves from build to build: pgvector draws each node's HNSW level at random
+    # (0.79 in one fresh-clone run, above 0.8 in the others), so the bound is the contrast, not a figure
+    assert small is not None and small.under_return < 0.2 and small.recall.mean > 0.6
     probe.connector.close()
 
 

@@ -25,7 +25,7 @@ from monitor.daemon import failpoints
 from monitor.quality.intrinsic import report_from_matrix
 from monitor.scaleout.marker import PublishedMarker
 from tests.support import daemons
-from tests.support.broker import CLIENTS, Broker
+from tests.support.broker import CLIENTS, Broker, listening
 from tests.support.logs import tracebacks
 from tests.support.producers import KnownSequence
 from tests.support.scaleout import (
@@ -82,6 +82,11 @@ def test_a_replica_killed_mid_stream_leaves_the_reducer_exact(broker: Broker, tm
         samples = scrape(reducer.http.port)
         # the replicas' own ingest counters (checkpointed with their state) add up exactly too, once the last
         # victim has restored its state (the reducer can be exact before: the earlier victims published)
+        for daemon in (steady, victim):  # a replica that died or never bound its port: say why, with its log
+            wait_until(lambda d=daemon: listening(d.port) or d.returncode is not None, timeout=60,
+                       message=f"a replica's metrics port {daemon.port}")
+            assert daemon.returncode is None, f"a replica exited {daemon.returncode}:\n{daemon.output()[-3000:]}"
+
         def invalid_counts() -> list[float]:
             return [value(scrape(port), "embmon_records_invalid_total", stream="default", reason="bad_binary") or 0
                     for port in (steady.port, victim.port)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 import subprocess
 import tempfile
@@ -41,9 +42,39 @@ def tansu_binary() -> Path:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A loopback port free now, below the kernel's ephemeral range.
+
+    A port the kernel hands out for ``bind(0)`` comes from the ephemeral range, the same range
+    every outbound connection takes its local port from. Between this call and the server's own
+    bind, a client connecting elsewhere (a Kafka client, a scrape) could take it, and the server
+    would fail to start. Below that range only another explicit bind can.
+    """
+    low = _ephemeral_low()
+    rng = random.Random()  # the OS's entropy: xdist workers and processes draw apart
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12_000), low)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    with socket.socket() as s:  # no free port below the range: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def listening(port: int) -> bool:
