@@ -221,6 +221,8 @@ def test_settings_defaults_and_derived_values() -> None:
         ({"false_alarm_every": "30"}, "not a duration"),
         ({"false_alarm_every": "1h", "interval_seconds": 7200}, "must be longer than interval_seconds"),
         ({"mmd": {"permutations": 100}}, "mmd.permutations=100 can never detect"),
+        ({"mmd": {"null": "analytic"}}, "'auto', 'permutation' or 'heldout'"),  # the analytic null is the centroid's
+        ({"centroid": {"null": "exact"}}, "'auto', 'permutation', 'heldout' or 'analytic'"),
         ({"online": {"detectors": {"adwin": {"dlta": 0.1}}}}, r"adwin does not take \['dlta'\]"),
         ({"online": {"detectors": {"cusum": {}}}}, "'adwin', 'page_hinkley' or 'kswin'"),
         ({"sustained": {"detections": 3, "cycles": 2}}, "cannot exceed cycles"),

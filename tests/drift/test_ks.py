@@ -8,15 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from monitor.drift.twosample.ks import (
-    ks_p_values,
-    ks_statistics,
-    ks_test,
-    pca_basis,
-    sketched_eigenvectors,
-    square_exact_p_values,
-    top_eigenvectors,
-)
+from monitor.drift.twosample.ks import ks_p_values, ks_statistics, ks_test, square_exact_p_values
+from monitor.drift.twosample.spectrum import pca_basis, sketched_eigenvectors, top_eigenvectors
 from monitor.multiple_testing import benjamini_hochberg
 
 

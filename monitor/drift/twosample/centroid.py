@@ -5,12 +5,28 @@ drifts (new topics, a new model, a preprocessing change) move the mean. It is bl
 that keep the mean direction: a spread or anisotropy change, a rotation about the mean, a pure
 rescaling of all vectors (cosine ignores length).
 
-p-value: a permutation null. The pooled rows are relabelled at random ``permutations`` times,
-and the window/reference sums of all relabellings come from one matrix product
-(``labels (P+1, N) @ pooled (N, d)``), in chunks so memory stays ``O(chunk·N + chunk·d)``. Or,
-where the per-test alpha is out of the permutations' reach, the held-out null
-(:mod:`monitor.drift.twosample.heldout`): the mean directions of one half of each sample give a witness,
-``cos(z, window mean) - cos(z, reference mean)``, and the other halves are ranked by it.
+p-value, one of three nulls:
+
+- ``permutation``: the pooled rows are relabelled at random ``permutations`` times, and the
+  window/reference sums of all relabellings come from one matrix product
+  (``labels (P+1, N) @ pooled (N, d)``), in chunks so memory stays ``O(chunk·N + chunk·d)``.
+  Exact at any sample size, but a p-value never goes below ``1 / (1 + permutations)``.
+- ``analytic``: the squared distance between the means, ``T = ‖x̄ - ȳ‖²``, against the normal
+  approximation of its permutation distribution: a weighted sum of χ²₁ variables whose weights are
+  the eigenvalues of the *pooled* rows' sample covariance times ``1/m + 1/n``
+  (:mod:`monitor.drift.twosample.quadratic_null`). That is the covariance of ``x̄ - ȳ`` over every
+  relabelling of the pooled rows, exactly, so the null is the permutation test's, read off its
+  first two moments instead of drawn: no permutations, every row used, any alpha. The top
+  eigenvalues come from the pooled scatter the KS test decomposes anyway
+  (:class:`~monitor.drift.twosample.spectrum.PooledScatter`), the rest enter by their sum and sum
+  of squares. The one approximation is the normal shape of the relabelled mean difference (the
+  central limit theorem for sampling without replacement; rows are bounded or light-tailed and a
+  window holds hundreds). docs/drift.md ("The centroid test's analytic null") has the measured
+  false-alarm rates. Unlike the cosine distance, ``T`` sees a change of length too: it tests the
+  mean vector itself.
+- ``heldout`` (:mod:`monitor.drift.twosample.heldout`): the mean directions of one half of each
+  sample give a witness, ``cos(z, window mean) - cos(z, reference mean)``, and the other halves
+  are ranked by it. Exact at any alpha, but half the rows only fit and half only test.
 """
 
 from __future__ import annotations
@@ -26,11 +42,15 @@ from monitor.deadline import Deadline
 from monitor.drift.twosample.calibration import TestResult
 from monitor.drift.twosample.heldout import direction_witness, heldout_rank_test, split_halves
 from monitor.drift.twosample.permutation import check_permutation_budget, sequential_permutation_test
+from monitor.drift.twosample.quadratic_null import weighted_chi2_sf
+from monitor.drift.twosample.reference_cache import ReferenceCache
+from monitor.drift.twosample.spectrum import PooledScatter
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PERMUTATIONS = 500
 DEFAULT_STOP_AFTER = 10
+SPECTRUM_COMPONENTS = 50  # analytic null: eigenvalues taken one by one (the KS test's default components)
 _CHUNK = 256
 
 
@@ -55,14 +75,21 @@ def centroid_test(
     permutations: int = DEFAULT_PERMUTATIONS,
     stop_after: int | None = DEFAULT_STOP_AFTER,
     seed: int | np.random.SeedSequence | None = 0,
-    null: Literal["permutation", "heldout"] = "permutation",
+    null: Literal["permutation", "heldout", "analytic"] = "permutation",
     deadline: Deadline | None = None,
+    reference: ReferenceCache | None = None,
+    pooled: PooledScatter | None = None,
+    spectrum_components: int = SPECTRUM_COMPONENTS,
 ) -> TestResult:
     """Test on the cosine distance between ``mean(x)`` (m, d) and ``mean(y)`` (n, d).
 
     At most ``permutations`` relabellings; with ``stop_after`` set, the Besag–Clifford sequential
     p-value stops once that many reached the observed distance (``None`` draws them all); none
-    after ``deadline``. ``null="heldout"``: the held-out direction witness's p-value instead.
+    after ``deadline``. ``null="heldout"``: the held-out direction witness's p-value instead;
+    ``null="analytic"``: the squared mean distance's p-value under the normal approximation of its
+    permutation distribution (module docstring), from the top ``spectrum_components`` eigenvalues of
+    ``pooled`` (the cycle's pooled scatter, shared with the KS test; built here, with ``reference``'s
+    cached pieces, when not given).
 
     Examples
     --------
@@ -75,6 +102,8 @@ def centroid_test(
     >>> r.detected, r.p_value
     (True, 0.004975124378109453)
     >>> centroid_test(turned, ref, null="heldout").p_value < 1e-4
+    True
+    >>> centroid_test(turned, ref, null="analytic").p_value < 1e-6  # every row: 25 times smaller here
     True
     """
     x = np.asarray(x, dtype=np.float64)
@@ -104,14 +133,27 @@ def centroid_test(
             "centroid", observed, ranked.p_value, alpha,
             extra={**extra, **base_extra, "seconds": time.perf_counter() - started},
         )
+    if null == "analytic":
+        pooled = pooled or PooledScatter(x, y, reference)
+        spectrum = pooled.covariance_spectrum(min(spectrum_components, x.shape[1]))
+        factor = 1.0 / m + 1.0 / n
+        distance = float(np.sum((x_mean - y_mean) ** 2))
+        p_value = weighted_chi2_sf(distance, spectrum.top * factor,
+                                   rest=(spectrum.rest_sum * factor, spectrum.rest_squares * factor**2))
+        return TestResult.at_level(
+            "centroid", observed, p_value, alpha,
+            extra={"null": "analytic", "p_value_floor": 0.0, "mean_distance_squared": distance,
+                   "null_mean": (float(spectrum.top.sum()) + spectrum.rest_sum) * factor, **base_extra,
+                   "seconds": time.perf_counter() - started},
+        )
     if null != "permutation":
-        raise ValueError(f"null must be 'permutation' or 'heldout', got {null!r}")
+        raise ValueError(f"null must be 'permutation', 'heldout' or 'analytic', got {null!r}")
 
-    pooled = np.concatenate([x, y])
-    total = pooled.sum(axis=0)
+    rows = np.concatenate([x, y])
+    total = rows.sum(axis=0)
 
     def null_statistics(labels: np.ndarray) -> np.ndarray:
-        x_sums = labels @ pooled
+        x_sums = labels @ rows
         return cosine_distance(x_sums, total - x_sums)
 
     base = np.zeros(m + n)

@@ -28,7 +28,7 @@ from sklearn.linear_model import LogisticRegression
 
 from monitor.drift.twosample.calibration import TestResult
 from monitor.drift.twosample.heldout import rank_test, split_indices
-from monitor.drift.twosample.ks import sketched_eigenvectors
+from monitor.drift.twosample.spectrum import sketched_eigenvectors
 
 logger = logging.getLogger(__name__)
 

@@ -36,17 +36,17 @@ component p-values are independent or positively dependent (PRDS), the usual set
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 import warnings
 from typing import Literal
 
 import numpy as np
-from scipy import linalg, special, stats
+from scipy import special, stats
 
 from monitor.drift.twosample.calibration import TestResult
 from monitor.drift.twosample.reference_cache import ReferenceCache
+from monitor.drift.twosample.spectrum import PooledScatter, pca_basis
 from monitor.multiple_testing import benjamini_hochberg
 
 logger = logging.getLogger(__name__)
@@ -57,9 +57,6 @@ KSMethod = Literal["auto", "asymp", "exact"]
 DEFAULT_COMPONENTS = 50
 EXACT_BELOW = 0.25  # method="auto": exact p-values where the asymptotic one is below this
 MAX_TERMS = 200  # square_exact_p_values: the most reflection terms one statistic may need
-SKETCH_ITERATIONS = 2  # subspace iterations of the pooled basis (sketched_eigenvectors)
-SKETCH_OVERSAMPLING = 16  # extra columns of its subspace
-SKETCH_SEED = 20261129  # its Gaussian test matrix: a constant, so the basis depends on the data alone
 
 
 def ks_statistics(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -154,99 +151,15 @@ def square_exact_p_values(statistics: np.ndarray, n: int, max_terms: int = MAX_T
     return out
 
 
-def pca_basis(sample: np.ndarray, components: int) -> tuple[np.ndarray, np.ndarray]:
-    """Mean (d,) and the top ``components`` principal axes (d, p) of ``sample``, via the d × d scatter.
-
-    An eigendecomposition of the d × d scatter matrix is cheaper than an SVD of the sample when
-    rows outnumber dimensions (d ≤ 1024 here); float64 throughout.
-    """
-    data = np.asarray(sample, dtype=np.float64)
-    mean = data.mean(axis=0)
-    centred = data - mean
-    return mean, sketched_eigenvectors(centred.T @ centred, components)
-
-
-def top_eigenvectors(scatter: np.ndarray, components: int) -> np.ndarray:
-    """The ``components`` eigenvectors (d, p) of the symmetric ``scatter`` with the largest eigenvalues, largest first.
-
-    Only those are computed (LAPACK ``dsyevr`` on an index range: about 0.7 of a full ``eigh`` at
-    d = 384, p = 50). An eigenvector's sign is arbitrary either way; every use here is
-    sign-blind (two-sided KS statistics, squared projections).
-
-    Examples
-    --------
-    >>> top_eigenvectors(np.diag([1.0, 3.0, 2.0]), 2).round(6).tolist()
-    [[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]]
-    """
-    d = scatter.shape[0]
-    components = min(components, d)
-    if components < 1:
-        return np.zeros((d, 0))
-    eigenvalues, eigenvectors = linalg.eigh(scatter, subset_by_index=[d - components, d - 1], driver="evr")
-    return eigenvectors[:, np.argsort(eigenvalues, kind="stable")[::-1]]
-
-
-def sketched_eigenvectors(scatter: np.ndarray, components: int, iterations: int = SKETCH_ITERATIONS) -> np.ndarray:
-    """Approximate top ``components`` eigenvectors (d, p) of the symmetric ``scatter``, largest first.
-
-    Randomised subspace iteration (Halko, Martinsson & Tropp 2011, algorithm 4.4): a fixed
-    Gaussian ``d × (p + SKETCH_OVERSAMPLING)`` test matrix (drawn from a constant seed, so it does
-    not depend on the data), ``iterations`` multiplications by ``scatter`` with a QR after each,
-    then the Ritz vectors of ``scatter`` in that subspace. About 4 ms at d = 384, p = 50, against
-    13-19 ms for LAPACK's top eigenvectors, because only ``d × 66`` products are taken; the
-    leading axes are accurate to rounding, the last few mix with their neighbours where the
-    spectrum is flat. The result is a function of ``scatter`` alone: built from the pooled
-    scatter, it is a symmetric function of the pooled rows, which is all that the KS p-values'
-    exactness needs (module docstring). Falls back to :func:`top_eigenvectors` when the subspace
-    would be more than half of ``d``.
-
-    Examples
-    --------
-    >>> scatter = np.diag(np.r_[50.0, 40.0, 30.0, 20.0, 10.0, np.ones(195)])
-    >>> axes = sketched_eigenvectors(scatter, 5)
-    >>> bool(np.allclose(np.abs(axes[:5]), np.eye(5), atol=1e-3))  # the 5th mixes in 1e-5 of the 6th onwards
-    True
-    """
-    d = scatter.shape[0]
-    components = min(components, d)
-    width = components + SKETCH_OVERSAMPLING
-    if components < 1 or 2 * width > d:
-        return top_eigenvectors(scatter, components)
-    basis = _orthonormal(scatter @ _test_matrix(d, width))
-    for _ in range(iterations):
-        basis = _orthonormal(scatter @ basis)
-    eigenvalues, vectors = linalg.eigh(basis.T @ scatter @ basis, check_finite=False)
-    top = np.argsort(eigenvalues, kind="stable")[::-1][:components]
-    return basis @ vectors[:, top]
-
-
-def _orthonormal(columns: np.ndarray) -> np.ndarray:
-    q, _ = linalg.qr(columns, mode="economic", overwrite_a=True, check_finite=False)
-    return q
-
-
-@functools.lru_cache(maxsize=16)
-def _test_matrix(d: int, width: int) -> np.ndarray:
-    matrix = np.random.default_rng(SKETCH_SEED).standard_normal((d, width))
-    matrix.flags.writeable = False
-    return matrix
-
-
 def pooled_pca_basis(
     x: np.ndarray, y: np.ndarray, components: int, reference: ReferenceCache | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`pca_basis` of the pooled rows ``x`` (window) and ``y`` (reference), float64.
-
-    The pooled scatter is ``Xᵀ X + Yᵀ Y - N μ μᵀ``; with ``reference`` (the cached pieces of
-    ``y``) its reference share is not recomputed. Still a symmetric function of the pooled rows,
-    so the KS p-values stay exact.
+    """Mean and top ``components`` axes of the pooled rows ``x`` (window) and ``y`` (reference), float64
+    (:class:`~monitor.drift.twosample.spectrum.PooledScatter`; with ``reference``, the cached pieces of ``y``,
+    its reference share is not recomputed). A symmetric function of the pooled rows, so the KS p-values stay exact.
     """
-    if reference is None:
-        return pca_basis(np.concatenate([x, y]), components)
-    size = len(x) + len(y)
-    mean = (x.sum(axis=0) + reference.total) / size
-    scatter = x.T @ x + reference.scatter - size * np.outer(mean, mean)
-    return mean, sketched_eigenvectors(scatter, components)
+    pooled = PooledScatter(x, y, reference)
+    return pooled.mean, pooled.top(components)[1]
 
 
 def ks_test(
@@ -259,12 +172,14 @@ def ks_test(
     method: KSMethod = "auto",
     seed: int | np.random.SeedSequence | None = 0,
     reference: ReferenceCache | None = None,
+    pooled: PooledScatter | None = None,
 ) -> TestResult:
     """KS test per component of the window ``x`` (m, d) vs the reference ``y`` (n, d), combined by BH.
 
     ``components`` is capped at ``d`` (``raw`` tests all ``d`` dimensions). ``reference``: the
     cached pieces of ``y`` (:mod:`monitor.drift.twosample.reference_cache`), which spare
-    ``pca_pooled`` the reference's share of the scatter. ``method="asymp"`` is
+    ``pca_pooled`` the reference's share of the scatter; ``pooled``: the cycle's pooled scatter, whose
+    top eigenpairs the centroid test's analytic null shares. ``method="asymp"`` is
     vectorised (all components at once) but anti-conservative in the far tail; ``"exact"`` calls
     ``scipy.stats.ks_2samp`` per component; ``"auto"`` (default) is exact everywhere for equal
     sizes, else where the asymptotic p-value is below :data:`EXACT_BELOW` (module docstring).
@@ -295,7 +210,8 @@ def ks_test(
     if basis == "raw":
         x_proj, y_proj = x, y
     elif basis == "pca_pooled":
-        mean, axes = pooled_pca_basis(x, y, min(components, d), reference)
+        pooled = pooled or PooledScatter(x, y, reference)
+        mean, axes = pooled.mean, pooled.top(min(components, d))[1]
         x_proj, y_proj = (x - mean) @ axes, (y - mean) @ axes
     elif basis == "pca_reference":
         rng = np.random.default_rng(seed)

@@ -11,7 +11,7 @@ the tests depend on the reference rows alone:
   ``n ≤`` :data:`MAX_GRAM_ROWS` (32 MB at 2,048 rows); above it the tests compute as before.
 - ``scatter`` and ``total``: ``Rᵀ R`` (``d × d``) and the column sums, the reference's share of
   the pooled scatter matrix whose top eigenvectors are the KS test's ``pca_pooled`` basis
-  (:func:`monitor.drift.twosample.ks.pooled_pca_basis`).
+  (:class:`monitor.drift.twosample.spectrum.PooledScatter`).
 - ``mean``, ``centred_rows``, ``centred_squared_norms``: the reference mean, and the float64
   rows less it and their squared norms.
 

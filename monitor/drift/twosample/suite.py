@@ -37,6 +37,7 @@ from monitor.drift.twosample.classifier import classifier_test
 from monitor.drift.twosample.ks import ks_test
 from monitor.drift.twosample.mmd import mmd_test
 from monitor.drift.twosample.reference_cache import reference_cache
+from monitor.drift.twosample.spectrum import PooledScatter
 from monitor.multiple_testing import holm_reject, holm_thresholds
 
 logger = logging.getLogger(__name__)
@@ -201,6 +202,13 @@ def run_drift_suite(
     # the same reference object every cycle unless it is subsampled anew: only then are its pieces worth keeping
     cached = reference_cache(reference) if whole else None
     deadline = deadline or Deadline.never()
+    # one pooled scatter a cycle: the KS basis and the centroid's analytic null share its top eigenpairs
+    shared: list[PooledScatter] = []
+
+    def pooled() -> PooledScatter:
+        if not shared:
+            shared.append(PooledScatter(window, reference, cached))
+        return shared[0]
 
     alpha = settings.test_alpha
     runners: dict[str, Callable[[], TestResult]] = {
@@ -212,12 +220,14 @@ def run_drift_suite(
         ),
         "ks": lambda: ks_test(
             window, reference, alpha=alpha, basis=settings.ks.basis, components=settings.ks.components,
-            seed=seeds[3], reference=cached,
+            seed=seeds[3], reference=cached, pooled=pooled() if settings.ks.basis == "pca_pooled" else None,
         ),
         "centroid": lambda: centroid_test(
             window, reference, alpha=alpha, permutations=settings.permutations_for("centroid"),
             stop_after=settings.centroid.stop_after, seed=seeds[4], null=settings.null_for("centroid"),
-            deadline=deadline,
+            deadline=deadline, reference=cached,
+            pooled=pooled() if settings.null_for("centroid") == "analytic" else None,
+            spectrum_components=settings.ks.components,
         ),
         "classifier": lambda: classifier_test(
             window, reference, alpha=alpha, train_fraction=settings.classifier.train_fraction,
