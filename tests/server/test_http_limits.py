@@ -364,24 +364,33 @@ def test_unknown_users_cost_what_a_wrong_password_costs(tmp_path: Path) -> None:
         unknown: list[float] = []
         for i in range(24):  # distinct guesses: a repeated one is remembered and answered at once
             pair = [("prometheus", known), (f"nobody-{i}", unknown)]
-            for user, times in pair if i % 2 else pair[::-1]:  # either may go first
-                status, seconds = timed(proc.port, headers=basic(user, f"guess-{i}"))
+            for user, costs in pair if i % 2 else pair[::-1]:  # either may go first
+                before = process_cpu(proc.proc.pid)
+                status, _ = timed(proc.port, headers=basic(user, f"guess-{i}"))
                 assert status == 401
-                times.append(seconds)
-        # the CPU one hash costs, by this process's CPU clock: a load that slows the wall clock here
-        # (the suite's other workers) does not inflate it, and a request's wall time is never below it
+                costs.append(process_cpu(proc.proc.pid) - before)
+        # the CPU one hash costs, by this process's CPU clock
         start = time.process_time()
         hashlib.pbkdf2_hmac("sha256", b"x", b"salt", ITERATIONS)
         one_hash = time.process_time() - start
+    # The daemon's CPU time per answer, not its wall time: the work is what must not differ, and on a
+    # shared machine (a fresh-clone run beside two other jobs) the wall time of one answer moved by a
+    # quarter of a hash between neighbours. The daemon's own background work (50 records/s) is in both.
     known_median, unknown_median = statistics.median(known), statistics.median(unknown)
-    # the machine is shared: compare each guess with its neighbour, taken a moment apart under the same load
     paired = statistics.median(k - u for k, u in zip(known, unknown, strict=True))
-    print(f"\nwrong password {known_median * 1000:.0f} ms, unknown user {unknown_median * 1000:.0f} ms, "
-          f"median paired difference {paired * 1000:+.1f} ms (one {ITERATIONS} PBKDF2 here: {one_hash * 1000:.0f} ms)")
+    print(f"\nwrong password {known_median * 1000:.0f} ms of the daemon's CPU, unknown user "
+          f"{unknown_median * 1000:.0f} ms, median paired difference {paired * 1000:+.1f} ms "
+          f"(one {ITERATIONS} PBKDF2 here: {one_hash * 1000:.0f} ms)")
     assert min(known_median, unknown_median) > 0.5 * one_hash  # both really hash
     assert abs(paired) < 0.2 * statistics.median(known + unknown)  # the old 100k dummy: ~0.67 of it
     quartiles_known, quartiles_unknown = statistics.quantiles(known, n=4), statistics.quantiles(unknown, n=4)
     assert quartiles_known[0] <= quartiles_unknown[2] and quartiles_unknown[0] <= quartiles_known[2]  # overlap
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds of process ``pid`` so far, every thread's, ended ones included (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 @pytest.mark.slow  # over 5 s on the 2-core machine (.cache/test-durations.json)
