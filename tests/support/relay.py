@@ -111,7 +111,10 @@ class FreezableRelay:
 class RelayProcess:
     """A :class:`FreezableRelay` in a child process (``python -m tests.support.relay UPSTREAM``), so
     a test that counts its own threads and descriptors counts none of the relay's. SIGUSR1
-    freezes it, SIGUSR2 thaws it."""
+    freezes it, SIGUSR2 thaws it; :meth:`freeze` and :meth:`thaw` return once the relay says it
+    did (a line on its stdout). Without that wait, a connection made just after ``freeze()``
+    could go through before the relay's main thread ran the handler (up to its 50 ms sleep, longer
+    on a loaded machine): a fresh-clone run saw a "frozen" database answer in 0.01 s."""
 
     def __init__(self, upstream: str):
         import subprocess
@@ -125,12 +128,18 @@ class RelayProcess:
     def freeze(self) -> None:
         import signal
 
-        self.proc.send_signal(signal.SIGUSR1)
+        self._signal_and_wait(signal.SIGUSR1, "frozen")
 
     def thaw(self) -> None:
         import signal
 
-        self.proc.send_signal(signal.SIGUSR2)
+        self._signal_and_wait(signal.SIGUSR2, "thawed")
+
+    def _signal_and_wait(self, signum: int, said: str) -> None:
+        assert self.proc.stdout is not None
+        self.proc.send_signal(signum)
+        line = self.proc.stdout.readline().strip()  # one line per signal: the next one waits for it
+        assert line == said, f"the relay said {line!r}, not {said!r} (exit status {self.proc.poll()})"
 
     def __enter__(self) -> RelayProcess:
         return self
@@ -148,8 +157,16 @@ def _serve(upstream: str) -> None:
     import time
 
     relay = FreezableRelay(upstream)
-    signal.signal(signal.SIGUSR1, lambda *_: relay.freeze())
-    signal.signal(signal.SIGUSR2, lambda *_: relay.thaw())
+    def on_freeze(*_: object) -> None:
+        relay.freeze()
+        print("frozen", flush=True)
+
+    def on_thaw(*_: object) -> None:
+        relay.thaw()
+        print("thawed", flush=True)
+
+    signal.signal(signal.SIGUSR1, on_freeze)
+    signal.signal(signal.SIGUSR2, on_thaw)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with relay:
         print(relay.port, flush=True)
