@@ -445,7 +445,7 @@ class PartialsReader:
             try:
                 side = self._new_consumer(None) if self.interactions_topic else None
             except Exception as exc:  # noqa: BLE001 - as above
-                consumer.close(autocommit=False)
+                _close_all((consumer,))
                 logger.warning("cannot reach Kafka at %s (%s); retrying in %.1fs",
                                ",".join(self.settings.kafka.bootstrap_servers), type(exc).__name__,
                                self._backoff.failed())
@@ -571,9 +571,11 @@ class PartialsReader:
 
 
 def _close_all(consumers: Iterable[Consumer | None]) -> None:
+    from monitor.sources.kafka.clients import close_consumer
+
     for consumer in consumers:
         if consumer is not None:
-            try:
-                consumer.close(autocommit=False)
+            try:  # kafka-python's network client too, even when leaving the group raised
+                close_consumer(consumer)
             except Exception:  # closing at shutdown, or a consumer that never fully connected
                 logger.debug("closing the reducer's consumer", exc_info=True)

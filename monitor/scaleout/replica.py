@@ -232,7 +232,7 @@ class ReplicaRole:
 def group_positions(settings: Settings, partitions: list[Partition]) -> dict[Partition, int | None] | None:
     """The consumer group's committed position per partition (``None``: no commit), or ``None``
     when the broker cannot be asked. A plain consumer that joins no group: OffsetFetch only."""
-    from monitor.sources.kafka.clients import KafkaError, TopicPartition, new_consumer
+    from monitor.sources.kafka.clients import KafkaError, TopicPartition, close_consumer, new_consumer
     from monitor.sources.kafka.source import KafkaSource
 
     config = KafkaSource(settings.kafka).consumer_config()
@@ -247,7 +247,7 @@ def group_positions(settings: Settings, partitions: list[Partition]) -> dict[Par
         logger.warning("cannot read the group's committed offsets (%s)", exc)
         return None
     finally:
-        consumer.close(autocommit=False)
+        close_consumer(consumer)
 
 
 def check_replica_settings(settings: Settings) -> None:

@@ -229,7 +229,7 @@ class ManifestReader:
         """The partitions whose log holds a record at ``offsets`` (read there): a broker may list an end
         below what it holds (tansu lists the base offset of the last batch, plus one)."""
         from monitor.scaleout.intake import consumer_config, poll_past_unreadable
-        from monitor.sources.kafka.clients import TopicPartition, new_consumer
+        from monitor.sources.kafka.clients import TopicPartition, close_consumer, new_consumer
 
         config = consumer_config(self.settings)
         config["client_id"] = f"{self.settings.kafka.client_id}-resume-check-{self.settings.scale_out.replica_id}"
@@ -250,7 +250,7 @@ class ManifestReader:
             logger.warning("cannot read %s at the published offsets (%s)", sorted(offsets), exc)
         finally:
             if consumer is not None:
-                consumer.close(autocommit=False)
+                close_consumer(consumer)
         return found
 
     def close(self) -> None:
@@ -258,9 +258,11 @@ class ManifestReader:
             self.close_locked()
 
     def close_locked(self) -> None:
+        from monitor.sources.kafka.clients import close_consumer
+
         if self._consumer is not None:
             consumer, self._consumer = self._consumer, None
-            consumer.close(autocommit=False)
+            close_consumer(consumer)
 
 
 def published_offsets(manifests: Mapping[str, Manifest]) -> dict[Partition, int]:

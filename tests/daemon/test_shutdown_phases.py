@@ -100,6 +100,7 @@ def black_hole() -> Iterator[tuple[int, list[socket.socket]]]:
                 connection.close()
 
 
+@pytest.mark.slow  # 5.1 s of waiting in the sasl case's body on the idle 2-core machine: over the fast tier's 5 s
 @pytest.mark.parametrize("sasl", [False, True], ids=["plaintext", "sasl"])
 def test_sigterm_while_kafka_python_bootstraps_against_a_broker_that_never_answers(tmp_path: Path, sasl: bool) -> None:
     with black_hole() as (port, accepted):

@@ -34,17 +34,25 @@ def connected_consumer(broker: Broker, topic: str) -> object:
     return consumer
 
 
+@pytest.mark.parametrize("closer", ["source", "reducer"])
 @pytest.mark.parametrize("failure", ["kafka-error", "other"])
-def test_a_consumer_whose_group_leave_raises_closes_its_connections(broker: Broker, failure: str) -> None:
-    consumer = connected_consumer(broker, f"close-leave-{failure}")
+def test_a_consumer_whose_group_leave_raises_closes_its_connections(broker: Broker, failure: str, closer: str) -> None:
+    # the reducer's intake closes its partials consumers through the same close (a fresh-clone run found one
+    # left open behind three replicas and a reducer); its _close_all swallows the error, as at shutdown
+    from monitor.scaleout.intake import _close_all
+
+    consumer = connected_consumer(broker, f"close-leave-{failure}-{closer}")
     client = consumer._client  # type: ignore[attr-defined]
 
     def leave(*args: object, **kwargs: object) -> None:
         raise KafkaError("leaving the group failed") if failure == "kafka-error" else RuntimeError("the loop broke")
 
     consumer._coordinator.close = leave  # type: ignore[attr-defined]
-    with pytest.raises((KafkaError, RuntimeError)):
-        close_consumer(consumer, timeout_ms=1000)  # type: ignore[arg-type]
+    if closer == "reducer":
+        _close_all((consumer, None))  # type: ignore[arg-type]
+    else:
+        with pytest.raises((KafkaError, RuntimeError)):
+            close_consumer(consumer, timeout_ms=1000)  # type: ignore[arg-type]
     assert not client._manager._conns, "every broker connection closed"
     del consumer, client
     with warnings.catch_warnings():
@@ -56,3 +64,4 @@ def test_a_clean_close_then_the_client_again_raises_nothing(broker: Broker) -> N
     consumer = connected_consumer(broker, "close-clean")
     close_consumer(consumer, timeout_ms=1000)  # type: ignore[arg-type]
     assert not consumer._client._manager._conns  # type: ignore[attr-defined]
+

@@ -25,6 +25,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
 from kafka.errors import CorruptRecordError, KafkaError
 
+from monitor.sources.kafka import internals
 from monitor.sources.kafka.internals import close_failed_connect_sockets
 
 if TYPE_CHECKING:
@@ -101,6 +102,16 @@ def _built(kind: type[Client], config: Mapping[str, Any]) -> Client:
 
 
 THREAD_END_SECONDS = 1.0  # close_producer: the least it waits for a force-closed I/O thread to end
+
+
+def close_consumer(consumer: Consumer) -> None:
+    """Close either client's consumer without committing. kafka-python's network client is closed even
+    when leaving the group raised (:func:`monitor.sources.kafka.internals.close_consumer`); the close's
+    own exception propagates."""
+    if isinstance(consumer, KafkaConsumer):
+        internals.close_consumer(consumer)
+    else:
+        consumer.close(autocommit=False)
 
 
 def close_producer(producer: Producer, timeout: float) -> None:
