@@ -333,7 +333,7 @@ def rss_with_models(models: int = 3, dim: int = 768) -> float:
 
 TORCH_IMPORT = """
 from pathlib import Path
-import numpy, scipy.linalg, sklearn.linear_model  # what the daemon loads besides torch
+import numpy, scipy.linalg, scipy.optimize  # what the daemon loads besides torch
 def rss():
     line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmRSS:"))
     return int(line.split()[1]) / 1024

@@ -235,3 +235,19 @@ def test_the_golden_scenario_exports_every_number_without_torch(tmp_path: Path) 
             assert values[f"embmon_probe_runs_total{{{{outcome=success,probe={{probe}}}}}}"] == 1.0, probe
     """
     assert loaded_after(code, ("torch",)) == []
+
+
+def test_the_drift_suite_runs_every_test_without_scikit_learn_installed() -> None:
+    """scikit-learn is a test dependency only: the classifier test fits its own logistic regression
+    (monitor/drift/twosample/logistic.py), and the daemon no longer pays half a second to import it."""
+    loaded = loaded_after(without("sklearn") + textwrap.dedent("""
+        import numpy as np
+        from monitor.drift.settings import DriftSettings
+        from monitor.drift.twosample.suite import run_drift_suite
+        rng = np.random.default_rng(0)
+        report = run_drift_suite(rng.normal(size=(300, 16)) + 0.3, rng.normal(size=(300, 16)),
+                                 DriftSettings(interval_seconds=60, false_alarm_every="1h"), seed=1)
+        assert not report.errors, report.errors
+        assert report.result("classifier").detected, report.result("classifier")
+    """))
+    assert "sklearn" not in loaded
