@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from monitor.drift.twosample.classifier import classifier_test
+from monitor.drift.twosample.spectrum import PooledScatter
 
 
 def test_flags_a_mean_shift_and_stays_quiet_on_the_null() -> None:
@@ -36,6 +37,32 @@ def test_squared_components_catch_a_change_of_spread_a_linear_model_cannot() -> 
     linear_only = classifier_test(stretched, reference, alpha=0.01, squared_components=0)
     assert with_squares.detected and with_squares.statistic > 0.55
     assert not linear_only.detected
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["training-axes", "pooled-axes"])
+def test_squared_components_from_either_basis_catch_the_stretch(shared: bool) -> None:
+    rng = np.random.default_rng(2)
+    scales = np.r_[3.0, 2.0, np.ones(14)]
+    reference = rng.normal(size=(800, 16)) * scales
+    stretched = rng.normal(size=(800, 16)) * scales * np.r_[1.6, np.ones(15)]
+    pooled = PooledScatter(stretched, reference) if shared else None
+    assert classifier_test(stretched, reference, alpha=0.01, pooled=pooled).detected
+
+
+def test_the_pooled_axes_keep_the_held_out_null() -> None:
+    """The pooled axes see the held-out rows but not their labels: under no drift the p-values stay
+    uniform (200 null pairs of skewed, anisotropic rows; the share at 0.05 and 0.2 inside their
+    99.9% binomial ranges)."""
+    rng = np.random.default_rng(7)
+    scales = np.geomspace(4.0, 0.2, 12)
+    p_values = []
+    for seed in range(200):
+        x = rng.gamma(2.0, size=(100, 12)) * scales
+        y = rng.gamma(2.0, size=(120, 12)) * scales
+        p_values.append(classifier_test(x, y, seed=seed, squared_components=4, pooled=PooledScatter(x, y)).p_value)
+    p = np.array(p_values)
+    assert 2 <= (p <= 0.05).sum() <= 21  # expected 10
+    assert 22 <= (p <= 0.2).sum() <= 59  # expected 40
 
 
 def test_deterministic_given_a_seed() -> None:

@@ -28,7 +28,7 @@ import numpy as np
 from monitor.drift.twosample.calibration import TestResult
 from monitor.drift.twosample.heldout import rank_test, split_indices
 from monitor.drift.twosample.logistic import fit_balanced_logistic
-from monitor.drift.twosample.spectrum import sketched_eigenvectors
+from monitor.drift.twosample.spectrum import PooledScatter, sketched_eigenvectors
 
 logger = logging.getLogger(__name__)
 
@@ -45,12 +45,18 @@ def classifier_test(
     squared_components: int = DEFAULT_SQUARED_COMPONENTS,
     max_iter: int = 500,
     seed: int | np.random.SeedSequence | None = 0,
+    pooled: PooledScatter | None = None,
 ) -> TestResult:
     """Held-out AUC of a logistic-regression classifier separating ``x`` (window) from ``y`` (reference).
 
     ``regularization`` is scikit-learn's ``C`` (smaller is stronger; the same objective). p-value: one-sided
     Mann–Whitney U test that window rows score higher than reference rows on the held-out half.
     Deterministic given ``seed`` (it fixes the split; the fit itself is deterministic).
+    ``pooled``: the cycle's pooled scatter of ``x`` and ``y``; the squared components are then its
+    leading axes (shared with the KS basis, no decomposition of their own) instead of the training
+    rows'. Either way they are blind to the labels of the held-out rows, which is what the
+    Mann–Whitney null needs: the pooled axes are a symmetric function of all rows, so given the
+    pooled rows and the training labels the held-out labels are still a uniform relabelling.
 
     Examples
     --------
@@ -82,9 +88,12 @@ def classifier_test(
     np.take(x, x_order[m_train:], axis=0, out=rows[cut : cut + m - m_train])
     np.take(y, y_order[n_train:], axis=0, out=rows[cut + m - m_train :])
     train = rows[:cut]
-    mean = train.mean(axis=0)
     if components > 0:
-        axes = sketched_eigenvectors(train.T @ train - cut * np.outer(mean, mean), components)
+        if pooled is not None:
+            mean, axes = pooled.mean, pooled.leading_axes(components)
+        else:
+            mean = train.mean(axis=0)
+            axes = sketched_eigenvectors(train.T @ train - cut * np.outer(mean, mean), components)
         squares = features[:, d:]
         np.matmul(rows, axes, out=squares)
         squares -= mean @ axes

@@ -170,6 +170,12 @@ class PooledScatter:
             found = self._top[components] = sketched_eigenpairs(self.scatter, components)
         return found
 
+    def leading_axes(self, components: int) -> np.ndarray:
+        """The top ``components`` eigenvectors (d, p): the leading columns of a larger top already
+        computed this cycle (the KS basis's), else :meth:`top` of ``components``."""
+        wider = [k for k in self._top if k >= components]
+        return self.top(min(wider) if wider else components)[1][:, :components]
+
     def covariance_spectrum(self, components: int) -> Spectrum:
         """The pooled sample covariance's (``N - 1`` divisor) top ``components`` eigenvalues and the rest's
         sum and sum of squares (the trace and the squared Frobenius norm less the top ones')."""

@@ -202,7 +202,8 @@ def run_drift_suite(
     # the same reference object every cycle unless it is subsampled anew: only then are its pieces worth keeping
     cached = reference_cache(reference) if whole else None
     deadline = deadline or Deadline.never()
-    # one pooled scatter a cycle: the KS basis and the centroid's analytic null share its top eigenpairs
+    # one pooled scatter a cycle: the KS basis, the classifier's squared components and the centroid's
+    # analytic null share its top eigenpairs
     shared: list[PooledScatter] = []
 
     def pooled() -> PooledScatter:
@@ -233,7 +234,7 @@ def run_drift_suite(
             window, reference, alpha=alpha, train_fraction=settings.classifier.train_fraction,
             regularization=settings.classifier.regularization,
             squared_components=settings.classifier.squared_components, max_iter=settings.classifier.max_iter,
-            seed=seeds[5],
+            seed=seeds[5], pooled=pooled(),
         ),
     }
     planned = settings.enabled_tests
