@@ -274,6 +274,15 @@ def demo_in_temp(tmp_path: Path, prelude: str) -> tuple[Path, subprocess.Popen[s
     return temp, proc
 
 
+def stopped_by_sigterm(proc: subprocess.Popen[str], temp: Path) -> str:
+    """SIGTERM the demo, wait for it: it exits 0 and its temporary state directory is gone. Its output."""
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert not [p.name for p in temp.iterdir() if p.is_dir()], f"the temporary state directory was removed: {out}"
+    return out
+
+
 SLOW_DEMO_BUILD = """
 import time
 from monitor.daemon import service
@@ -299,13 +308,10 @@ def test_a_sigterm_while_the_demo_is_being_built_stops_it_and_removes_its_state_
         line = proc.stdout.readline()
         assert "building the demo" in line, line
         assert [p.name for p in temp.iterdir() if p.is_dir()], "the demo's state directory exists while it is built"
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
+        stopped_by_sigterm(proc, temp)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, out
-    assert not [p.name for p in temp.iterdir() if p.is_dir()], "the temporary state directory was removed"
     assert "received SIGTERM; shutting down" in (tmp_path / "demo.log").read_text()
 
 
@@ -342,10 +348,7 @@ def test_sigterm_removes_the_state_directory_while_an_abandoned_job_still_writes
         for line in proc.stdout:
             if line.startswith("state directory:"):
                 break
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
+        stopped_by_sigterm(proc, temp)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, out
-    assert not [p.name for p in temp.iterdir() if p.is_dir()], f"the temporary state directory was removed: {out}"

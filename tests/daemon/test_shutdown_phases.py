@@ -158,6 +158,18 @@ def test_sigterm_while_polling(broker: Broker, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.broker
+def exits_at_once(daemon: daemons.DaemonProcess, sig: signal.Signals) -> tuple[int, float]:
+    """Send ``sig`` to a thread other than the main one: the process exits with 128 + its number
+    within 2 s. Its status and the seconds it took."""
+    signalled = time.monotonic()
+    daemons.to_another_thread(daemon.proc.pid, sig)
+    status = daemon.proc.wait(timeout=30)
+    took = time.monotonic() - signalled
+    assert status == 128 + sig, daemon.output()[-3000:]
+    assert took < 2.0, daemon.output()[-3000:]
+    return status, took
+
+
 def test_a_second_sigterm_to_another_thread_cuts_a_stuck_shutdown_short(broker: Broker, tmp_path: Path) -> None:
     """The shutdown waits for a stalled checkpoint write (up to half its 20 s bound), the main thread
     blocked in that wait. A second SIGTERM, handed to another thread, ends the process at once with
@@ -175,13 +187,8 @@ def test_a_second_sigterm_to_another_thread_cuts_a_stuck_shutdown_short(broker: 
         wait_until(lambda: "received SIGTERM; shutting down" in daemon.output(), timeout=10,
                    message="the first SIGTERM handled", on_timeout=daemon.output)
         time.sleep(0.5)  # into the wait for the stalled checkpoint
-        signalled = time.monotonic()
-        daemons.to_another_thread(daemon.proc.pid, signal.SIGTERM)
-        status = daemon.proc.wait(timeout=30)
-        took = time.monotonic() - signalled
+        status, took = exits_at_once(daemon, signal.SIGTERM)
     print(f"\nsecond SIGTERM during a stuck shutdown: exit {status} {took:.2f} s after it")
-    assert status == 128 + signal.SIGTERM, daemon.output()[-3000:]
-    assert took < 2.0, daemon.output()[-3000:]
     assert "again" in daemon.output()
 
 
@@ -292,10 +299,5 @@ def test_a_second_signal_to_another_thread_during_the_build_exits_at_once_with_i
                    on_timeout=daemon.output)
         daemons.to_another_thread(daemon.proc.pid, signal.SIGTERM)
         time.sleep(0.3)
-        signalled = time.monotonic()
-        daemons.to_another_thread(daemon.proc.pid, signal.SIGINT)
-        status = daemon.proc.wait(timeout=30)
-        took = time.monotonic() - signalled
+        status, took = exits_at_once(daemon, signal.SIGINT)  # the build had about 3.7 s left
     print(f"\nSIGTERM then SIGINT, to other threads, during the build: exit {status} {took:.2f} s after the second")
-    assert status == 128 + signal.SIGINT, daemon.output()[-3000:]
-    assert took < 2.0, daemon.output()[-3000:]  # the build had about 3.7 s left
