@@ -248,8 +248,8 @@ def test_the_default_image_installs_neither_torch_nor_sentence_transformers() ->
     assert not any(r.startswith(("torch", "sentence-transformers", "pytest")) for r in default)
     assert dockerfile_requirements("") == default
     closure = installed_closure(default)
-    assert {"numpy", "scikit-learn", "kafka-python", "river"} <= closure
-    assert not closure & {"torch", "sentence-transformers", "transformers"}
+    assert {"numpy", "scipy", "kafka-python", "river"} <= closure
+    assert not closure & {"torch", "sentence-transformers", "transformers", "scikit-learn"}  # scikit-learn: tests only
     assert not any(name.startswith("nvidia-") for name in closure)
     assert dockerfile_requirements("gpu") == [*default, "torch>=2.2"]
     both = dockerfile_requirements("gpu, encoder")
