@@ -190,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a smoke run: small n, few replicates (--size quick)")
     parser.add_argument("--size", choices=SIZES, default="full", help="the plan's sizes (default full)")
     parser.add_argument("--report-only", action="store_true", help="redo the figures from the last run's results")
+    parser.add_argument("--cost-only", action="store_true",
+                        help="time the cost table again (each method alone) against the last run's plan, keep its "
+                             "cases, and redo the figures: for a machine that was shared while the cost was timed")
     parser.add_argument("--no-docs", action="store_true", help="print the tables instead of writing docs/")
     args = parser.parse_args(argv)
     started = time.perf_counter()
@@ -197,7 +200,16 @@ def main(argv: list[str] | None = None) -> int:
     folder = corpus.cache_dir() / size
     folder.mkdir(parents=True, exist_ok=True)
     plan = folder / "plan.npz"
-    if not args.report_only:
+    if args.cost_only:
+        if not plan.exists() or not (folder / "seconds").exists():
+            parser.error(f"--cost-only needs a finished run of this size to keep the cases of ({folder} has none)")
+        cases_seconds = (folder / "seconds").read_text(encoding="utf-8").split()[0]
+        for stale in folder.glob("*.cost.json"):
+            stale.unlink()
+        timed = time.perf_counter()
+        run_workers(plan, folder, "cost", concurrent=1, skip=SKIPPED.get(size, ()))
+        (folder / "seconds").write_text(f"{cases_seconds} {time.perf_counter() - timed:.0f}", encoding="utf-8")
+    elif not args.report_only:
         texts = corpus.load()
         rows = corpus.embeddings(texts)
         print(f"corpus: {len(texts.texts)} glosses, {len(texts.classes)} classes; embeddings ready "
@@ -212,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         (folder / "seconds").write_text(f"{cases_done:.0f} {time.perf_counter() - started - cases_done:.0f}",
                                         encoding="utf-8")
     stamp = folder / "seconds"
-    if args.report_only and stamp.exists() and any(p.stat().st_mtime > stamp.stat().st_mtime + 1
+    if (args.report_only or args.cost_only) and stamp.exists() and any(p.stat().st_mtime > stamp.stat().st_mtime + 1
                                                    for p in folder.glob("*.json") if p.name != "results.json"):
         stamp.unlink()  # a method rerun by hand since the run: its time is no longer the run's
     (folder / "results.json").write_text(json.dumps(collect(folder, plan)), encoding="utf-8")

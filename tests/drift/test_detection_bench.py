@@ -113,3 +113,16 @@ def test_the_suite_with_the_accumulating_detector_keeps_its_budget_and_is_report
     assert "its accumulating detector alone" in table and "| embedding-monitor evidence (60s) |" in table
     week = table.split("**At a false alarm a week**")[1].split("\n\n")[1]
     assert "| embedding-monitor evidence (60s) |" in week and "(2/2)" in week
+
+
+def test_timing_the_cost_again_needs_a_finished_run_to_keep_the_cases_of(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench.detection.__main__ import main
+
+    monkeypatch.setenv("EMBMON_BENCH_CACHE", str(tmp_path))
+    with pytest.raises(SystemExit) as stopped:
+        main(["--cost-only", "--size", "quick"])
+    assert stopped.value.code == 2
+    assert "--cost-only needs a finished run of this size" in capsys.readouterr().err
+    assert not list((tmp_path / "quick").iterdir())  # nothing written, no stale file removed
