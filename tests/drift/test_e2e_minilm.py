@@ -82,4 +82,7 @@ def test_a_topic_shift_of_real_embeddings_is_flagged_at_five_second_cycles(broke
         assert value(s, "embmon_drift_p_value_floor", test="mmd", **LABELS) == 0.0  # the held-out null
         assert sum(value(s, "embmon_drift_tests_cut_total", test=t, **LABELS) or 0
                    for t in ("mmd", "ks", "centroid", "classifier")) == 0
-        assert (value(s, "embmon_drift_novel_ratio", **LABELS) or 0) > 0.02
+        # the explanation's novel share grows as new-topic rows fill the window: read at the verdict it
+        # raced the verdict (0.018 once, when the suite fired early); within a window it is well above 0.02
+        wait_until(lambda: (value(scrape(port), "embmon_drift_novel_ratio", **LABELS) or 0) > 0.02,
+                   timeout=WINDOW + 2 * INTERVAL + 10, interval=0.5, message="the new topics' share named novel")
