@@ -115,6 +115,7 @@ def phase() -> str:
 
 
 MATCHED = 0.01  # the matched per-decision false-alarm rate: the (1 - MATCHED) quantile of a method's null scores
+COST_DECISIONS = 7  # decisions timed per method and dimension, their median (of three, one slow one moved it 20%)
 
 
 def null_case(plan: Plan, case: str) -> str:
@@ -143,7 +144,7 @@ def run_batch(plan: Plan, name: str, fit: Callable[..., Any], decide: Callable[.
     decision later with ``explain`` (the explanation's second cycle). ``before(state, rows)``: a
     method that keeps state from cycle to cycle is handed the stream's records before the change
     (``WARM`` cycles, in order) after its fit. ``cost``: ``{label: rows}``
-    timed separately (median seconds of three decisions and the peak memory they added). ``null_limit``:
+    timed separately (median seconds of ``COST_DECISIONS`` decisions and the peak memory they added). ``null_limit``:
     at most this many replicates of each null case (a method whose fit is too slow for them all)."""
     out: dict[str, Any] = {"method": name, "kind": "batch", "cases": {}, "cost": {}}
     started = time.perf_counter()
@@ -199,7 +200,7 @@ def run_batch(plan: Plan, name: str, fit: Callable[..., Any], decide: Callable[.
         state = fit(rows[:half], 0, ids[:half])
         fit_seconds = time.perf_counter() - t0
         seconds, grown = [], []
-        for i in range(3):
+        for i in range(COST_DECISIONS):
             with PeakMemory() as memory:
                 t0 = time.perf_counter()
                 decide(state, rows[half:], i)

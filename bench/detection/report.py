@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from bench.detection.protocol import FILL
+from bench.detection.protocol import COST_DECISIONS, FILL
 
 SHARES = ("share1", "share2", "share5", "share10", "share20", "share30")
 OTHERS = ("unseen", "swap", "pooling", "norm")
@@ -280,10 +280,10 @@ def tables(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         out.append(f"| {result['method']} | " + " | ".join(cells) + " |")
     out.append("")
 
-    out.append("**Cost per decision** (median of 3 decisions on n = {n} window rows against n reference rows, "
+    out.append("**Cost per decision** (median of {k} decisions on n = {n} window rows against n reference rows, "
                "after the fit; the peak resident memory the decision added; the fit once per reference), each "
                "method timed alone, one after another, on the 2-core machine of the run line above (one thread each)\n"
-               .format(n=meta["cost_n"]))
+               .format(n=meta["cost_n"], k=COST_DECISIONS))
     out.append("| method | d = 384 | d = 768 | fit, d = 384 |")
     out.append("|---|---|---|---|")
     for result in sorted(batch, key=lambda r: (r["cost"].get("d384") or {}).get("seconds", math.inf)):
