@@ -10,7 +10,8 @@ population".
 Model: L2-regularised logistic regression with balanced class weights, fitted by L-BFGS
 (:mod:`monitor.drift.twosample.logistic`: scikit-learn's ``LogisticRegression`` objective and
 solver, without scikit-learn) on standardised features, plus the squares of the top principal
-components of the training rows. Why not an MLP: logistic regression is
+components (of the training rows; in the suite, of the cycle's pooled rows, the KS test's axes).
+Why not an MLP: logistic regression is
 convex, so its result does not depend on an initialisation seed; it trains in well under a
 second on a few thousand 1024-d rows on two cores; and it needs no tuning. The squared
 components give it what a linear model lacks, sensitivity to a change of spread along the main
