@@ -150,6 +150,9 @@ def test_a_crafted_checkpoint_offset_is_never_committed_and_the_position_resets(
         # (under load the test once found no checkpoint file to edit after it)
         wait_until(lambda: broker.committed(group, topic) == 100, timeout=30, message="a checkpoint of them committed")
     store = CheckpointStore(tmp_path / "state")
+    # a checkpoint write still rotating when the stop returned leaves the current file missing for a moment
+    # (renamed to .prev, the new one not yet renamed over it): once failed so in a fresh clone at a041445
+    wait_until(store.current.exists, timeout=10, message="the current checkpoint file")
     saved = read_file(store.current)
     saved["offsets"] = [[topic, 0, 10**12]]
     arrays: list[np.ndarray] = []
