@@ -5,6 +5,8 @@
   Score: ``-log10(k · min p)`` (the Bonferroni-adjusted smallest p-value; the verdict fires when it
   exceeds ``-log10(cycle alpha)``), decided at the 5 s and the 60 s cycle's alpha. With the
   reference's regions, so each decision also carries the explanation.
+- ``embedding-monitor every test``: the same without the staged cycle's screen (``screen_level: 1``):
+  the classifier and MMD run every cycle, as the suite did before the screen. No regions.
 - ``embedding-monitor 900s``: the same at a 900 s cycle (its alpha is reached by permutations).
 - ``embedding-monitor online``: the daemon's online detectors (ADWIN and Page-Hinkley on the
   standardised cosine and norm signals, mini-batches of 64).
@@ -40,9 +42,11 @@ from monitor.drift.twosample.suite import DriftReport, run_drift_suite
 BUDGET = "7d"
 
 
-def settings_for(interval: float, n: int) -> DriftSettings:
+def settings_for(interval: float, n: int, screen_level: float | None = None) -> DriftSettings:
+    """The daemon's defaults at this cycle and size, one thread; ``screen_level`` 1 runs every test every cycle."""
+    staged = {} if screen_level is None else {"screen_level": screen_level}
     return DriftSettings(interval_seconds=interval, false_alarm_every=BUDGET, window_sample_size=n,
-                         reference_sample_size=n, threads=1)
+                         reference_sample_size=n, threads=1, **staged)
 
 
 def score_of(report: DriftReport) -> float:
@@ -78,12 +82,12 @@ def explanation(report: DriftReport, regions: Regions | None, window: np.ndarray
     }
 
 
-def suite_method(plan: protocol.Plan, interval: float) -> tuple[Any, Any]:
+def suite_method(plan: protocol.Plan, interval: float, screen_level: float | None = None) -> tuple[Any, Any]:
     alphas = {f"{i:g}s": settings_for(i, 1000).cycle_alpha for i in ((5.0, 60.0) if interval == 60 else (interval,))}
 
     def fit(reference: np.ndarray, seed: int, ids: np.ndarray | None = None) -> Any:
-        regions = fit_regions(reference, seed=seed) if interval == 60 else None
-        return settings_for(interval, len(reference)), reference, regions
+        regions = fit_regions(reference, seed=seed) if interval == 60 and screen_level is None else None
+        return settings_for(interval, len(reference), screen_level), reference, regions
 
     def decide(state: Any, window: np.ndarray, seed: int, ids: np.ndarray | None = None,
                injected: list[int] | None = None) -> tuple[float, dict[str, bool], dict[str, Any]]:
@@ -92,7 +96,8 @@ def suite_method(plan: protocol.Plan, interval: float) -> tuple[Any, Any]:
         report = run_drift_suite(window, reference, settings, seed=seed, regions=explain)
         score = score_of(report)
         decided = {name: score >= -math.log10(alpha) for name, alpha in alphas.items()}
-        info: dict[str, Any] = {"tests": {r.test: r.p_value for r in report.results}}
+        info: dict[str, Any] = {"tests": {r.test: r.p_value for r in report.results},
+                                "screen": report.screen_p_value}
         if explain is not None and ids is not None:
             info["explanation"] = explanation(report, regions, window, plan.label_of(ids), injected or [])
         return score, decided, info
@@ -222,7 +227,11 @@ def _ungated(explained: RegionReport | None) -> RegionReport | None:
         replace(shift, shifted=shift.p_adjusted <= explained.alpha) for shift in explained.regions))
 
 
-BATCH = {"embedding-monitor": 60.0, "embedding-monitor 900s": 900.0}
+# name: (cycle seconds, screen level); None: the default staged cycle, 1: every test every cycle (the unstaged suite)
+BATCH: dict[str, tuple[float, float | None]] = {
+    "embedding-monitor": (60.0, None), "embedding-monitor 900s": (900.0, None),
+    "embedding-monitor every test": (60.0, 1.0),
+}
 EVIDENCE = "embedding-monitor evidence"
 ONLINE = ("embedding-monitor online", "river ADWIN", "river Page-Hinkley")
 
@@ -240,7 +249,7 @@ def main() -> None:
                                               protocol.cost_rows(plan), before=before,
                                               progress=lambda partial: protocol.write(out, [*results, partial])))
         elif name in BATCH:
-            fit, decide = suite_method(plan, BATCH[name])
+            fit, decide = suite_method(plan, *BATCH[name])
             results.append(protocol.run_batch(plan, name, fit, decide, lambda s, d: all(d.values()),
                                               protocol.cost_rows(plan), explain=name == "embedding-monitor",
                                               progress=lambda partial: protocol.write(out, [*results, partial])))

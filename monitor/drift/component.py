@@ -362,7 +362,7 @@ class DriftComponent(Component):
             self._count_error("test", len(report.errors))
         evidence = self._bet(slot, key, fixed, regions)
         with self._lock:
-            self._totals.count_planned(key, report.planned, report.cut)
+            self._totals.count_planned(key, report.planned, report.cut, report.screened)
             if slot.reference is not fixed:  # replaced while the tests ran: this verdict is about the old one
                 return
             slot.last_end = window.end
@@ -505,6 +505,7 @@ class DriftComponent(Component):
             return DriftSnapshot(
                 results=self._results, references=references, changes=dict(self._totals.changes),
                 errors=dict(self._totals.errors), cuts=dict(self._totals.cuts),
+                screens=dict(self._totals.screens),
                 evidence_alarms=dict(self._totals.evidence_alarms),
             )
 

@@ -11,7 +11,9 @@ Definitions, healthy and unhealthy values: docs/metrics.md, "Drift". Per (model,
   ``embmon_drift_classifier_auc``;
 * the cycle's budget: ``embmon_drift_p_value_floor{test}`` (the smallest p-value the test could
   give: ``1 / (1 + permutations)`` for a permutation test, 0 for the others) and
-  ``embmon_drift_tests_cut_total{test}`` (tests the deadline cut short, every planned test from 0);
+  ``embmon_drift_tests_cut_total{test}`` (tests the deadline cut short, every planned test from 0),
+  ``embmon_drift_tests_screened_total{test}`` (costly tests the staged cycle's screen left out, every
+  planned test from 0) and ``embmon_drift_screen_p_value`` (the smallest cheap p-value the screen read);
 * where it moved, when the reference has regions: ``embmon_drift_region_reference_ratio{region}``,
   ``embmon_drift_region_window_ratio{region}``, ``embmon_drift_region_p_value{region}`` (BH-adjusted),
   ``embmon_drift_regions_shifted`` and ``embmon_drift_novel_ratio``;
@@ -92,6 +94,8 @@ class CycleResult:
             ],
             "planned": list(report.planned),
             "cut": dict(report.cut),
+            "screened": list(report.screened),
+            "screen_p_value": report.screen_p_value,
             "regions": None if report.regions is None else report.regions.state_dict(),
             "detected": report.detected,
             "cycle_alpha": report.cycle_alpha,
@@ -121,6 +125,9 @@ class CycleResult:
             planned=tuple(str(t) for t in state.get("planned") or ()),
             cut={str(k): str(v) for k, v in dict(state.get("cut") or {}).items()},
             regions=None if regions is None else RegionReport.from_state_dict(dict(regions)),
+            screened=tuple(str(t) for t in state.get("screened") or ()),
+            screen_p_value=None if state.get("screen_p_value") is None
+            else checks.probability(state["screen_p_value"], "screen p-value"),
         )
         evidence = state.get("evidence")
         return cls(report, bool(state["sustained"]), checks.finite(state["computed_at"], "cycle time"),
@@ -169,6 +176,7 @@ class DriftSnapshot:
     changes: Mapping[ChangeKey, ChangeTotals] = field(default_factory=dict)
     errors: Mapping[str, int] = field(default_factory=dict)  # stage -> failures since start
     cuts: Mapping[TestKey, int] = field(default_factory=dict)  # tests the deadline cut, since start
+    screens: Mapping[TestKey, int] = field(default_factory=dict)  # costly tests the screen left out, since start
     evidence_alarms: Mapping[StreamKey, int] = field(default_factory=dict)  # accumulating detector's, since start
 
 
@@ -264,6 +272,15 @@ def _budget_families(snapshot: DriftSnapshot) -> Iterable[Metric]:
     for key, count in sorted(snapshot.cuts.items()):
         cuts.add_metric(list(key), float(count))
     yield cuts
+    screens = catalog.counter("embmon_drift_tests_screened_total")
+    for key, count in sorted(snapshot.screens.items()):
+        screens.add_metric(list(key), float(count))
+    yield screens
+    screen = catalog.gauge("embmon_drift_screen_p_value")
+    for (model, stream), cycle in sorted(snapshot.results.items()):
+        if cycle.report.screen_p_value is not None:
+            screen.add_metric([model, stream], cycle.report.screen_p_value)
+    yield screen
 
 
 def _region_families(snapshot: DriftSnapshot) -> Iterable[Metric]:

@@ -225,6 +225,12 @@ class DriftSettings(_Section):
         description="cap BLAS/OpenMP/torch threads while a cycle runs; None = library defaults",
     )
     seed: int = 0
+    screen_level: float = Field(
+        0.01, gt=0, le=1,
+        description="the staged cycle: the costly tests (classifier, MMD) run only when a cheap one (KS, centroid, "
+        "the location and scale screens) has a p-value at most this (at least 100 per-test alphas); 1 runs every "
+        "test every cycle (docs/drift.md, 'The staged cycle')",
+    )
     evidence_share: float = Field(
         0.5, ge=0, lt=1,
         description="share of the false-alarm budget spent on the accumulating detector (docs/drift.md, 'Evidence "

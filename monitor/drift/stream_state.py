@@ -121,11 +121,12 @@ def _last_end(entry: Mapping[str, Any]) -> float | None:
 
 @dataclass
 class DriftTotals:
-    """Counters that only grow: cycles run, failures by stage, tests planned/cut, online change points."""
+    """Counters that only grow: cycles run, failures by stage, tests planned/cut/screened, online change points."""
 
     cycles: int = 0
     errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_STAGES, 0))
     cuts: dict[TestKey, int] = field(default_factory=dict)  # tests cut short by the cycle's deadline
+    screens: dict[TestKey, int] = field(default_factory=dict)  # costly tests the staged cycle's screen left out
     changes: dict[ChangeKey, ChangeTotals] = field(default_factory=dict)
     evidence_alarms: dict[StreamKey, int] = field(default_factory=dict)  # the accumulating detector's
 
@@ -135,18 +136,22 @@ class DriftTotals:
             old = self.changes.get(ckey, ChangeTotals(0, None))
             self.changes[ckey] = ChangeTotals(old.changes + 1, change.timestamp)
 
-    def count_planned(self, key: StreamKey, planned: Iterable[str], cut: Iterable[str]) -> None:
-        """Every planned test gets a series (0 until one is cut), so `rate()` has a start."""
-        cut = set(cut)
+    def count_planned(
+        self, key: StreamKey, planned: Iterable[str], cut: Iterable[str], screened: Iterable[str] = ()
+    ) -> None:
+        """Every planned test gets a series (0 until one is cut or screened), so `rate()` has a start."""
+        cut, screened = set(cut), set(screened)
         for test in planned:
             tkey = (*key, test)
             self.cuts[tkey] = self.cuts.get(tkey, 0) + (test in cut)
+            self.screens[tkey] = self.screens.get(tkey, 0) + (test in screened)
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "changes": [[*k, v.changes, v.last_timestamp] for k, v in sorted(self.changes.items())],
             "cycles": self.cycles,
             "cuts": [[*k, v] for k, v in sorted(self.cuts.items())],
+            "screens": [[*k, v] for k, v in sorted(self.screens.items())],
             "evidence_alarms": [[*k, v] for k, v in sorted(self.evidence_alarms.items())],
         }
 
@@ -154,20 +159,24 @@ class DriftTotals:
         """Merge by maximum: counts restored twice, or after the component already counted, never go back.
 
         Everything is checked before anything is merged (:func:`parse_totals`)."""
-        changes, cycles, cuts, alarms = parse_totals(state)
+        changes, cycles, cuts, alarms, screens = parse_totals(state)
         for ckey, (count, last) in changes.items():
             old = self.changes.get(ckey, ChangeTotals(0, None))
             self.changes[ckey] = ChangeTotals(max(old.changes, count), old.last_timestamp if last is None else last)
         self.cycles = max(self.cycles, cycles)
         for tkey, count in cuts.items():
             self.cuts[tkey] = max(self.cuts.get(tkey, 0), count)
+        for tkey, count in screens.items():
+            self.screens[tkey] = max(self.screens.get(tkey, 0), count)
         for skey, count in alarms.items():
             self.evidence_alarms[skey] = max(self.evidence_alarms.get(skey, 0), count)
 
 
 def parse_totals(
     state: Mapping[str, Any],
-) -> tuple[dict[ChangeKey, tuple[int, float | None]], int, dict[TestKey, int], dict[StreamKey, int]]:
+) -> tuple[
+    dict[ChangeKey, tuple[int, float | None]], int, dict[TestKey, int], dict[StreamKey, int], dict[TestKey, int]
+]:
     """The totals of a checkpoint entry, each count non-negative and each time finite."""
     changes: dict[ChangeKey, tuple[int, float | None]] = {}
     for model, stream, signal, detector, count, last in state.get("changes") or []:
@@ -183,4 +192,8 @@ def parse_totals(
         (str(model), str(stream)): checks.count(count, f"evidence alarms of {model}/{stream}")
         for model, stream, count in state.get("evidence_alarms") or []
     }
-    return changes, cycles, cuts, alarms
+    screens = {
+        (str(model), str(stream), str(test)): checks.count(count, f"screened tests of {model}/{stream} {test}")
+        for model, stream, test, count in state.get("screens") or []  # absent in checkpoints before the screen
+    }
+    return changes, cycles, cuts, alarms, screens

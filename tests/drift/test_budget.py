@@ -93,10 +93,10 @@ def test_no_test_starts_after_the_deadline_and_the_correction_keeps_the_planned_
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(50, 4)), rng.normal(size=(50, 4))
     report = run_drift_suite(x, y, settings, deadline=Deadline(5.0, clock))
-    assert started == ["ks", "classifier"]  # cheapest first; centroid would start at 6 s > 5 s
-    assert report.cut == {"centroid": "skipped", "mmd": "skipped"}
+    assert started == ["ks", "centroid"]  # cheapest first; the classifier would start at 6 s > 5 s
+    assert report.cut == {"classifier": "skipped", "mmd": "skipped"}
     assert report.planned == ("mmd", "ks", "centroid", "classifier") and report.family_size == 4
-    assert [r.test for r in report.results] == ["ks", "classifier"]
+    assert [r.test for r in report.results] == ["ks", "centroid"]
     # thresholds of the whole family, not of the two tests that ran
     assert all(r.threshold == pytest.approx(settings.cycle_alpha / 4) for r in report.results)
     assert suite_p_value(report) == pytest.approx(4 * 0.001)
@@ -121,10 +121,15 @@ def test_a_cycle_whose_every_test_the_deadline_cut_still_exports_its_verdict(mon
 
 
 def test_without_a_deadline_every_test_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test, cheapest first, when the staged cycle's screen is off (``screen_level: 1``) or passes."""
     started = fake_tests(monkeypatch, FakeClock(), seconds=1000.0)
     rng = np.random.default_rng(0)
+    report = run_drift_suite(rng.normal(size=(50, 4)), rng.normal(size=(50, 4)), DriftSettings(screen_level=1))
+    assert started == list(RUN_ORDER) and report.cut == {} and report.screened == ()
+    started.clear()
+    fake_tests(monkeypatch, FakeClock(), seconds=1000.0, p_value=0.001)  # a cheap p-value under the level
     report = run_drift_suite(rng.normal(size=(50, 4)), rng.normal(size=(50, 4)), DriftSettings())
-    assert started == list(RUN_ORDER) and report.cut == {}
+    assert report.screened == () and [r.test for r in report.results] == ["mmd", "ks", "centroid", "classifier"]
 
 
 def test_a_cycle_ends_within_its_interval_and_says_what_it_cut(
@@ -141,17 +146,17 @@ def test_a_cycle_ends_within_its_interval_and_says_what_it_cut(
     started = fake_tests(monkeypatch, clock, seconds=3.0)
     begin = clock.now
     results = h.component.run_cycle()
-    # stream a: half of 8 s; ks (0-3 s) and classifier (3-6 s) start before 4 s. Stream b: the rest,
+    # stream a: half of 8 s; ks (0-3 s) and centroid (3-6 s) start before 4 s. Stream b: the rest,
     # 6-8 s: ks (6-9 s) only. The last test ends at 9 s, within the 10 s interval.
-    assert started == ["ks", "classifier", "ks"]
+    assert started == ["ks", "centroid", "ks"]
     assert clock.now - begin == pytest.approx(9.0) and clock.now - begin <= h.settings.drift.interval_seconds
-    assert results[("m", "a")].report.cut == {"centroid": "skipped", "mmd": "skipped"}
+    assert results[("m", "a")].report.cut == {"classifier": "skipped", "mmd": "skipped"}
     assert results[("m", "b")].report.cut == {"classifier": "skipped", "centroid": "skipped", "mmd": "skipped"}
     h.context.clock = lambda: h.now
     cut = {(s, t): h.value("embmon_drift_tests_cut_total", model="m", stream=s, test=t)
            for s in ("a", "b") for t in RUN_ORDER}
-    assert cut == {("a", "ks"): 0, ("a", "classifier"): 0, ("a", "centroid"): 1, ("a", "mmd"): 1,
+    assert cut == {("a", "ks"): 0, ("a", "classifier"): 1, ("a", "centroid"): 0, ("a", "mmd"): 1,
                    ("b", "ks"): 0, ("b", "classifier"): 1, ("b", "centroid"): 1, ("b", "mmd"): 1}
-    assert h.value("embmon_drift_p_value_floor", model="m", stream="a", test="classifier") == 0.0
+    assert h.value("embmon_drift_p_value_floor", model="m", stream="a", test="centroid") == 0.0
     assert h.value("embmon_drift_p_value", model="m", stream="b", test="classifier") is None
     h.close()

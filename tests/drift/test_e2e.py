@@ -18,6 +18,7 @@ from monitor.config import deep_merge, load_settings
 from monitor.daemon.service import Monitor
 from monitor.drift.component import DriftComponent
 from monitor.drift.references.store import ReferenceStore
+from monitor.drift.twosample.suite import RUN_ORDER
 from tests.support import daemons
 from tests.support.broker import Broker, kafka_daemon_overrides
 from tests.support.drift import BASE_DRIFT
@@ -112,9 +113,12 @@ def test_suite_verdict_turns_on_after_a_shift_within_the_documented_delay(broker
 
         s = wait_until(five_more_cycles_all_quiet, timeout=30, message="5 more drift cycles")
         assert sum(quiet) >= 3 and value(s, "embmon_drift_p_value", test="suite", **LABELS) is not None
-        for name in ("embmon_drift_mmd2", "embmon_drift_centroid_cosine_distance", "embmon_drift_classifier_auc",
-                     "embmon_drift_drifted_components_ratio"):
+        for name in ("embmon_drift_centroid_cosine_distance", "embmon_drift_drifted_components_ratio",
+                     "embmon_drift_screen_p_value"):
             assert value(s, name, **LABELS) is not None, name
+        # the staged cycle: on a quiet stream the costly tests are screened out in most cycles
+        screened = {t: value(s, "embmon_drift_tests_screened_total", test=t, **LABELS) for t in RUN_ORDER}
+        assert screened["ks"] == screened["centroid"] == 0 and screened["mmd"] == screened["classifier"] >= 1, screened
         # 3. the stream moves: the verdict turns 1 within the documented delay
         producer.shift()
         wait_until(lambda: producer.shifted_at is not None, timeout=5)
@@ -123,6 +127,10 @@ def test_suite_verdict_turns_on_after_a_shift_within_the_documented_delay(broker
         delay = time.time() - producer.shifted_at  # type: ignore[operator]
         print(f"drift detection delay: {delay:.2f}s (documented bound {DOCUMENTED_DELAY:.1f}s)")
         assert delay <= DOCUMENTED_DELAY
+        s = scrape(port)  # the shift passed the screen: the costly tests ran in the verdict's cycle
+        assert value(s, "embmon_drift_screen_p_value", **LABELS) <= 0.01
+        for name in ("embmon_drift_mmd2", "embmon_drift_classifier_auc"):
+            assert value(s, name, **LABELS) is not None, name
         s = scrape(port)
         assert value(s, "embmon_drift_detected", test="sustained", **LABELS) == 1  # sustained 1 of 1
         assert value(s, "embmon_drift_p_value", test="suite", **LABELS) <= value(

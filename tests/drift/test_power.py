@@ -134,6 +134,19 @@ def test_centroid_is_blind_to_anisotropy(reports: dict[str, DriftReport]) -> Non
 
 
 @pytest.mark.slow
+def test_the_staged_cycle_screens_the_quiet_window_and_passes_every_shift(reports: dict[str, DriftReport]) -> None:
+    """Only the null window's costly tests are left out. On the anisotropy, KS and the centroid are
+    above the screen's level: the scale screen is what lets the classifier run and detect it."""
+    level = DriftSettings().screen_level
+    assert reports["null"].screened == ("mmd", "classifier")
+    for name in ("topic_mix", "rotation", "anisotropy", "model_swap"):
+        assert reports[name].screened == () and reports[name].screen_p_value <= level, name
+    anisotropy = reports["anisotropy"]
+    assert min(anisotropy.result("ks").p_value, anisotropy.result("centroid").p_value) > level
+    assert anisotropy.screen_p_value < 1e-6
+
+
+@pytest.mark.slow
 def test_model_swap_is_caught_online_within_a_few_mini_batches(minilm: dict[str, np.ndarray]) -> None:
     """Replay: the mean-pooled model for 20,000 records, then the CLS-pooled one."""
     rng = np.random.default_rng(2)

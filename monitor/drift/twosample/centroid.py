@@ -67,6 +67,21 @@ def cosine_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return 0.5 * np.sum((a_unit - b_unit) ** 2, axis=-1)
 
 
+def mean_distance_test(
+    x_mean: np.ndarray, y_mean: np.ndarray, m: int, n: int, pooled: PooledScatter,
+    spectrum_components: int = SPECTRUM_COMPONENTS,
+) -> tuple[float, float, float]:
+    """The analytic null's test of the squared distance between two sample means (module docstring):
+    ``(|x̄ - ȳ|², its p-value, its null mean)``, from the top ``spectrum_components`` eigenvalues of
+    ``pooled``, the pooled scatter of the ``m`` window and ``n`` reference rows."""
+    spectrum = pooled.covariance_spectrum(min(spectrum_components, len(x_mean)))
+    factor = 1.0 / m + 1.0 / n
+    distance = float(np.sum((x_mean - y_mean) ** 2))
+    p_value = weighted_chi2_sf(distance, spectrum.top * factor,
+                               rest=(spectrum.rest_sum * factor, spectrum.rest_squares * factor**2))
+    return distance, p_value, (float(spectrum.top.sum()) + spectrum.rest_sum) * factor
+
+
 def centroid_test(
     x: np.ndarray,
     y: np.ndarray,
@@ -135,15 +150,11 @@ def centroid_test(
         )
     if null == "analytic":
         pooled = pooled or PooledScatter(x, y, reference)
-        spectrum = pooled.covariance_spectrum(min(spectrum_components, x.shape[1]))
-        factor = 1.0 / m + 1.0 / n
-        distance = float(np.sum((x_mean - y_mean) ** 2))
-        p_value = weighted_chi2_sf(distance, spectrum.top * factor,
-                                   rest=(spectrum.rest_sum * factor, spectrum.rest_squares * factor**2))
+        distance, p_value, null_mean = mean_distance_test(x_mean, y_mean, m, n, pooled, spectrum_components)
         return TestResult.at_level(
             "centroid", observed, p_value, alpha,
             extra={"null": "analytic", "p_value_floor": 0.0, "mean_distance_squared": distance,
-                   "null_mean": (float(spectrum.top.sum()) + spectrum.rest_sum) * factor, **base_extra,
+                   "null_mean": null_mean, **base_extra,
                    "seconds": time.perf_counter() - started},
         )
     if null != "permutation":

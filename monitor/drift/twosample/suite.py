@@ -2,8 +2,11 @@
 
 The reference a window is compared with is a :class:`~monitor.drift.references.profile.ReferenceProfile`.
 
-Within a time budget. Tests run cheapest first (KS, classifier, centroid, MMD) and none starts
+Within a time budget. Tests run cheapest first (KS, centroid, classifier, MMD) and none starts
 after the cycle's deadline; a permutation test stops drawing at it (:mod:`monitor.deadline`).
+Staged: the costly two (classifier, MMD) run only when a cheap one, or the scale screen, has a
+p-value at most ``drift.screen_level`` (:mod:`monitor.drift.twosample.screen`); screened, they
+count as ``p = 1`` like a skipped test, which can only lower the false-alarm rate.
 The correction is always over the *planned* family, every enabled test, with a test that was
 skipped or raised counted as ``p = 1``: which tests finish depends on the clock, and the clock
 on the data (a drifted window keeps a permutation test busy), so shrinking the family to the
@@ -37,6 +40,7 @@ from monitor.drift.twosample.classifier import classifier_test
 from monitor.drift.twosample.ks import ks_test
 from monitor.drift.twosample.mmd import mmd_test
 from monitor.drift.twosample.reference_cache import reference_cache
+from monitor.drift.twosample.screen import COSTLY_TESTS, SCREENING_TESTS, screen_level, screen_p_value
 from monitor.drift.twosample.spectrum import PooledScatter
 from monitor.multiple_testing import holm_reject, holm_thresholds
 
@@ -46,7 +50,7 @@ logger = logging.getLogger(__name__)
 # factor up to 2, and the children share the window sample that made the verdict (docs/drift.md, "What moved").
 HIERARCHY_FACTOR = 2
 
-RUN_ORDER = ("ks", "classifier", "centroid", "mmd")  # cheapest first: a deadline cuts the costly ones
+RUN_ORDER = ("ks", "centroid", "classifier", "mmd")  # cheapest first: a deadline cuts the costly ones
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,9 @@ class DriftReport:
     happens with probability at most ``cycle_alpha``. ``planned`` are the enabled tests, the
     family the correction is over. ``errors`` names tests that raised and ``cut`` tests the
     deadline cut short (``skipped``: never started; ``truncated``: a permutation test that
-    stopped drawing, its result is in ``results``); tests without a result count as ``p = 1``.
+    stopped drawing, its result is in ``results``); ``screened`` the costly tests the staged
+    cycle's screen left out (``screen_p_value``: the smallest cheap p-value it read, None when
+    no screen ran); tests without a result count as ``p = 1``.
     ``regions``: where the window moved, when the reference has regions.
     """
 
@@ -72,6 +78,8 @@ class DriftReport:
     planned: tuple[str, ...] = ()
     cut: Mapping[str, str] = field(default_factory=dict)
     regions: RegionReport | None = None
+    screened: tuple[str, ...] = ()
+    screen_p_value: float | None = None
 
     @property
     def family_size(self) -> int:
@@ -205,10 +213,16 @@ def run_drift_suite(
     # one pooled scatter a cycle: the KS basis, the classifier's squared components and the centroid's
     # analytic null share its top eigenpairs
     shared: list[PooledScatter] = []
+    doubles: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def wide() -> tuple[np.ndarray, np.ndarray]:  # float64 copies, made once, for the tests that compute in float64
+        if not doubles:
+            doubles.append((window.astype(np.float64), reference.astype(np.float64)))
+        return doubles[0]
 
     def pooled() -> PooledScatter:
         if not shared:
-            shared.append(PooledScatter(window, reference, cached))
+            shared.append(PooledScatter(*wide(), cached))
         return shared[0]
 
     alpha = settings.test_alpha
@@ -220,18 +234,18 @@ def run_drift_suite(
             deadline=deadline, reference=cached,
         ),
         "ks": lambda: ks_test(
-            window, reference, alpha=alpha, basis=settings.ks.basis, components=settings.ks.components,
+            *wide(), alpha=alpha, basis=settings.ks.basis, components=settings.ks.components,
             seed=seeds[3], reference=cached, pooled=pooled() if settings.ks.basis == "pca_pooled" else None,
         ),
         "centroid": lambda: centroid_test(
-            window, reference, alpha=alpha, permutations=settings.permutations_for("centroid"),
+            *wide(), alpha=alpha, permutations=settings.permutations_for("centroid"),
             stop_after=settings.centroid.stop_after, seed=seeds[4], null=settings.null_for("centroid"),
             deadline=deadline, reference=cached,
             pooled=pooled() if settings.null_for("centroid") == "analytic" else None,
             spectrum_components=settings.ks.components,
         ),
         "classifier": lambda: classifier_test(
-            window, reference, alpha=alpha, train_fraction=settings.classifier.train_fraction,
+            *wide(), alpha=alpha, train_fraction=settings.classifier.train_fraction,
             regularization=settings.classifier.regularization,
             squared_components=settings.classifier.squared_components, max_iter=settings.classifier.max_iter,
             seed=seeds[5], pooled=pooled(),
@@ -241,11 +255,25 @@ def run_drift_suite(
     raw: dict[str, TestResult] = {}
     errors: dict[str, str] = {}
     cut: dict[str, str] = {}
+    screened: tuple[str, ...] = ()
+    screen_p: float | None = None
+    level = screen_level(settings.screen_level, alpha)
+    staged = level < 1 and all(t in planned for t in SCREENING_TESTS)
     explained = None
     with thread_limit(settings.threads):
         for name in sorted(planned, key=RUN_ORDER.index):
             if deadline.expired():
                 cut[name] = "skipped"
+                continue
+            if name in COSTLY_TESTS and staged:
+                staged = False  # the screen runs once, before the first costly test
+                try:
+                    screen_p = screen_p_value(raw, *wide(), pooled, settings.ks.components)
+                except Exception:  # a broken screen must not hide a shift: everything runs
+                    logger.exception("drift screen failed; running every test")
+                if screen_p is not None and screen_p > level:
+                    screened = tuple(t for t in planned if t in COSTLY_TESTS)
+            if name in screened:
                 continue
             try:
                 raw[name] = runners[name]()
@@ -282,6 +310,8 @@ def run_drift_suite(
         planned=planned,
         cut=cut,
         regions=explained,
+        screened=screened,
+        screen_p_value=screen_p,
     )
     logger.debug("drift suite: detected=%s tests=%s in %.2fs", report.detected, report.detected_tests, report.seconds)
     return report
