@@ -271,6 +271,12 @@ def _what_moved_panels() -> list[Panel | Row]:
                       "{{model}} / {{stream}} {{test}}")],
               "Drift tests the cycle's time budget skipped or truncated: healthy is 0. A cut test has a higher "
               "p-value floor or no p-value (it counts as p = 1).", min=0),
+        Panel("Costly tests screened out by the staged cycle (per hour)", "short",
+              [Target(f"sum by (model, stream, test) (increase({_ms('embmon_drift_tests_screened_total')}[1h]))",
+                      "{{model}} / {{stream}} {{test}}")],
+              "The classifier and the MMD run only when KS, the centroid or a screen has a p-value at most "
+              "drift.screen_level (embmon_drift_screen_p_value). Healthy: on a quiet stream they are screened out "
+              "in almost every cycle (their series are absent then); they run when something moves.", min=0),
         Panel("p-value floor vs threshold", "none",
               [Target(f"max by (model, stream, test) ({_ms('embmon_drift_p_value_floor')})",
                       "{{model}} / {{stream}} {{test}} floor"),
@@ -300,7 +306,8 @@ def drift(rules: RuleSet) -> dict[str, Any]:
               "Per-test p-value against its (corrected) threshold; below the threshold means drift.",
               min=0, max=1, overrides=_DASHED_B),
         Panel("MMD²", "none", [_per_stream("embmon_drift_mmd2")],
-              "Squared maximum mean discrepancy between the window and the reference."),
+              "Squared maximum mean discrepancy between the window and the reference. Only in cycles whose "
+              "screen passed (the staged cycle: a quiet cycle skips the MMD; drift.screen_level)."),
         Panel("Drifted components", "percentunit",
               [_per_stream("embmon_drift_drifted_components_ratio")],
               "Share of (projected) components whose KS test rejects.", min=0, max=1),
@@ -309,7 +316,8 @@ def drift(rules: RuleSet) -> dict[str, Any]:
               "Cosine distance between window and reference centroids."),
         Panel("Domain-classifier AUC", "none",
               [_per_stream("embmon_drift_classifier_auc")],
-              "0.5 = indistinguishable from the reference; near 1 = clearly different.", min=0.4, max=1),
+              "0.5 = indistinguishable from the reference; near 1 = clearly different. Only in cycles whose "
+              "screen passed (the staged cycle; drift.screen_level).", min=0.4, max=1),
         Panel("Change points (per hour)", "short",
               [Target(f"sum by (model, stream, signal) (increase({_ms('embmon_drift_change_points_total')}[1h]))",
                       "{{model}} / {{stream}} {{signal}}")],
