@@ -46,12 +46,12 @@ METRICS: tuple[MetricSpec, ...] = (
         labels=(*MS, "test"), code="monitor.drift.stream_state:DriftTotals.count_planned"),
     MetricSpec("embmon_drift_tests_screened_total", "counter",
         "Costly drift tests (classifier, MMD) the staged cycle left out because no cheap test's p-value reached "
-        "drift.screen_level; counted as p = 1. About 97-99 % of quiet cycles.",
+        "drift.screen_level; counted as p = 1. About 95 % of quiet cycles or more.",
         labels=(*MS, "test"), code="monitor.drift.stream_state:DriftTotals.count_planned"),
     MetricSpec("embmon_drift_screen_p_value", "gauge",
-        "The staged cycle's screen at the last cycle: the smallest of the KS, centroid and scale-screen p-values; the "
-        "costly tests ran when it was at most drift.screen_level.",
-        labels=MS, code="monitor.drift.twosample.screen:scale_screen_p_value"),
+        "The staged cycle's screen at the last cycle: the smallest of the KS, centroid, location-screen and "
+        "scale-screen p-values; the costly tests ran when it was at most drift.screen_level.",
+        labels=MS, code="monitor.drift.twosample.screen:screen_p_value"),
     MetricSpec("embmon_drift_region_reference_ratio", "gauge",
         "Share of the held-out reference sample in each region of the reference (k-means, k <= 16).",
         labels=(*MS, "region"), unit="ratio", code="monitor.drift.attribution.region_shares:compare_regions"),

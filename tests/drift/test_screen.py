@@ -3,7 +3,8 @@
 What must hold: a staged verdict is never a detection the unstaged cycle would not make (so the
 false-alarm bound is the unstaged one's); a quiet cycle runs only the cheap tests and says so; a
 broken or missing cheap test runs everything; the scale and location screens see what the costly
-tests add (a wider leading axis; a shift of data centred near the origin).
+tests add (a wider leading axis; spread lost in the many small directions; a shift of data
+centred near the origin).
 """
 
 from __future__ import annotations
@@ -105,6 +106,41 @@ def test_the_location_screen_passes_a_shift_of_centred_data_the_cosine_barely_se
     assert staged.result("centroid").p_value > 0.01 and staged.result("ks").p_value > 0.01
     assert staged.screened == () and staged.screen_p_value is not None and staged.screen_p_value < 0.001
     assert staged.detected and staged.detected_tests == unstaged.detected_tests
+
+
+def test_the_scale_screen_sees_a_change_confined_to_the_small_directions() -> None:
+    """Rows not normalised, a power-law spectrum, every direction beyond the 50th 30 % narrower:
+    no leading axis, marginal or mean moves, but the rows' distances from the mean do; the MMD
+    detects it, so the screen must let it run (an outsider's attack on the first screen)."""
+    rng = np.random.default_rng(100)
+    d = 384
+    spread = np.sqrt(np.arange(1, d + 1) ** -1.0)
+    reference, window = rng.normal(size=(1000, d)) * spread, rng.normal(size=(1000, d)) * spread
+    window[:, 50:] *= 0.7
+    staged, unstaged = both(window, reference, DriftSettings(**WEEK_AT_60S), seed=0)
+    assert min(staged.result("ks").p_value, staged.result("centroid").p_value) > 0.01
+    assert "mmd" in unstaged.detected_tests and staged.screened == ()
+    assert staged.detected_tests == unstaged.detected_tests
+
+
+def test_a_re_sent_row_does_not_make_the_scale_screen_fire() -> None:
+    """Half of both samples one repeated row: ranked by position, every window copy came first and
+    the screen fired on every quiet window; with mid-ranks and the tie correction it keeps its level."""
+    rng = np.random.default_rng(10)
+    draws, p = 100, []
+    for _ in range(draws):
+        x, y = rng.normal(size=(300, 64)), rng.normal(size=(300, 64))
+        x[:150] = y[:150] = rng.normal(size=64)
+        p.append(scale_screen_p_value(x, y, PooledScatter(x, y)))
+    assert np.count_nonzero(np.array(p) <= 0.05) <= stats.binom.ppf(0.999, draws, 0.05)
+
+
+def test_a_nan_p_value_runs_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``min`` skips a NaN that is not first: a NaN among the screen's p-values must not screen anything out."""
+    monkeypatch.setattr("monitor.drift.twosample.screen.scale_screen_p_value", lambda *a, **k: float("nan"))
+    rng = np.random.default_rng(11)
+    report = run_drift_suite(embeddings(rng, 300), embeddings(rng, 300), DriftSettings(**WEEK_AT_60S), seed=0)
+    assert report.screened == () and report.screen_p_value is None and len(report.results) == 4
 
 
 def test_the_scale_screen_holds_its_level_under_the_null() -> None:
