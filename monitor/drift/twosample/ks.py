@@ -211,8 +211,7 @@ def ks_test(
         x_proj, y_proj = x, y
     elif basis == "pca_pooled":
         pooled = pooled or PooledScatter(x, y, reference)
-        mean, axes = pooled.mean, pooled.top(min(components, d))[1]
-        x_proj, y_proj = (x - mean) @ axes, (y - mean) @ axes
+        x_proj, y_proj = pooled.projected(x, y, min(components, d))
     elif basis == "pca_reference":
         rng = np.random.default_rng(seed)
         shuffled = rng.permutation(len(y))

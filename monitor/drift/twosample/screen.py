@@ -129,13 +129,10 @@ def scale_screen_p_value(x: np.ndarray, y: np.ndarray, pooled: PooledScatter, ax
     if m < 1 or n < 1 or axes < 1:
         return 1.0
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    leading = pooled.leading_axes(axes)
-    centre = pooled.mean @ leading
+    x_proj, y_proj = pooled.projected(x, y, axes)  # the KS test's coordinates when it ran on these arrays
     squares = np.empty((m + n, axes + 1))
-    np.matmul(x, leading, out=squares[:m, :axes])
-    np.matmul(y, leading, out=squares[m:, :axes])
-    squares[:, :axes] -= centre
-    np.square(squares[:, :axes], out=squares[:, :axes])
+    np.square(x_proj, out=squares[:m, :axes])
+    np.square(y_proj, out=squares[m:, :axes])
     mean = pooled.mean
     for rows, out in ((x, squares[:m, axes]), (y, squares[m:, axes])):  # |z - mean|² = |z|² - 2 z·mean + |mean|²
         np.einsum("ij,ij->i", rows, rows, out=out)

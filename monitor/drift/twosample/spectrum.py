@@ -162,6 +162,8 @@ class PooledScatter:
             self.mean = (x.sum(axis=0) + reference.total) / self.size
             self.scatter = x.T @ x + reference.scatter - self.size * np.outer(self.mean, self.mean)
         self._top: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        # (rows x, rows y, width) -> their coordinates; the rows are kept so their ids stay theirs
+        self._projected: list[tuple[np.ndarray, np.ndarray, int, np.ndarray, np.ndarray]] = []
 
     def top(self, components: int) -> tuple[np.ndarray, np.ndarray]:
         """:func:`sketched_eigenpairs` of the scatter, computed once per ``components``."""
@@ -175,6 +177,20 @@ class PooledScatter:
         computed this cycle (the KS basis's), else :meth:`top` of ``components``."""
         wider = [k for k in self._top if k >= components]
         return self.top(min(wider) if wider else components)[1][:, :components]
+
+    def projected(self, x: np.ndarray, y: np.ndarray, components: int) -> tuple[np.ndarray, np.ndarray]:
+        """The centred coordinates of ``x`` and ``y`` (float64) on the top ``components`` axes, ``(m, p)`` and
+        ``(n, p)``: the leading columns of wider ones already computed for the same two arrays this cycle
+        (the KS test's, which the scale screen reads), else ``x A - z̄ A`` (no centred copy of the rows)."""
+        wider = [(k, xp, yp) for (a, b, k, xp, yp) in self._projected if a is x and b is y and k >= components]
+        if wider:
+            _, x_proj, y_proj = min(wider, key=lambda found: found[0])
+            return x_proj[:, :components], y_proj[:, :components]
+        axes = self.top(components)[1]
+        centre = self.mean @ axes
+        x_proj, y_proj = x @ axes - centre, y @ axes - centre
+        self._projected.append((x, y, components, x_proj, y_proj))
+        return x_proj, y_proj
 
     def covariance_spectrum(self, components: int) -> Spectrum:
         """The pooled sample covariance's (``N - 1`` divisor) top ``components`` eigenvalues and the rest's
