@@ -192,7 +192,9 @@ def test_a_default_daemon_with_every_feature_at_work_never_imports_torch(tmp_pat
         assert devices.nvidia_driver_loaded() is {not torch_installed}
         now = [1_000_000.0]
         clock = lambda: now[0]
-        drift = {{**DEMO_SETTINGS["drift"], "window_sample_size": 300, "reference_sample_size": 300}}
+        # every test every cycle (screen_level 1): the MMD, the test with a torch path, must run
+        drift = {{**DEMO_SETTINGS["drift"], "window_sample_size": 300, "reference_sample_size": 300,
+                  "screen_level": 1.0}}
         settings = load_settings(overrides={{
             **DEMO_SETTINGS, "drift": drift, "http": {{"host": "127.0.0.1", "port": 0}},
             "state_dir": {str(tmp_path / "state")!r},
