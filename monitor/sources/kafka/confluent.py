@@ -22,7 +22,6 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from monitor.blocking import BlockingCall
 from monitor.decoding.records import SourcePosition
 from monitor.errors import ConfigError
 from monitor.sources.base import MessageKind, Partition, SourceMessage
@@ -44,10 +43,6 @@ from monitor.tally import Tally
 logger = logging.getLogger(__name__)
 
 QUERY_TIMEOUT_SECONDS = 5.0  # committed offsets, watermarks: a request to the broker each
-# A synchronous commit waits for the group coordinator with no bound of its own (librdkafka, as Java's
-# commitSync): with the broker gone it held the poll thread, so readiness never dropped. It runs in a
-# thread of its own, waited for this long (kafka-python's bound, COMMIT_TIMEOUT_MS).
-COMMIT_TIMEOUT_SECONDS = 3.0
 # What one poll hands the daemon, in bytes of values, at most (about): librdkafka's consume returns
 # up to max_poll_records messages from its prefetch queue whatever their size, and the daemon queues
 # ~10 polls, so 2,000 binary batches of 256 x 384 floats (786 MB) would be one poll (the first poll of
@@ -124,7 +119,6 @@ class ConfluentSource(ConsumerReadings):
         if settings.interactions_topic:
             self._kinds[settings.interactions_topic] = "interactions"
         self._up = False
-        self._commit_in_flight: BlockingCall[Any] | None = None  # a commit still waiting for the coordinator
         self._lag = LagReading(clock)
         self._paused = False
         self._assigned: set[Partition] = set()
@@ -424,24 +418,13 @@ class ConfluentSource(ConsumerReadings):
         return self._commit_now(consumer, todo, log="offset commit failed (%s); will retry with the next commit")
 
     def _commit_now(self, consumer: Consumer, offsets: Mapping[Partition, int], log: str) -> bool:
-        """Commit synchronously, waited for at most :data:`COMMIT_TIMEOUT_SECONDS`; False when it failed or
-        did not finish (then the source reads down, and no other commit starts until that one ended)."""
-        if self._commit_in_flight is not None and not self._commit_in_flight.done:
-            self._up = False
-            return False
         payload = [TopicPartition(t, p, self._next_offset(consumer, t, p, o)) for (t, p), o in offsets.items()]
-        call = BlockingCall("embmon-commit", lambda: consumer.commit(offsets=payload, asynchronous=False))
-        if not call.wait(COMMIT_TIMEOUT_SECONDS):
-            self._commit_in_flight, self._up = call, False
-            logger.warning("offset commit did not finish within %.0fs (no group coordinator answers); the next "
-                           "commit carries later offsets once it has ended", COMMIT_TIMEOUT_SECONDS)
-            return False
-        if isinstance(call.error, KafkaException):
+        try:
+            consumer.commit(offsets=payload, asynchronous=False)
+        except KafkaException as exc:
             # Not fatal: the next commit carries later offsets; a restart resumes from the checkpoint.
-            logger.warning(log, call.error)
+            logger.warning(log, exc)
             return False
-        if call.error is not None:
-            raise call.error
         self._up = True
         with self._committed_lock:
             self._committed.update(offsets)
