@@ -17,11 +17,12 @@ import yaml
 
 from monitor.config import ConfigError, load_settings
 from monitor.sources.base import Partition, PartitionListener, SourceMessage
-from monitor.sources.kafka.confluent import ConfluentSource
+from monitor.sources.kafka.confluent import COMMIT_TIMEOUT_SECONDS, ConfluentSource
 from monitor.sources.kafka.reconnect import LAG_REFRESH_SECONDS
 from tests.support import daemons
-from tests.support.broker import Broker, kafka_daemon_overrides
+from tests.support.broker import Broker, free_port, kafka_daemon_overrides
 from tests.support.paths import REPO
+from tests.support.proxy import TcpProxy
 from tests.support.scrape import scrape, value
 from tests.support.waiting import wait_until
 
@@ -119,7 +120,7 @@ def test_it_resumes_after_the_checkpoint_and_commits_only_what_it_is_given(broke
     assert listener.calls == [("assigned", {(topic, 0): 20})]
     # the resume position is committed for the group's lag once a fetch there verified it; nothing more
     wait_until(lambda: broker.committed(group, topic) == 20, timeout=10, message="assignment commit")
-    assert source.commit({(topic, 0): 39}) is True
+    confirm(source, {(topic, 0): 39})
     assert broker.committed(group, topic) == 40
     assert source.commit({(topic, 1): 5}) is True  # not assigned here: skipped, not sent
     assert source.error_counts() == {"unsupported_codec": 0, "poll": 0}
@@ -151,6 +152,59 @@ def test_revocation_hands_off_then_commits_before_the_next_owner_starts(broker: 
     # the next owner started right after what the revoked replica's state reflected
     assert min(m.position.offset for m in got_b if m.position is not None) == 25
     assert broker.committed(group, topic, key[1]) is not None and broker.committed(group, topic, key[1]) >= 25
+
+
+def confirm(source: ConfluentSource, offsets: Mapping[Partition, int], timeout: float = 15) -> None:
+    """Poll (the commit's answer comes inside a poll) until ``commit`` says the broker confirmed ``offsets``."""
+    wait_until(lambda: source.commit(offsets) or bool(source.poll(0.1)) and False, timeout=timeout,
+               message=f"commit of {dict(offsets)} confirmed")
+
+
+@pytest.mark.slow
+def test_a_commit_the_coordinator_leaves_unanswered_holds_nothing_and_reads_as_down(tmp_path: Path) -> None:
+    """librdkafka's synchronous commit waits for a coordinator that accepts connections and never
+    answers for good (seen here: over 40 s with a 10 s request timeout). The source commits
+    asynchronously: polls go on, and ``up`` reads down until a commit is answered again."""
+    proxy_port = free_port()
+    broker = Broker(advertised_port=proxy_port).start()
+    proxy = TcpProxy(broker.port, port=proxy_port).start()
+    source: ConfluentSource | None = None
+    try:
+        topic, group = "emb-held-commit", "held"
+        broker.create_topics(topic, partitions=1)
+        produce(broker, topic, 5)
+        settings = load_settings(overrides=kafka_daemon_overrides(
+            broker, topic, group, tmp_path / "state", client="confluent",
+            kafka={"bootstrap_servers": f"127.0.0.1:{proxy_port}", "librdkafka": {"socket.timeout.ms": 10_000}}))
+        source = ConfluentSource(settings.kafka)
+        source.set_listener(Recorder())
+        source.start()
+        last = offsets(poll_until(source, 5))[-1]
+        confirm(source, {(topic, 0): last - 1})
+        assert source.up
+        proxy.black_hole()  # connections stay open, new ones are accepted, and nothing comes back
+        started = time.monotonic()
+        assert source.commit({(topic, 0): last}) is False  # sent, not confirmed
+        slowest, down_at = 0.0, None
+        while time.monotonic() - started < COMMIT_TIMEOUT_SECONDS + 6:
+            before = time.monotonic()
+            source.commit({(topic, 0): last})  # the poll thread asks again each turn, as the replica does
+            source.poll(0.2)
+            slowest = max(slowest, time.monotonic() - before)
+            if down_at is None and not source.up:
+                down_at = time.monotonic() - started
+        assert slowest < 1.5, f"a poll turn took {slowest:.1f}s: the commit held the poll thread"
+        assert down_at is not None and down_at >= COMMIT_TIMEOUT_SECONDS, down_at
+        assert not source.up
+        proxy.fill()
+        confirm(source, {(topic, 0): last}, timeout=30)
+        wait_until(lambda: source.up or bool(source.poll(0.1)) and False, timeout=15, message="up again")
+        assert broker.committed(group, topic) == last + 1
+    finally:
+        if source is not None:
+            source.close()
+        proxy.stop()
+        broker.stop()
 
 
 @pytest.mark.slow  # the fast tier runs one client (kafka-python)

@@ -102,3 +102,26 @@ def test_a_producer_that_never_connected_leaves_no_socket_open() -> None:
     assert run.returncode == 0, run.stderr[-3000:]
     assert "ResourceWarning" not in run.stderr, run.stderr[-3000:]
     assert run.stdout.strip() == "0", run.stderr[-3000:]
+
+
+def test_a_producer_connection_with_bytes_still_to_send_is_closed_with_it(broker: Broker) -> None:
+    """kafka-python's transport defers closing its socket until its write buffer is flushed, by the
+    loop the producer's close ends: the socket stayed open for the collector. Closed with the producer."""
+    import gc
+    import warnings
+
+    producer = new_producer({"bootstrap_servers": broker.bootstrap, "client_id": "close-unflushed"})
+    broker.create_topics("unflushed")
+    producer.send("unflushed", b"delivered").get(timeout=30)
+    conns = list(producer._sender._client._manager._conns.values())  # type: ignore[attr-defined]
+    transports = [c.transport for c in conns if getattr(c, "transport", None) is not None]
+    assert transports
+    for transport in transports:  # as if the kernel's send buffer was full when the close came
+        transport._write_buffer.append(b"\0" * 64)
+    sockets = [t._sock for t in transports]
+    close_producer(producer, timeout=2)
+    assert all(s.fileno() == -1 for s in sockets), "every socket closed with the producer"
+    del producer, conns, transports, sockets
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        gc.collect()

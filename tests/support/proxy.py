@@ -99,5 +99,14 @@ class TcpProxy:
         """From now on forward nothing, either way, on open connections and new ones alike."""
         self._holed.set()
 
+    def fill(self) -> None:
+        """End the black hole: its connections are closed (clients reconnect) and new ones are forwarded."""
+        self._holed.clear()
+        with self._lock:
+            sockets = list(self._sockets)
+        for s in sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
     def stop(self) -> None:
         self.cut()

@@ -14,10 +14,7 @@ from one set of options. The librdkafka source builds its consumer in :mod:`moni
 
 from __future__ import annotations
 
-import gc
-import socket
 import time
-import types
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, overload
 
@@ -125,6 +122,7 @@ def close_producer(producer: Producer, timeout: float) -> None:
     as a close that cannot wait means) and joined, and the close finished. librdkafka's producer
     has no such thread of ours to stop."""
     deadline = time.monotonic() + timeout  # the whole close, the forced part included
+    transports = internals.client_transports(getattr(getattr(producer, "_sender", None), "_client", None))
     try:
         producer.close(timeout=timeout)
     except KafkaError:
@@ -137,37 +135,13 @@ def close_producer(producer: Producer, timeout: float) -> None:
         sender = getattr(producer, "_sender", None)
         if sender is not None and sender.is_alive():
             sender.join(max(THREAD_END_SECONDS, deadline - time.monotonic()))
+        internals.close_sockets(transports)
         return
     sender.force_close()
     sender.join(max(THREAD_END_SECONDS, deadline - time.monotonic()))
     producer.close(timeout=0)  # the aborted records are done now: the flush passes, the rest is released
-    net = getattr(getattr(sender, "_client", None), "_net", None)  # its selector, which each attempt names
-    if net is not None:
-        _close_abandoned_connects(net)
-
-
-def _close_abandoned_connects(net: object) -> None:
-    """Close the sockets of the connection attempts kafka-python's closed client abandoned.
-
-    A client closed while it is connecting (to a broker that is gone, it reconnects every few
-    hundred milliseconds) drops the attempt with its socket still open: the socket is a local of
-    ``KafkaNetSocket.sock_connect``, whose frame a coroutine left suspended or an exception's
-    traceback keeps (a log record or a failed future of that client holds the exception), and it is
-    closed only when the last of them goes, by the collector at the earliest. Closed here instead, the
-    attempts of this client's selector ``net`` only (another client's may be connecting now): a scan
-    of the collector's objects, on this rare path only (a producer that could not deliver)."""
-    from kafka.net.inet import KafkaNetSocket
-
-    code = KafkaNetSocket.sock_connect.__code__
-    for thing in gc.get_objects():
-        # type(), not isinstance(): a weak proxy whose object is gone (kafka-python's cluster metadata
-        # keeps one of a dropped client's connection manager) raises ReferenceError when asked its class
-        kind = type(thing)
-        frame = thing.cr_frame if kind is types.CoroutineType else thing if kind is types.FrameType else None
-        if frame is not None and frame.f_code is code and frame.f_locals.get("net") is net:
-            sock = frame.f_locals.get("sock")
-            if isinstance(sock, socket.socket):
-                sock.close()
+    internals.close_sockets(transports)
+    internals.close_abandoned_sockets(getattr(sender, "_client", None))
 
 
 def _honour_auto_create(client: KafkaConsumer | KafkaProducer, config: Mapping[str, Any]) -> None:

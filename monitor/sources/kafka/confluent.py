@@ -43,6 +43,13 @@ from monitor.tally import Tally
 logger = logging.getLogger(__name__)
 
 QUERY_TIMEOUT_SECONDS = 5.0  # committed offsets, watermarks: a request to the broker each
+# Commits are asynchronous: librdkafka's synchronous commit waits for the group coordinator with no
+# bound of its own (a coordinator that accepts connections and never answers held it for good), and
+# the poll thread, whose ``consume`` serves the error and statistics callbacks, would wait with it.
+# A commit unanswered this long is given up (the next one carries the same offsets or later ones), and
+# the source reads as down until a commit is answered again: kafka-python's commits have the same bound.
+COMMIT_TIMEOUT_SECONDS = 3.0
+COMMIT_RETRY_SECONDS = 1.0  # after a commit failed, the wait before the offsets it carried are sent again
 # What one poll hands the daemon, in bytes of values, at most (about): librdkafka's consume returns
 # up to max_poll_records messages from its prefetch queue whatever their size, and the daemon queues
 # ~10 polls, so 2,000 binary batches of 256 x 384 floats (786 MB) would be one poll (the first poll of
@@ -128,6 +135,12 @@ class ConfluentSource(ConsumerReadings):
         self._stale_high: dict[Partition, int] = {}  # the cached high watermarks at assignment (not evidence)
         self._committed_lock = threading.Lock()
         self._committed: dict[Partition, int] = {}
+        # the commit under way: per partition the offset sent and the last offset it commits
+        self._in_flight: dict[Partition, tuple[int, int]] = {}
+        self._in_flight_since: float | None = None  # when it was sent (monotonic)
+        self._unanswered_since: float | None = None  # the first commit since the last answer (monotonic)
+        self._wanted: dict[Partition, int] = {}  # offsets asked for and not confirmed yet: sent until they are
+        self._retry_at = 0.0  # no commit is sent before (monotonic): a failed one waits COMMIT_RETRY_SECONDS
         self._errors: Tally[str] = Tally()
         self._resets: Tally[str] = Tally()
         self._topic_ids: dict[str, str] = {}
@@ -146,6 +159,7 @@ class ConfluentSource(ConsumerReadings):
         config = librdkafka_config(self.settings)
         config["error_cb"] = self._on_error
         config["stats_cb"] = self._on_stats
+        config["on_commit"] = self._on_commit
         try:
             consumer = Consumer(config)
         except (KafkaException, ValueError, TypeError) as exc:
@@ -314,8 +328,11 @@ class ConfluentSource(ConsumerReadings):
                 self._commit_now(consumer, offsets, log="commit on revocation failed (%s); the next owner resumes "
                                                         "from the last commit")
             for key in keys:
-                for kept in (self._polled, self._pending_commit, self._unverified, self._held_commits):
+                for kept in (self._polled, self._pending_commit, self._unverified, self._held_commits,
+                             self._wanted, self._in_flight):
                     kept.pop(key, None)
+            if not self._in_flight:
+                self._in_flight_since = None  # an answer for the partitions gone is not waited for
         self._assigned -= set(keys)  # confluent-kafka unassigns when the callback returns
 
     # ------------------------------------------------------------------ polling
@@ -361,6 +378,8 @@ class ConfluentSource(ConsumerReadings):
         if self._pending_commit:
             pending, self._pending_commit = self._pending_commit, {}
             self.commit(pending)
+        if self._wanted:
+            self._send_wanted(consumer)
         self._maybe_refresh_lag(consumer)
         return messages
 
@@ -406,25 +425,99 @@ class ConfluentSource(ConsumerReadings):
     # ------------------------------------------------------------------ commits
     def commit(self, offsets: Mapping[Partition, int]) -> bool:
         """Commit "state reflects up to and including" ``offsets`` for partitions assigned to us
-        (others are skipped: committing them could move the group backwards under their new owner)."""
+        (others are skipped: committing them could move the group backwards under their new owner).
+
+        True once the broker has confirmed every one of them. Otherwise False: they are sent (at once,
+        or after the commit under way), answered inside a later ``poll``, and sent again after a
+        failure until confirmed or replaced by later offsets. A caller that needs the confirmation
+        asks again, as the replica's publish-then-commit protocol does."""
         consumer = self._consumer
         if consumer is None:
             return not offsets
-        with self._committed_lock:
-            todo = {k: o for k, o in offsets.items()
-                    if k in self._assigned and k not in self._unverified and self._committed.get(k) != o}
+        todo = self._unconfirmed(offsets)
         if not todo:
             return True
-        return self._commit_now(consumer, todo, log="offset commit failed (%s); will retry with the next commit")
+        self._wanted.update(todo)
+        self._send_wanted(consumer)
+        return False
+
+    def _unconfirmed(self, offsets: Mapping[Partition, int]) -> dict[Partition, int]:
+        with self._committed_lock:
+            return {k: o for k, o in offsets.items()
+                    if k in self._assigned and k not in self._unverified and self._committed.get(k) != o}
+
+    def _send_wanted(self, consumer: Consumer) -> None:
+        """Send an asynchronous commit of what is wanted, unless one is under way (given up past
+        COMMIT_TIMEOUT_SECONDS) or a failure's retry wait runs."""
+        now = time.monotonic()
+        if self._in_flight_since is not None:
+            if now - self._in_flight_since <= COMMIT_TIMEOUT_SECONDS:
+                return  # one at a time: its answer comes inside a later poll
+            logger.warning("an offset commit was not answered within %.0fs; sending the next one",
+                           COMMIT_TIMEOUT_SECONDS)
+            self._in_flight, self._in_flight_since = {}, None
+        if now < self._retry_at:
+            return
+        self._wanted = self._unconfirmed(self._wanted)
+        if not self._wanted:
+            return
+        sent = {(t, p): (self._next_offset(consumer, t, p, o), o) for (t, p), o in self._wanted.items()}
+        try:
+            consumer.commit(offsets=[TopicPartition(t, p, n) for (t, p), (n, _) in sent.items()], asynchronous=True)
+        except KafkaException as exc:
+            # Not fatal: sent again after the retry wait; a restart resumes from the checkpoint.
+            logger.warning("offset commit failed (%s); retrying in %.0fs", exc, COMMIT_RETRY_SECONDS)
+            self._retry_at = now + COMMIT_RETRY_SECONDS
+            return
+        self._in_flight, self._in_flight_since = sent, now
+        if self._unanswered_since is None:
+            self._unanswered_since = now
+
+    def _on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """librdkafka's answer to a commit (served inside ``consume``, or ``close``); a synchronous
+        commit's answer comes here too, later, and matches nothing under way."""
+        self._unanswered_since = None  # the coordinator answered, whatever it said
+        confirmed: dict[Partition, int] = {}
+        for tp in partitions:
+            key = (tp.topic, tp.partition)
+            sent = self._in_flight.get(key)
+            if sent is not None and sent[0] == tp.offset:
+                del self._in_flight[key]
+                if error is None and tp.error is None:
+                    confirmed[key] = sent[1]
+        if not self._in_flight:
+            self._in_flight_since = None
+        if error is not None or any(tp.error is not None for tp in partitions):
+            # Not fatal: sent again after the retry wait; a restart resumes from the checkpoint.
+            reason = error or next((tp.error for tp in partitions if tp.error is not None), None)
+            logger.warning("offset commit failed (%s); retrying in %.0fs", reason, COMMIT_RETRY_SECONDS)
+            self._retry_at = time.monotonic() + COMMIT_RETRY_SECONDS
+        if confirmed:
+            self._up = True
+            with self._committed_lock:
+                self._committed.update(confirmed)
+            for key, offset in confirmed.items():
+                if self._wanted.get(key) == offset:
+                    del self._wanted[key]
 
     def _commit_now(self, consumer: Consumer, offsets: Mapping[Partition, int], log: str) -> bool:
+        """A synchronous commit, on revocation only: the partitions' next owner must find it. Read as down
+        while it waits past COMMIT_TIMEOUT_SECONDS (the poll thread waits with it)."""
         payload = [TopicPartition(t, p, self._next_offset(consumer, t, p, o)) for (t, p), o in offsets.items()]
+        started = time.monotonic()
+        if self._unanswered_since is None:
+            self._unanswered_since = started
         try:
             consumer.commit(offsets=payload, asynchronous=False)
         except KafkaException as exc:
-            # Not fatal: the next commit carries later offsets; a restart resumes from the checkpoint.
+            # Not fatal: the next owner resumes from the last commit; a restart from the checkpoint.
             logger.warning(log, exc)
             return False
+        finally:
+            self._unanswered_since = None  # answered, whatever it said
+            if time.monotonic() - started > COMMIT_TIMEOUT_SECONDS:
+                logger.warning("an offset commit on revocation held the poll thread for %.1fs",
+                               time.monotonic() - started)
         self._up = True
         with self._committed_lock:
             self._committed.update(offsets)
@@ -502,4 +595,6 @@ class ConfluentSource(ConsumerReadings):
 
     @property
     def up(self) -> bool:
-        return self._up
+        """Connected, and no commit has waited for an answer longer than COMMIT_TIMEOUT_SECONDS."""
+        since = self._unanswered_since
+        return self._up and (since is None or time.monotonic() - since <= COMMIT_TIMEOUT_SECONDS)

@@ -37,7 +37,10 @@ that moves one fails a test rather than a rebalance.
 
 from __future__ import annotations
 
+import gc
 import logging
+import socket
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +104,7 @@ def close_consumer(consumer: KafkaConsumer, timeout_ms: int | None = None) -> No
     and selector stay open until the garbage collector finds them. Closing the client again after a
     clean close does nothing. The close's own exception propagates.
     """
+    transports = client_transports(getattr(consumer, "_client", None))
     try:
         consumer.close(autocommit=False, timeout_ms=timeout_ms)
     finally:
@@ -110,6 +114,65 @@ def close_consumer(consumer: KafkaConsumer, timeout_ms: int | None = None) -> No
                 client.close()
             except Exception:  # closing what is left; the first error is the one to report
                 logger.debug("closing the Kafka consumer's network client", exc_info=True)
+        close_sockets(transports)
+
+
+def client_transports(client: object) -> list[Any]:
+    """The transports of a kafka-python network client's connections, taken before it is closed.
+
+    A transport whose close comes while it still has bytes to send defers closing its socket until
+    the selector has flushed them, and the client's close ends the selector's loop: the socket then
+    stays open for the collector (a ``ResourceWarning`` in whichever later code collects).
+    :func:`close_sockets` closes them after the client's close."""
+    conns = getattr(getattr(client, "_manager", None), "_conns", None)
+    if not isinstance(conns, dict):
+        return []
+    return [t for t in (getattr(c, "transport", None) for c in list(conns.values())) if t is not None]
+
+
+def close_sockets(transports: list[Any]) -> None:
+    """Close the sockets of ``transports`` that their closed client left open (:func:`client_transports`)."""
+    for transport in transports:
+        sock = getattr(transport, "_sock", None)
+        if isinstance(sock, socket.socket):
+            sock.close()
+
+
+def close_abandoned_sockets(client: object) -> None:
+    """Close the sockets a closed kafka-python network client ``client`` abandoned, wherever they are.
+
+    Two kinds outlive kafka-python 3.0's close, closed only when the collector finds them:
+
+    * a connection attempt under way: its socket is a local of ``KafkaNetSocket.sock_connect``,
+      whose frame a suspended coroutine or an exception's traceback keeps (a log record or a failed
+      future of that client holds the exception);
+    * a connection whose transport still had bytes to send (:func:`client_transports`), including
+      one the client had dropped already.
+
+    Found by a scan of the collector's objects for those of this client's selector only (another
+    client's may be connecting now): 60 ms with the test suite's imports, so on a rare path only (a
+    producer that could not deliver)."""
+    net = getattr(client, "_net", None)
+    if net is None:
+        return
+    from kafka.net.inet import KafkaNetSocket
+    from kafka.net.transport import KafkaTCPTransport
+
+    code = KafkaNetSocket.sock_connect.__code__
+    for thing in gc.get_objects():
+        # type(), not isinstance(): a weak proxy whose object is gone (kafka-python's cluster metadata
+        # keeps one of a dropped client's connection manager) raises ReferenceError when asked its class
+        kind = type(thing)
+        if kind is types.CoroutineType or kind is types.FrameType:
+            frame = thing.cr_frame if kind is types.CoroutineType else thing
+            if frame is not None and frame.f_code is code and frame.f_locals.get("net") is net:
+                sock = frame.f_locals.get("sock")
+                if isinstance(sock, socket.socket):
+                    sock.close()
+        elif issubclass(kind, KafkaTCPTransport) and thing._net is net:
+            sock = thing._sock
+            if isinstance(sock, socket.socket):
+                sock.close()
 
 
 def close_failed_connect_sockets() -> None:
