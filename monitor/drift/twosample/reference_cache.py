@@ -9,9 +9,10 @@ the tests depend on the reference rows alone:
   MMD needs (its median bandwidth, its witness and its statistic,
   :func:`monitor.drift.twosample.mmd.heldout_mmd_from_gram`). Kept only while
   ``n ≤`` :data:`MAX_GRAM_ROWS` (32 MB at 2,048 rows); above it the tests compute as before.
-- ``scatter`` and ``total``: ``Rᵀ R`` (``d × d``) and the column sums, the reference's share of
-  the pooled scatter matrix whose top eigenvectors are the KS test's ``pca_pooled`` basis
-  (:class:`monitor.drift.twosample.spectrum.PooledScatter`).
+- ``scatter`` and ``total``: ``(R - r̄)ᵀ (R - r̄)`` (``d × d``, centred on the reference's own
+  mean, so that a column with a large offset loses no precision to cancellation) and the column
+  sums, the reference's share of the pooled scatter matrix whose top eigenvectors are the KS
+  test's ``pca_pooled`` basis (:class:`monitor.drift.twosample.spectrum.PooledScatter`).
 - ``mean``, ``centred_rows``, ``centred_squared_norms``: the reference mean, and the float64
   rows less it and their squared norms.
 
@@ -45,9 +46,9 @@ class ReferenceCache:
             raise ValueError(f"a reference sample is 2-D (rows, dim); got shape {rows.shape}")
         self.size = len(rows)
         self.total = rows.sum(axis=0)
-        self.scatter = rows.T @ rows
         self.mean = self.total / max(self.size, 1)
         self.centred_rows = rows - self.mean  # pairwise distances unchanged, dot products small
+        self.scatter = self.centred_rows.T @ self.centred_rows
         self.max_gram_rows = max_gram_rows
 
     @staticmethod

@@ -135,8 +135,11 @@ class PooledScatter:
     """The pooled rows of a window ``x`` (m, d) and a reference ``y`` (n, d): mean, centred scatter, top eigenpairs.
 
     The scatter is ``Σ (z - z̄)(z - z̄)ᵀ`` over the ``m + n`` pooled rows, in float64. With
-    ``reference`` (the cached pieces of ``y``) it is ``Xᵀ X + Yᵀ Y - N z̄ z̄ᵀ`` and the reference's
-    share is not recomputed.
+    ``reference`` (the cached pieces of ``y``, its scatter ``S_y`` about its own mean ``ȳ``) it is
+    ``(X - ȳ)ᵀ (X - ȳ) + S_y - N s sᵀ`` with ``s = z̄ - ȳ``, and the reference's share is not
+    recomputed. Every term is about ``ȳ``, not the origin: ``Xᵀ X + Yᵀ Y - N z̄ z̄ᵀ`` lost the
+    spread of a column with an offset of 10⁸ to cancellation (an analytic p-value of 0.63 where
+    the direct computation gives 0.83).
 
     Examples
     --------
@@ -159,8 +162,10 @@ class PooledScatter:
             centred = data - self.mean
             self.scatter = centred.T @ centred
         else:
-            self.mean = (x.sum(axis=0) + reference.total) / self.size
-            self.scatter = x.T @ x + reference.scatter - self.size * np.outer(self.mean, self.mean)
+            shifted = x - reference.mean
+            shift = shifted.sum(axis=0) / self.size
+            self.mean = reference.mean + shift
+            self.scatter = shifted.T @ shifted + reference.scatter - self.size * np.outer(shift, shift)
         self._top: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         # (rows x, rows y, width) -> their coordinates; the rows are kept so their ids stay theirs
         self._projected: list[tuple[np.ndarray, np.ndarray, int, np.ndarray, np.ndarray]] = []
