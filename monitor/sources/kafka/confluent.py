@@ -17,7 +17,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -46,10 +46,14 @@ QUERY_TIMEOUT_SECONDS = 5.0  # committed offsets, watermarks: a request to the b
 # Commits are asynchronous: librdkafka's synchronous commit waits for the group coordinator with no
 # bound of its own (a coordinator that accepts connections and never answers held it for good), and
 # the poll thread, whose ``consume`` serves the error and statistics callbacks, would wait with it.
-# A commit unanswered this long is given up (the next one carries the same offsets or later ones), and
-# the source reads as down until a commit is answered again: kafka-python's commits have the same bound.
+# One commit is under way at a time, never given up: librdkafka keeps a commit it could not send and
+# sends it after a reconnect, after any newer one, which moved the group backwards when an
+# unanswered commit was followed by another. The source reads as down while a commit has waited for
+# its answer longer than this (kafka-python's commits are bounded at 3 s: the same bound).
 COMMIT_TIMEOUT_SECONDS = 3.0
+CLOSE_FLUSH_SECONDS = 1.5  # at close, the longest wait for a commit's answer before the last one is sent
 COMMIT_RETRY_SECONDS = 1.0  # after a commit failed, the wait before the offsets it carried are sent again
+LAG_QUERY_BUDGET_SECONDS = 1.0  # one lag refresh's listings of partition ends, all partitions together
 # What one poll hands the daemon, in bytes of values, at most (about): librdkafka's consume returns
 # up to max_poll_records messages from its prefetch queue whatever their size, and the daemon queues
 # ~10 polls, so 2,000 binary batches of 256 x 384 floats (786 MB) would be one poll (the first poll of
@@ -150,6 +154,7 @@ class ConfluentSource(ConsumerReadings):
         self._started_at: float | None = None
         # messages per consume, cut to about POLL_BYTES by the sizes seen (a few until a size is seen)
         self._batch = min(16, settings.max_poll_records)
+        self._lag_turn = 0  # the partition whose end the next lag refresh lists first
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -177,17 +182,42 @@ class ConfluentSource(ConsumerReadings):
         return str(libversion()[0])
 
     def close(self) -> None:
-        """Leave the group and close within ``CLOSE_TIMEOUT_SECONDS`` (abandoned past it, logged)."""
+        """Send the offsets still wanted, leave the group and close, within ``CLOSE_TIMEOUT_SECONDS``
+        (abandoned past it, logged)."""
         consumer, self._consumer, self._up = self._consumer, None, False
         if consumer is not None:
             close_in_time(lambda: self._close(consumer))
 
-    @staticmethod
-    def _close(consumer: Consumer) -> None:
+    def _close(self, consumer: Consumer) -> None:
+        self._send_last(consumer, time.monotonic() + CLOSE_FLUSH_SECONDS)
         try:
-            consumer.close()
+            consumer.close()  # waits for the commits under way
         except (KafkaException, RuntimeError) as exc:
             logger.warning("error closing the Kafka consumer: %s", exc)
+
+    def _send_last(self, consumer: Consumer, deadline: float) -> None:
+        """Send the offsets still wanted before the close, after the answer to the commit under way,
+        and not past ``deadline``. Only a poll serves that answer: fetching is paused first, so the
+        poll returns no record (one returned and dropped would move the position a commit reads)."""
+        try:
+            paused = False
+            while time.monotonic() < deadline:
+                wanted = self._unconfirmed(self._wanted)
+                if not wanted:
+                    return
+                self._retry_at = 0.0
+                self._send_wanted(consumer)
+                if self._in_flight_since is not None and all(
+                        self._in_flight.get(key, (0, None))[1] == offset for key, offset in wanted.items()):
+                    return  # under way: the close waits for its answer
+                if not paused:
+                    consumer.pause(consumer.assignment())
+                    paused = True
+                for message in consumer.consume(1, 0.05):
+                    if message.error() is None:  # paused: none expected; never applied, never committed past
+                        logger.warning("a record polled while closing was dropped: %s", message.offset())
+        except (KafkaException, RuntimeError) as exc:
+            logger.warning("could not send the last offsets before closing: %s", exc)
 
     def _on_stats(self, stats: str) -> None:
         """librdkafka's statistics (served inside ``consume``): up while any broker connection is."""
@@ -417,7 +447,7 @@ class ConfluentSource(ConsumerReadings):
         self._forget_committed({key: target})
         self._pending_commit[key] = target - 1
 
-    def _forget_committed(self, keys: Mapping[Partition, int]) -> None:
+    def _forget_committed(self, keys: Iterable[Partition]) -> None:
         with self._committed_lock:
             for key in keys:
                 self._committed.pop(key, None)
@@ -427,9 +457,10 @@ class ConfluentSource(ConsumerReadings):
         """Commit "state reflects up to and including" ``offsets`` for partitions assigned to us
         (others are skipped: committing them could move the group backwards under their new owner).
 
-        True once the broker has confirmed every one of them. Otherwise False: they are sent (at once,
-        or after the commit under way), answered inside a later ``poll``, and sent again after a
-        failure until confirmed or replaced by later offsets. A caller that needs the confirmation
+        True once the broker has confirmed every one of them that is assigned here and verified (the
+        others are skipped). Otherwise False: they are sent (at once, or after the commit under way),
+        answered inside a later ``poll``, and sent again after a failure until confirmed or replaced
+        by later offsets; ``close`` sends what is still wanted. A caller that needs the confirmation
         asks again, as the replica's publish-then-commit protocol does."""
         consumer = self._consumer
         if consumer is None:
@@ -447,17 +478,10 @@ class ConfluentSource(ConsumerReadings):
                     if k in self._assigned and k not in self._unverified and self._committed.get(k) != o}
 
     def _send_wanted(self, consumer: Consumer) -> None:
-        """Send an asynchronous commit of what is wanted, unless one is under way (given up past
-        COMMIT_TIMEOUT_SECONDS) or a failure's retry wait runs."""
+        """Send an asynchronous commit of what is wanted, unless one is under way or a failure's retry wait runs."""
         now = time.monotonic()
-        if self._in_flight_since is not None:
-            if now - self._in_flight_since <= COMMIT_TIMEOUT_SECONDS:
-                return  # one at a time: its answer comes inside a later poll
-            logger.warning("an offset commit was not answered within %.0fs; sending the next one",
-                           COMMIT_TIMEOUT_SECONDS)
-            self._in_flight, self._in_flight_since = {}, None
-        if now < self._retry_at:
-            return
+        if self._in_flight_since is not None or now < self._retry_at:
+            return  # one at a time (its answer comes inside a later poll), or a failure's wait runs
         self._wanted = self._unconfirmed(self._wanted)
         if not self._wanted:
             return
@@ -478,6 +502,7 @@ class ConfluentSource(ConsumerReadings):
         commit's answer comes here too, later, and matches nothing under way."""
         self._unanswered_since = None  # the coordinator answered, whatever it said
         confirmed: dict[Partition, int] = {}
+        stale: list[Partition] = []
         for tp in partitions:
             key = (tp.topic, tp.partition)
             sent = self._in_flight.get(key)
@@ -485,6 +510,8 @@ class ConfluentSource(ConsumerReadings):
                 del self._in_flight[key]
                 if error is None and tp.error is None:
                     confirmed[key] = sent[1]
+            elif error is None and tp.error is None:
+                stale.append(key)  # another commit's (the revocation's): the broker holds its offset now
         if not self._in_flight:
             self._in_flight_since = None
         if error is not None or any(tp.error is not None for tp in partitions):
@@ -492,6 +519,8 @@ class ConfluentSource(ConsumerReadings):
             reason = error or next((tp.error for tp in partitions if tp.error is not None), None)
             logger.warning("offset commit failed (%s); retrying in %.0fs", reason, COMMIT_RETRY_SECONDS)
             self._retry_at = time.monotonic() + COMMIT_RETRY_SECONDS
+        if stale:
+            self._forget_committed(stale)  # asked for again, the offsets wanted are sent again
         if confirmed:
             self._up = True
             with self._committed_lock:
@@ -553,33 +582,62 @@ class ConfluentSource(ConsumerReadings):
 
     # ------------------------------------------------------------------ lag, progress, counters
     def _maybe_refresh_lag(self, consumer: Consumer) -> None:
+        """Records behind each topic's end, every LAG_REFRESH_SECONDS, on the poll thread: the ends are
+        listed within LAG_QUERY_BUDGET_SECONDS for all partitions together, starting with another
+        partition each time, and taken from what the fetches saw for the rest, or while the broker
+        is not answering (a listing waited 5 s a partition, and the poll thread with it)."""
         if not self._assigned or not self._lag.due():
             return
-        partitions = [TopicPartition(*key) for key in sorted(self._assigned)]
+        keys = sorted(self._assigned)
         try:
-            positions = {(tp.topic, tp.partition): tp.offset for tp in consumer.position(partitions)}
-            ends = {key: self._end(consumer, TopicPartition(*key)) for key in positions}
+            held = consumer.position([TopicPartition(*key) for key in keys])
+            positions = {(tp.topic, tp.partition): tp.offset for tp in held}
         except KafkaException:
             return
-        self._up = True  # the broker answered
+        start = self._lag_turn % len(keys)
+        self._lag_turn += 1
+        deadline = time.monotonic() + LAG_QUERY_BUDGET_SECONDS
+        listing, answered = self.up, False
+        ends: dict[Partition, int] = {}
+        for key in keys[start:] + keys[:start]:
+            tp = TopicPartition(*key)
+            listed = -1
+            remaining = deadline - time.monotonic()
+            if listing and remaining > 0:
+                try:
+                    listed = consumer.get_watermark_offsets(tp, timeout=remaining, cached=False)[1]
+                    answered = True
+                except KafkaException:
+                    listing = False  # not answered in time: the rest from what the fetches saw
+            try:
+                seen = consumer.get_watermark_offsets(tp, cached=True)[1]  # tansu lists less than it fetches
+            except KafkaException:
+                seen = -1
+            if max(listed, seen) >= 0:
+                ends[key] = int(max(listed, seen))
+        if answered:
+            self._up = True  # the broker answered
         applied = self.listener.applied_offsets()
         lag: dict[str, int] = {}
-        for key, end in ends.items():
-            position = positions[key]
+        unknown: set[str] = set()
+        for key in keys:
+            position, end = positions[key], ends.get(key)
             if position < 0:  # nothing consumed yet: the start position, when known
                 polled = self._polled.get(key)
                 position = polled[1] + 1 if polled is not None else applied.get(key, -2) + 1
                 if position < 0:
                     continue
+            if end is None:
+                unknown.add(key[0])
+                continue
             lag[key[0]] = lag.get(key[0], 0) + records_behind(end, position, self._polled.get(key), applied.get(key))
+        previous = self._lag.lag or {}
+        for topic in unknown:  # a topic with a partition of unknown end keeps its last reading
+            lag.pop(topic, None)
+            if topic in previous:
+                lag[topic] = previous[topic]
         self._lag.record(lag)
         self._note_progress(lag, applied)
-
-    @staticmethod
-    def _end(consumer: Consumer, tp: TopicPartition) -> int:
-        """The partition's end: listed, or as the last fetch saw it when further (tansu lists less)."""
-        listed = consumer.get_watermark_offsets(tp, timeout=QUERY_TIMEOUT_SECONDS, cached=False)[1]
-        return int(max(listed, consumer.get_watermark_offsets(tp, cached=True)[1]))
 
     def error_counts(self) -> dict[str, int]:
         return {**dict.fromkeys(ERROR_REASONS, 0), **self._errors.snapshot()}
