@@ -33,3 +33,4 @@ def test_the_check_can_be_turned_off_and_the_profile_is_still_checked(tmp_path: 
 
     assert done.returncode == 2
     assert "usage: scripts/setup" in done.stderr
+    assert not (tmp_path / "venv").exists()  # refused before anything was made
