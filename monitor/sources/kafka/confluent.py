@@ -155,6 +155,9 @@ class ConfluentSource(ConsumerReadings):
         # messages per consume, cut to about POLL_BYTES by the sizes seen (a few until a size is seen)
         self._batch = min(16, settings.max_poll_records)
         self._lag_turn = 0  # the partition whose end the next lag refresh lists first
+        # where each assigned partition started: an offset, or the policy until the log is listed; the lag
+        # counts from it while nothing was consumed there (librdkafka's position is -1001 until then)
+        self._starts: dict[Partition, int | str] = {}
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -263,6 +266,7 @@ class ConfluentSource(ConsumerReadings):
                 position = committed
             if position is None:
                 logger.info("partition %s: %s", key, start_reason(None, self.policy))
+                self._starts[key] = self.policy
                 starts.append(TopicPartition(*key, OFFSET_BEGINNING if self.policy == "earliest" else OFFSET_END))
                 continue
             self._unverified[key] = position
@@ -274,6 +278,7 @@ class ConfluentSource(ConsumerReadings):
                 logger.info("partition %s: %s", key, start_reason(committed, self.policy))
             if committed is None or position > committed:
                 self._held_commits[key] = position - 1  # for visibility (the group's lag), once verified
+            self._starts[key] = position
             starts.append(TopicPartition(*key, position))
         self._assigned = set(keys)
         for key in keys:
@@ -359,7 +364,7 @@ class ConfluentSource(ConsumerReadings):
                                                         "from the last commit")
             for key in keys:
                 for kept in (self._polled, self._pending_commit, self._unverified, self._held_commits,
-                             self._wanted, self._in_flight):
+                             self._wanted, self._in_flight, self._starts):
                     kept.pop(key, None)
             if not self._in_flight:
                 self._in_flight_since = None  # an answer for the partitions gone is not waited for
@@ -443,6 +448,7 @@ class ConfluentSource(ConsumerReadings):
         self._unverified.pop(key, None)
         self._held_commits.pop(key, None)
         self._polled.pop(key, None)
+        self._starts[key] = target
         self.listener.on_reset({key: target})
         self._forget_committed({key: target})
         self._pending_commit[key] = target - 1
@@ -599,22 +605,26 @@ class ConfluentSource(ConsumerReadings):
         deadline = time.monotonic() + LAG_QUERY_BUDGET_SECONDS
         listing, answered = self.up, False
         ends: dict[Partition, int] = {}
+        lows: dict[Partition, int] = {}
         for key in keys[start:] + keys[:start]:
             tp = TopicPartition(*key)
-            listed = -1
+            listed = (-1, -1)
             remaining = deadline - time.monotonic()
             if listing and remaining > 0:
                 try:
-                    listed = consumer.get_watermark_offsets(tp, timeout=remaining, cached=False)[1]
+                    listed = consumer.get_watermark_offsets(tp, timeout=remaining, cached=False)
                     answered = True
                 except KafkaException:
                     listing = False  # not answered in time: the rest from what the fetches saw
             try:
-                seen = consumer.get_watermark_offsets(tp, cached=True)[1]  # tansu lists less than it fetches
+                seen = consumer.get_watermark_offsets(tp, cached=True)  # tansu lists less than it fetches
             except KafkaException:
-                seen = -1
-            if max(listed, seen) >= 0:
-                ends[key] = int(max(listed, seen))
+                seen = (-1, -1)
+            if max(listed[1], seen[1]) >= 0:
+                ends[key] = int(max(listed[1], seen[1]))
+            low = listed[0] if listed[0] >= 0 else seen[0]
+            if low is not None and low >= 0:
+                lows[key] = int(low)
         if answered:
             self._up = True  # the broker answered
         applied = self.listener.applied_offsets()
@@ -622,11 +632,12 @@ class ConfluentSource(ConsumerReadings):
         unknown: set[str] = set()
         for key in keys:
             position, end = positions[key], ends.get(key)
-            if position < 0:  # nothing consumed yet: the start position, when known
-                polled = self._polled.get(key)
-                position = polled[1] + 1 if polled is not None else applied.get(key, -2) + 1
-                if position < 0:
+            if position < 0:  # nothing consumed since the assignment
+                counted_from = self._unconsumed_position(key, applied.get(key), lows.get(key), end)
+                if counted_from is None:
+                    unknown.add(key[0])
                     continue
+                position = counted_from
             if end is None:
                 unknown.add(key[0])
                 continue
@@ -638,6 +649,29 @@ class ConfluentSource(ConsumerReadings):
                 lag[topic] = previous[topic]
         self._lag.record(lag)
         self._note_progress(lag, applied)
+
+    def _unconsumed_position(self, key: Partition, applied: int | None, low: int | None,
+                             end: int | None) -> int | None:
+        """Where the lag of a partition counts from while librdkafka reports no position (nothing consumed
+        there since the assignment, though it may be fetched): after the last record polled or applied,
+        else where the assignment started it: its offset, the log's first offset (earliest) or the end
+        first seen after the assignment (latest). None while that is not known yet.
+
+        Skipping such a partition read 74 records behind instead of 1,124 just after a start."""
+        polled = self._polled.get(key)
+        if polled is not None:
+            return polled[1] + 1
+        if applied is not None and applied >= 0:
+            return applied + 1
+        start = self._starts.get(key)
+        if isinstance(start, int):
+            return start
+        if start == "earliest":
+            return low
+        if start == "latest" and end is not None:
+            self._starts[key] = end  # librdkafka starts there too; what came before is not behind
+            return end
+        return None
 
     def error_counts(self) -> dict[str, int]:
         return {**dict.fromkeys(ERROR_REASONS, 0), **self._errors.snapshot()}
