@@ -63,6 +63,7 @@ def sigterm_phase(phase: str, *args: str, ready: Callable[[daemons.DaemonProcess
     return daemon
 
 
+@pytest.mark.slow  # 5.2 s of waiting in its body under the fast tier's workers: over its 5 s
 @pytest.mark.parametrize("sasl", [False, True], ids=["plaintext", "sasl"])
 def test_sigterm_while_kafka_python_bootstraps_against_an_unreachable_broker(tmp_path: Path, sasl: bool) -> None:
     """Nothing listens at 127.0.0.1:1: kafka-python's bootstrap retries for up to 30 s."""
@@ -112,6 +113,7 @@ def test_sigterm_while_kafka_python_bootstraps_against_a_broker_that_never_answe
     assert "abandoning it" in daemon.output()
 
 
+@pytest.mark.slow  # 2.7 s of CPU in the daemon it starts
 def test_sigterm_while_restoring_a_checkpoint_and_readiness_says_so(tmp_path: Path) -> None:
     """The restore is made to take a minute (a fail point): /healthz answers meanwhile, /readyz says
     what start-up is doing, and SIGTERM abandons the restore."""
@@ -170,6 +172,7 @@ def exits_at_once(daemon: daemons.DaemonProcess, sig: signal.Signals) -> tuple[i
     return status, took
 
 
+@pytest.mark.slow  # 5.8 s of waiting in its body under the fast tier's workers
 def test_a_second_sigterm_to_another_thread_cuts_a_stuck_shutdown_short(broker: Broker, tmp_path: Path) -> None:
     """The shutdown waits for a stalled checkpoint write (up to half its 20 s bound), the main thread
     blocked in that wait. A second SIGTERM, handed to another thread, ends the process at once with

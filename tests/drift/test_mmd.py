@@ -148,6 +148,7 @@ def test_rejects_bad_input(x_shape: tuple, y_shape: tuple, kwargs: dict, message
 TORCH_RTOL = 1e-6
 
 
+@pytest.mark.slow  # torch: its import costs each worker 3 s of CPU (the CPU path is numpy's)
 @pytest.mark.parametrize("block_size", [1024, 128, 77])
 def test_the_torch_kernel_products_equal_the_numpy_ones(block_size: int) -> None:
     from monitor.drift.twosample.mmd_torch import TorchKernel
@@ -159,6 +160,7 @@ def test_the_torch_kernel_products_equal_the_numpy_ones(block_size: int) -> None
     np.testing.assert_allclose(on_torch, kernel_label_products(pooled, labels, 9.0, block_size), rtol=TORCH_RTOL)
 
 
+@pytest.mark.slow  # torch
 @pytest.mark.parametrize(("shift", "null"), [(0.0, "permutation"), (0.2, "permutation"), (0.2, "heldout")])
 def test_an_mmd_test_on_the_torch_kernel_gives_the_numpy_answer(
     monkeypatch: pytest.MonkeyPatch, shift: float, null: str

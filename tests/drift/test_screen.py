@@ -123,6 +123,7 @@ def test_the_scale_screen_sees_a_change_confined_to_the_small_directions() -> No
     assert staged.detected_tests == unstaged.detected_tests
 
 
+@pytest.mark.slow  # 2.7 s of CPU
 def test_a_re_sent_row_does_not_make_the_scale_screen_fire() -> None:
     """Half of both samples one repeated row: ranked by position, every window copy came first and
     the screen fired on every quiet window; with mid-ranks and the tie correction it keeps its level."""

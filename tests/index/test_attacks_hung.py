@@ -205,7 +205,7 @@ def test_a_table_recreated_with_another_dimension_and_id_type_is_measured_next_c
     c.close()
 
 
-@pytest.mark.parametrize("damage", ["deleted", "corrupt_manifest"])
+@pytest.mark.parametrize("damage", ["deleted", pytest.param("corrupt_manifest", marks=pytest.mark.slow)])  # 2.9 s CPU
 def test_a_lancedb_directory_deleted_or_corrupted_is_a_counted_failure_then_recovers(
     damage: str, tmp_path: Path
 ) -> None:

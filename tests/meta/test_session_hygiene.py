@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 INI = """[pytest]
 markers =
@@ -72,6 +74,7 @@ def test_leaves_a_thread():
     assert "ERROR at teardown of test_leaves_a_thread" in output and "left-behind (daemon)" in output, output
 
 
+@pytest.mark.slow  # 5.2 s in all: a pytest run inside the test
 def test_a_fast_tier_test_over_the_limit_fails_the_run_and_is_named(tmp_path: Path) -> None:
     source = """
 import time

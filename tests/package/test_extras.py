@@ -119,6 +119,7 @@ def test_installed_looks_a_module_up_without_importing_it(monkeypatch: pytest.Mo
     assert not installed("embmon_blocked")
 
 
+@pytest.mark.slow  # 2.8 s of CPU in the daemon it starts
 def test_auto_without_torch_runs_on_the_cpu_without_a_warning(tmp_path: Path) -> None:
     """The default device on a machine with an NVIDIA driver but the default install: the daemon
     starts, serves metrics and stops cleanly; the log says once, at INFO, that the CPU runs everything."""

