@@ -148,12 +148,15 @@ def _over_the_fast_tier_limit(times: dict[str, dict[str, Any]], limit: float) ->
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist, the slow tests first, the modules with the most recorded slow time first,
-    dealt out to the workers' shares in turn.
+    dealt out to the workers' shares in turn; then the fast tests, each worker's share a run of whole
+    modules.
 
     Each worker then starts with long tests while the short ones can still fill the workers around
-    them, instead of one long test running alone at the end. Within a module
-    the order is kept (its module fixtures are set up once per run of consecutive tests). Every worker
-    collects and sorts alike (the same durations file), as xdist requires."""
+    them, instead of one long test running alone at the end. The fast tests are not dealt one by
+    one: a module's tests spread over every worker made each worker start the module's fixtures (a
+    broker, a database, an embedding server), which cost the fast tier a sixth of its CPU. Within a
+    module the order is kept. Every worker collects and sorts alike (the same durations file), as
+    xdist requires."""
     if not _is_worker(config):
         return
     try:
@@ -167,11 +170,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     position = {id(item): i for i, item in enumerate(items)}
     items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
                                  -module_seconds.get(_module(item), 0.0), position[id(item)]))
-    # --dist worksteal hands each worker one contiguous quarter and steals from the queues' ends: deal
-    # the tests out so that every quarter starts with its share of the slow ones
+    # --dist worksteal hands each worker one contiguous share, as many tests each, and steals from the
+    # queues' ends: every share starts with its part of the slow tests, then a run of fast modules
     workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
     if workers > 1:
-        items[:] = [items[i] for start in range(workers) for i in range(start, len(items), workers)]
+        slow = [item for item in items if item.get_closest_marker("slow") is not None]
+        fast = items[len(slow):]
+        shares = [[slow[i] for i in range(start, len(slow), workers)] for start in range(workers)]
+        for k, share in enumerate(shares):
+            share += fast[k * len(fast) // workers:(k + 1) * len(fast) // workers]
+        items[:] = [item for share in shares for item in share]
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -33,6 +33,7 @@ def committed() -> dict[str, dict[str, Any]]:
     return {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted(DIR.glob("*.json"))}
 
 
+@pytest.mark.slow  # 2.8 s of CPU, up to 6.6 s in all; `python -m monitor artifacts --check` is the quick check
 def test_committed_dashboards_equal_the_generator_output() -> None:
     generated = dash.all_dashboards(build_rules())
     assert committed() == generated
