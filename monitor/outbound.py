@@ -51,9 +51,9 @@ MAX_TIMEOUT = 86_400.0  # seconds; a longer timeout is a mistake (the settings a
 MAX_INFORMATIONAL = 32  # 1xx answers before the real one: more is a storm (reason protocol)
 MAX_LOOKUPS = 8  # names being resolved at once; a call past it fails at once (a resolver that hangs)
 _SHOWN = 200  # what an error message shows of h11's reason for refusing an answer
-_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110 field name
+_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")  # RFC 9110 field name
 _NOT_ASCII = re.compile(r"[^\x21-\x7e]+")  # what a request target cannot carry as it is
-_FIELD_VALUE = re.compile(r"^[\t\x20-\x7e\x80-\xff]*$")  # no CR, LF, NUL or other controls
+_FIELD_VALUE = re.compile(r"^[\t\x20-\x7e\x80-\xff]*\Z")  # no CR, LF, NUL or other controls
 # a JSON string, or an unterminated one to the end: every match succeeds from its quote, so
 # stripping them is linear (a pattern that needs the closing quote rescans the rest of the text
 # from each quote of ``"\"\"\"…``: quadratic, hours for an answer of a few MB)

@@ -22,7 +22,7 @@ from monitor.catalog import CATALOG, MetricSpec
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 MARK = "*Declared:*"
-_HEADING = re.compile(r"^### (embmon_[^\n]+)$")
+_HEADING = re.compile(r"^### (embmon_[^\n]+)\Z")
 _PLACEHOLDER = "<metric>"
 
 

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from monitor.retrieval.families import PROBE_METRIC_FAMILIES
 
-DURATION = re.compile(r"^([0-9]+)([smhdw])$")
+DURATION = re.compile(r"^([0-9]+)([smhdw])\Z")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 Severity = Literal["critical", "warning", "info"]
 

@@ -487,7 +487,7 @@ def _relevance(value: Any) -> dict[str, float]:
 
 MAX_FILTER_KEYS = 16
 MAX_FILTER_VALUE_CHARS = 256
-_FILTER_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_FILTER_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}\Z")
 
 
 def parse_filter(value: Any) -> tuple[tuple[str, str | int | float | bool], ...]:

@@ -35,7 +35,7 @@ from monitor.settings_base import Section
 MAX_INDEX_PROBES = 16
 MAX_FILTER_COLUMNS = 16
 # a SQL/engine identifier we may interpolate (quoted) into a statement: letters, digits, underscore
-IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}\Z")
 
 Metric = Literal["cosine", "l2", "dot"]
 ENGINES = ("pgvector", "lancedb", "qdrant", "chroma")

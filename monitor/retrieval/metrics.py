@@ -59,7 +59,7 @@ _CUTOFF_REQUIRED, _CUTOFF_OPTIONAL, _CUTOFF_NONE = "required", "optional", "none
 # Elements compared per block when placing relevant documents (bounds memory for long rankings).
 _COMPARE_BLOCK = 1 << 18
 
-_METRIC_NAME = re.compile(r"^(?P<family>[a-z_]+)(?:@(?P<k>[0-9]+))?$")
+_METRIC_NAME = re.compile(r"^(?P<family>[a-z_]+)(?:@(?P<k>[0-9]+))?\Z")
 
 
 class UnknownMetricError(ValueError):

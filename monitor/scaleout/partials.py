@@ -66,7 +66,7 @@ MAX_EPOCH = 2**63 - 1  # epochs are int64 nanoseconds; orjson cannot write more
 MAX_INDEX = 2**53  # sub-window indices (|index|): a float's exact integers
 MAX_NAME_CHARS = 1024  # a replica, model or stream name in a record
 MAX_PARTITION = 2**31 - 1
-_DIGITS = re.compile(r"^[0-9]{1,20}$")  # ASCII only: int() also takes other scripts' digits
+_DIGITS = re.compile(r"^[0-9]{1,20}\Z")  # ASCII only: int() also takes other scripts' digits
 
 
 class PartialError(ValueError):

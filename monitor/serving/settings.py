@@ -33,7 +33,7 @@ MAX_CALLS_PER_CYCLE = 50  # the stated budget: embedding requests per cycle per 
 MAX_TEXT_CHARS = 2000
 CANARY_PREFIX = "serving:"
 TEMPLATE_PLACEHOLDERS = ("texts", "model")
-_TEXT_ID = re.compile(r"^[A-Za-z0-9_.-]{1,48}$")
+_TEXT_ID = re.compile(r"^[A-Za-z0-9_.-]{1,48}\Z")
 
 # Short, distinct English sentences: mixed case, punctuation and digits, so a case, whitespace or
 # truncation bug changes at least one of them; none longer than 64 tokens but one (cut by a

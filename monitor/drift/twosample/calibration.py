@@ -33,7 +33,7 @@ Multiplicity = Literal["bonferroni", "holm"]
 
 _UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
-_DURATION_FULL = re.compile(r"^\s*(?:\d+(?:\.\d+)?\s*[smhdw]\s*)+$")
+_DURATION_FULL = re.compile(r"^\s*(?:\d+(?:\.\d+)?\s*[smhdw]\s*)+\Z")
 
 
 @dataclass(frozen=True)
