@@ -65,11 +65,15 @@ class Clock:
 
 
 def produce(broker: Broker, topic: str, count: int, partition: int = 0, codec: str | None = None,
-            prefix: str = "m") -> None:
+            prefix: str = "m", one_per_batch: bool = False) -> None:
+    """``one_per_batch``: tansu lists a partition's end as its last batch's first offset + 1, and
+    librdkafka starts ``latest`` there; one record a batch makes that the true end."""
     producer = broker.producer(**({"compression_type": codec} if codec else {}))
     try:
         for i in range(count):
             producer.send(topic, f"{prefix}{i}".encode(), headers=[("model", b"x")], partition=partition)
+            if one_per_batch:
+                producer.flush()
         producer.flush()
     finally:
         producer.close()
@@ -324,6 +328,36 @@ def test_lag_under_latest_counts_what_came_after_the_start(broker: Broker, sourc
     source.pause()  # nothing more is consumed: partition 1 keeps no position
     produce(broker, topic, 20, partition=1)
     wait_until(lambda: measured() == {topic: 20}, timeout=10, message="lag 20", on_timeout=lambda: source.lag())
+
+
+@pytest.mark.slow  # a rebalance: 15-40 s
+def test_lag_under_latest_counts_from_the_end_at_the_assignment_not_the_next_refresh(broker: Broker,
+                                                                                    source_for) -> None:  # type: ignore[no-untyped-def]
+    # A rebalance hands a partition to a paused member between two lag refreshes, and records arrive
+    # before the next one: librdkafka started at the end at the assignment, so they are behind. The
+    # end first seen by a refresh read 0 here.
+    topic, group = "cf-lag-rebalance", "cf-lag-rebalance-group"
+    broker.create_topics(topic, partitions=2)
+    for partition in (0, 1):
+        produce(broker, topic, 50, partition=partition, one_per_batch=True)
+    first, clock = Recorder(), Clock()
+    a = source_for(topic, group, first, clock=clock, auto_offset_reset="latest")
+    wait_until(lambda: a.poll(0.2) == [] and len(a._assigned) == 2, timeout=30, message="A assigned")
+    a.pause()
+    b = source_for(topic, group, Recorder(), auto_offset_reset="latest")
+
+    def one_each() -> bool:
+        a.poll(0.1)
+        b.poll(0.1)
+        return len(a._assigned) == 1 and len(b._assigned) == 1
+
+    wait_until(one_each, timeout=60, message="the partitions shared")
+    ((_, kept),) = a._assigned
+    produce(broker, topic, 30, partition=kept, one_per_batch=True)
+    clock.now += LAG_REFRESH_SECONDS
+    a.poll(0.2)
+    b.poll(0)
+    assert a.lag() == {topic: 30}
 
 
 @pytest.mark.slow  # the fast tier runs one client (kafka-python)

@@ -280,6 +280,7 @@ class ConfluentSource(ConsumerReadings):
                 self._held_commits[key] = position - 1  # for visibility (the group's lag), once verified
             self._starts[key] = position
             starts.append(TopicPartition(*key, position))
+        self._list_latest_starts(consumer, keys)
         self._assigned = set(keys)
         for key in keys:
             self._polled.pop(key, None)
@@ -290,6 +291,23 @@ class ConfluentSource(ConsumerReadings):
             consumer.assign(starts)
         self._stale_high = {key: self._cached_high(consumer, key) for key in self._unverified}
         self.listener.on_assigned(positions)
+
+    def _list_latest_starts(self, consumer: Consumer, keys: list[Partition]) -> None:
+        """The end of each partition started at the policy ``latest``, listed at its assignment as
+        librdkafka lists it to start there, within LAG_QUERY_BUDGET_SECONDS for all of them: the lag
+        counts from it while nothing there is consumed. One not listed in time takes the first end a
+        lag refresh sees (records that arrived in between are then not counted)."""
+        deadline = time.monotonic() + LAG_QUERY_BUDGET_SECONDS
+        for key in keys:
+            remaining = deadline - time.monotonic()
+            if self._starts.get(key) != "latest" or remaining <= 0:
+                continue
+            try:
+                self._starts[key] = int(consumer.get_watermark_offsets(TopicPartition(*key), timeout=remaining,
+                                                                       cached=False)[1])
+            except KafkaException as exc:
+                logger.debug("partition %s: end not listed at assignment (%s)", key, exc)
+                return
 
     def _verify(self, consumer: Consumer, fetched: set[Partition]) -> None:
         """After a poll: unverified start positions that returned records, or lie within the log by
@@ -655,7 +673,7 @@ class ConfluentSource(ConsumerReadings):
         """Where the lag of a partition counts from while librdkafka reports no position (nothing consumed
         there since the assignment, though it may be fetched): after the last record polled or applied,
         else where the assignment started it: its offset, the log's first offset (earliest) or the end
-        first seen after the assignment (latest). None while that is not known yet.
+        listed at the assignment (latest; else the first end seen since). None while that is not known yet.
 
         Skipping such a partition read 74 records behind instead of 1,124 just after a start."""
         polled = self._polled.get(key)
@@ -669,7 +687,7 @@ class ConfluentSource(ConsumerReadings):
         if start == "earliest":
             return low
         if start == "latest" and end is not None:
-            self._starts[key] = end  # librdkafka starts there too; what came before is not behind
+            self._starts[key] = end  # not listed at the assignment: the first end seen since
             return end
         return None
 
