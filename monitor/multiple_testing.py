@@ -37,24 +37,48 @@ def benjamini_hochberg(p_values: Sequence[float] | np.ndarray) -> np.ndarray:
     return np.asarray(false_discovery_control(p, method="bh"), dtype=np.float64)
 
 
-def holm_thresholds(p_values: Sequence[float], alpha: float) -> np.ndarray:
+def _holm_steps(p_values: Sequence[float], alpha: float,
+                weights: Sequence[float] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(p, the step order, each step's threshold in that order) of weighted Holm."""
+    p = np.asarray(p_values, dtype=float)
+    w = np.ones(p.size) if weights is None else np.asarray(weights, dtype=float)
+    if w.shape != p.shape:
+        raise ValueError(f"weights must match the p-values: {w.shape} against {p.shape}")
+    if p.size and (not np.all(np.isfinite(w)) or (w <= 0).any()):
+        raise ValueError("weights must be positive and finite")
+    order = np.argsort(p / w, kind="stable")
+    remaining = np.cumsum(w[order][::-1])[::-1]  # the weight of every test not yet stepped past
+    return p, order, alpha * w[order] / remaining
+
+
+def holm_thresholds(p_values: Sequence[float], alpha: float, weights: Sequence[float] | None = None) -> np.ndarray:
     """Holm's critical value for each test, in input order, and which of them reject.
 
     The test with the ``r``-th smallest p-value (rank 1..k) is compared with ``alpha / (k - r + 1)``,
     but only while every smaller p-value rejected; ties are ranked in input order.
     Returns an array of thresholds; a test is rejected when its p-value is at most its threshold
     *and* all smaller-ranked tests were rejected (see :func:`holm_reject`).
+
+    ``weights`` (positive; default equal): weighted Holm (Holm 1979, section 5). The tests are
+    stepped through in order of ``p_i / w_i``, and the test at a step is compared with
+    ``alpha · w_i / W``, ``W`` the weight of the tests not yet rejected, itself included. Its first
+    step is the weighted Bonferroni test (each test at ``alpha · w_i / Σ w``), so under any
+    dependence the chance that some true null is rejected stays at most ``alpha``. Equal weights
+    give plain Holm.
+
+    >>> holm_thresholds([0.01, 0.04, 0.03], alpha=0.06).round(4).tolist()
+    [0.02, 0.06, 0.03]
+    >>> holm_thresholds([0.01, 0.04, 0.03], alpha=0.06, weights=[4, 1, 1]).round(4).tolist()
+    [0.04, 0.06, 0.03]
     """
-    p = np.asarray(p_values, dtype=float)
-    k = p.size
-    order = np.argsort(p, kind="stable")
-    thresholds = np.empty(k)
-    thresholds[order] = alpha / (k - np.arange(k))
+    p, order, steps = _holm_steps(p_values, alpha, weights)
+    thresholds = np.empty(p.size)
+    thresholds[order] = steps
     return thresholds
 
 
-def holm_reject(p_values: Sequence[float], alpha: float) -> np.ndarray:
-    """Holm's step-down decisions, in input order.
+def holm_reject(p_values: Sequence[float], alpha: float, weights: Sequence[float] | None = None) -> np.ndarray:
+    """Holm's step-down decisions, in input order (``weights``: :func:`holm_thresholds`).
 
     Examples
     --------
@@ -62,12 +86,12 @@ def holm_reject(p_values: Sequence[float], alpha: float) -> np.ndarray:
     [True, False, False]
     >>> holm_reject([0.01, 0.02, 0.03], alpha=0.05).tolist()
     [True, True, True]
+    >>> holm_reject([0.03, 0.01], alpha=0.05, weights=[4, 1]).tolist()  # 0.03 <= 0.05 * 4/5, then 0.01 <= 0.05
+    [True, True]
     """
-    p = np.asarray(p_values, dtype=float)
-    order = np.argsort(p, kind="stable")
-    passed = p[order] <= alpha / (p.size - np.arange(p.size))
+    p, order, steps = _holm_steps(p_values, alpha, weights)
     # step-down: stop at the first non-rejection
-    steps = np.cumprod(passed).astype(bool)
+    passed = np.cumprod(p[order] <= steps).astype(bool)
     reject = np.zeros(p.size, dtype=bool)
-    reject[order] = steps
+    reject[order] = passed
     return reject

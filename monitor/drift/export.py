@@ -96,6 +96,7 @@ class CycleResult:
             "cut": dict(report.cut),
             "screened": list(report.screened),
             "screen_p_value": report.screen_p_value,
+            "weights": dict(report.weights),
             "regions": None if report.regions is None else report.regions.state_dict(),
             "detected": report.detected,
             "cycle_alpha": report.cycle_alpha,
@@ -128,6 +129,8 @@ class CycleResult:
             screened=tuple(str(t) for t in state.get("screened") or ()),
             screen_p_value=None if state.get("screen_p_value") is None
             else checks.probability(state["screen_p_value"], "screen p-value"),
+            weights={str(k): checks.finite(v, "test weight", low=1e-300)
+                     for k, v in dict(state.get("weights") or {}).items()},
         )
         evidence = state.get("evidence")
         return cls(report, bool(state["sustained"]), checks.finite(state["computed_at"], "cycle time"),
@@ -181,12 +184,11 @@ class DriftSnapshot:
 
 
 def suite_p_value(report: DriftReport) -> float | None:
-    """``min(1, k · min p)`` over the k planned tests, a test without a result counting as ``p = 1``
-    (so 1 when the deadline cut every test: the cycle's verdict is still "not detected", and
+    """``min(1, min_i p_i · W / w_i)`` over the planned tests (their weights ``w_i``, total ``W``;
+    ``k · min p`` with equal weights), a test without a result counting as ``p = 1`` (so 1 when
+    the deadline cut every test: the cycle's verdict is still "not detected", and
     ``embmon_drift_tests_cut_total`` says why); None when no test was planned."""
-    if not report.family_size:
-        return None
-    return min(1.0, report.family_size * min((r.p_value for r in report.results), default=1.0))
+    return report.adjusted_p_value
 
 
 def families(snapshot: DriftSnapshot) -> Iterable[Metric]:

@@ -18,10 +18,13 @@ Examples
 ('mmd', 'ks', 'centroid', 'classifier')
 >>> s.evidence_threshold  # half the budget (evidence_share) to the accumulating detector: A = 1 / (0.5 x 1h / 30d)
 1440.0
->>> round(s.cycle_alpha, 6), round(s.test_alpha, 7)  # the other half to the suite
+>>> round(s.cycle_alpha, 6), round(s.test_alpha, 7)  # the other half to the suite, a quarter to each test
 (0.000694, 0.0001736)
 >>> s.permutations_for("mmd"), s.null_for("mmd")
 (5760, 'permutation')
+>>> w = DriftSettings(interval_seconds=3600, false_alarm_every="30d", centroid={"weight": 6})  # 6 of 9
+>>> round(w.alpha_for("centroid") / w.cycle_alpha, 4), w.permutations_for("centroid"), w.permutations_for("mmd")
+(0.6667, 2160, 12960)
 >>> fast = DriftSettings(interval_seconds=5, false_alarm_every="30d")  # alpha per test 2.4e-7
 >>> fast.null_for("mmd"), fast.null_for("centroid")  # two million permutations: out of reach
 ('heldout', 'analytic')
@@ -71,12 +74,17 @@ _CENTROID_NULL_HELP = (
     "permutations is set), else the analytic null of the squared mean distance; permutation; heldout; analytic"
 )
 REFERENCE_SUFFIXES = (".npz", ".npy")
+_WEIGHT_HELP = (
+    "this test's share of the suite's false-alarm budget, relative to the other enabled tests' weights "
+    "(weighted Holm; docs/drift.md, 'How the budget is shared')"
+)
 
 
 class MMDSettings(_Section):
     """Kernel two-sample test (:mod:`monitor.drift.twosample.mmd`)."""
 
     enabled: bool = True
+    weight: float = Field(1.0, gt=0, le=1000, description=_WEIGHT_HELP)
     null: NullChoice = Field("auto", description=_NULL_HELP)
     permutations: int | None = Field(
         None, ge=1, le=1_000_000,
@@ -91,6 +99,7 @@ class KSSettings(_Section):
     """Per-component Kolmogorov–Smirnov tests with Benjamini–Hochberg (:mod:`monitor.drift.twosample.ks`)."""
 
     enabled: bool = True
+    weight: float = Field(1.0, gt=0, le=1000, description=_WEIGHT_HELP)
     basis: Literal["pca_pooled", "pca_reference", "raw"] = "pca_pooled"
     components: int = Field(50, ge=1, le=4096)
 
@@ -99,6 +108,7 @@ class CentroidSettings(_Section):
     """Cosine distance between the means (:mod:`monitor.drift.twosample.centroid`)."""
 
     enabled: bool = True
+    weight: float = Field(1.0, gt=0, le=1000, description=_WEIGHT_HELP)
     null: CentroidNullChoice = Field("auto", description=_CENTROID_NULL_HELP)
     permutations: int | None = Field(None, ge=1, le=1_000_000)
     stop_after: int | None = Field(10, ge=1)
@@ -108,6 +118,7 @@ class ClassifierSettings(_Section):
     """Domain-classifier AUC test (:mod:`monitor.drift.twosample.classifier`)."""
 
     enabled: bool = True
+    weight: float = Field(1.0, gt=0, le=1000, description=_WEIGHT_HELP)
     train_fraction: float = Field(0.5, gt=0, lt=1)
     regularization: float = Field(0.1, gt=0, description="scikit-learn C (smaller is stronger)")
     squared_components: int = Field(16, ge=0, le=256)
@@ -270,12 +281,14 @@ class DriftSettings(_Section):
             )
         for name in PERMUTATION_TESTS:
             section = getattr(self, name)
-            needed = permutations_needed(self.test_alpha)
+            if not section.enabled:
+                continue
+            needed = permutations_needed(self.alpha_for(name))
             budget = self.permutations_for(name)  # type: ignore[arg-type]
-            if section.enabled and self.null_for(name) == "permutation" and budget < needed:  # type: ignore[call-overload]
+            if self.null_for(name) == "permutation" and budget < needed:  # type: ignore[call-overload]
                 raise ValueError(
-                    f"{name}.permutations={budget} can never detect: the per-test alpha is "
-                    f"{self.test_alpha:.3g} and the smallest p-value is 1/(1 + permutations). Use at least "
+                    f"{name}.permutations={budget} can never detect: its alpha is "
+                    f"{self.alpha_for(name):.3g} and the smallest p-value is 1/(1 + permutations). Use at least "
                     f"{needed}, leave it unset with null: auto (a null without permutations where they are out "
                     f"of reach), set {name}.null: {'analytic' if name == 'centroid' else 'heldout'}, lengthen "
                     f"interval_seconds, shorten false_alarm_every, or alert on a sustained rule "
@@ -321,16 +334,42 @@ class DriftSettings(_Section):
         return cycle_alpha_for_sustained(self.interval_seconds, every, self.sustained.detections, self.sustained.cycles)
 
     @property
+    def test_weights(self) -> dict[str, float]:
+        """The enabled tests' weights (``<test>.weight``): their shares of the suite's budget."""
+        return {name: float(getattr(self, name).weight) for name in self.enabled_tests}
+
+    def alpha_for(self, test: str) -> float:
+        """A test's own threshold in the cycle (weighted Bonferroni; weighted Holm's first step):
+        ``cycle_alpha · w_test / Σ w``, the sum over the enabled tests. An equal split when every
+        weight is the same.
+
+        >>> s = DriftSettings(interval_seconds=60, false_alarm_every="7d", evidence_share=0, centroid={"weight": 6})
+        >>> round(s.alpha_for("centroid") / s.cycle_alpha, 4), round(s.alpha_for("mmd") / s.cycle_alpha, 4)
+        (0.6667, 0.1111)
+        """
+        weights = self.test_weights
+        if test not in weights:
+            raise ValueError(f"{test} is not an enabled drift test ({', '.join(weights) or 'none is'})")
+        return self.cycle_alpha * weights[test] / sum(weights.values())
+
+    @property
     def test_alpha(self) -> float:
-        """The strictest per-test threshold (Bonferroni; Holm's first step)."""
-        return per_test_alpha(self.cycle_alpha, max(1, len(self.enabled_tests)))
+        """The strictest per-test threshold: the smallest :meth:`alpha_for` (weighted Holm's first step)."""
+        weights = self.test_weights
+        if not weights:
+            return per_test_alpha(self.cycle_alpha, 1)
+        return min(self.alpha_for(name) for name in weights)
+
+    def _permutations_to_reach(self, alpha: float) -> int:
+        return max(self.min_permutations, permutations_needed(alpha))
 
     def permutations_for(self, test: Literal["mmd", "centroid"]) -> int:
-        """The permutation budget of a permutation test: as configured, or enough to reach the test alpha."""
+        """The permutation budget of a permutation test: as configured, or enough to reach its alpha."""
         configured = getattr(self, test).permutations
         if configured is not None:
             return configured
-        return max(self.min_permutations, permutations_needed(self.test_alpha))
+        alpha = self.alpha_for(test) if test in self.enabled_tests else self.test_alpha
+        return self._permutations_to_reach(alpha)
 
     @overload
     def null_for(self, test: Literal["mmd"]) -> Literal["permutation", "heldout"]: ...
@@ -351,7 +390,14 @@ class DriftSettings(_Section):
         section = getattr(self, test)
         if section.null != "auto":
             return section.null
-        if section.permutations is not None or self.permutations_for(test) <= self.max_permutations:
+        # A weight can move a test to the null without permutations (its alpha is smaller than an
+        # equal share's), never to permutations: the equal share decides too, so a larger weight
+        # does not trade the centroid's analytic null (0.3 ms) for thousands of relabellings.
+        equal = per_test_alpha(self.cycle_alpha, max(1, len(self.enabled_tests)))
+        if section.permutations is not None or (
+            self.permutations_for(test) <= self.max_permutations
+            and self._permutations_to_reach(equal) <= self.max_permutations
+        ):
             return "permutation"
         return "analytic" if test == "centroid" else "heldout"
 

@@ -34,7 +34,7 @@ from monitor.drift.attribution.region_shares import RegionReport, compare_region
 from monitor.drift.attribution.regions import Regions
 from monitor.drift.references.profile import subsample_ids, subsample_index, uniform_subsample
 from monitor.drift.settings import DriftSettings
-from monitor.drift.twosample.calibration import Multiplicity, TestResult, per_test_alpha
+from monitor.drift.twosample.calibration import Multiplicity, TestResult
 from monitor.drift.twosample.centroid import centroid_test
 from monitor.drift.twosample.classifier import classifier_test
 from monitor.drift.twosample.ks import ks_test
@@ -63,7 +63,8 @@ class DriftReport:
     deadline cut short (``skipped``: never started; ``truncated``: a permutation test that
     stopped drawing, its result is in ``results``); ``screened`` the costly tests the staged
     cycle's screen left out (``screen_p_value``: the smallest cheap p-value it read, None when
-    no screen ran); tests without a result count as ``p = 1``.
+    no screen ran); tests without a result count as ``p = 1``. ``weights``: each planned test's
+    weight in the correction (empty: equal weights).
     ``regions``: where the window moved, when the reference has regions.
     """
 
@@ -80,11 +81,24 @@ class DriftReport:
     regions: RegionReport | None = None
     screened: tuple[str, ...] = ()
     screen_p_value: float | None = None
+    weights: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def family_size(self) -> int:
         """Tests the correction is over: the planned ones (at least those with a result)."""
         return max(len(self.planned), len(self.results))
+
+    @property
+    def adjusted_p_value(self) -> float | None:
+        """The cycle's p-value: ``min(1, min_i p_i · W / w_i)`` (weighted Bonferroni; ``W`` the planned
+        tests' total weight, ``k · min p`` with equal weights), a test without a result counting as
+        ``p = 1``. At most ``cycle_alpha`` exactly when the cycle detects. None when no test was planned."""
+        if not self.family_size:
+            return None
+        if not self.weights or any(r.test not in self.weights for r in self.results):
+            return min(1.0, self.family_size * min((r.p_value for r in self.results), default=1.0))
+        total = sum(self.weights.values())
+        return min(1.0, min((r.p_value * total / self.weights[r.test] for r in self.results), default=1.0))
 
     def result(self, test: str) -> TestResult:
         """The result of one test by name (``mmd``, ``ks``, ``centroid``, ``classifier``)."""
@@ -139,23 +153,35 @@ def _controller() -> ThreadpoolController:
 
 
 def apply_multiplicity(
-    results: Sequence[TestResult], alpha: float, method: Multiplicity, family: int | None = None
+    results: Sequence[TestResult], alpha: float, method: Multiplicity, family: int | None = None,
+    weights: Mapping[str, float] | None = None,
 ) -> tuple[TestResult, ...]:
     """Re-decide each test with its corrected threshold so the cycle's false-alarm rate is ≤ ``alpha``.
 
     ``family``: how many tests were planned (default: those in ``results``); the missing ones
-    count as ``p = 1``, so the thresholds are those of the whole family.
+    count as ``p = 1``, so the thresholds are those of the whole family. ``weights``: each planned
+    test's weight by name (the family is then every test named; default: equal weights): weighted
+    Bonferroni (``alpha · w / Σ w``) or weighted Holm (:func:`monitor.multiple_testing.holm_thresholds`).
     """
     if not results:
         return ()
-    missing = max(0, (family or len(results)) - len(results))
+    if weights is not None:
+        unknown = [r.test for r in results if r.test not in weights]
+        if unknown:
+            raise ValueError(f"no weight for the tests {unknown}; weights name {sorted(weights)}")
+        absent = [name for name in weights if name not in {r.test for r in results}]
+        w = [float(weights[r.test]) for r in results] + [float(weights[name]) for name in absent]
+        missing = len(absent)
+    else:
+        missing = max(0, (family or len(results)) - len(results))
+        w = [1.0] * (len(results) + missing)
     p = [r.p_value for r in results] + [1.0] * missing
     if method == "bonferroni":
-        thresholds = np.full(len(p), per_test_alpha(alpha, len(p)))
+        thresholds = alpha * np.asarray(w) / sum(w)
         decisions = np.asarray(p) <= thresholds
     elif method == "holm":
-        thresholds = holm_thresholds(p, alpha)
-        decisions = holm_reject(p, alpha)
+        thresholds = holm_thresholds(p, alpha, w)
+        decisions = holm_reject(p, alpha, w)
     else:
         raise ValueError(f"unknown multiplicity correction {method!r}; use 'bonferroni' or 'holm'")
     return tuple(  # the missing tests' thresholds and decisions (the tail of both) are dropped
@@ -177,8 +203,9 @@ def run_drift_suite(
     """Run every enabled test on (sub)samples of the window and the reference; one verdict.
 
     Samples larger than ``settings.window_sample_size`` / ``reference_sample_size`` are
-    subsampled uniformly. Each test runs at the Bonferroni threshold ``cycle_alpha / k`` and is
-    then re-decided by ``settings.multiplicity`` (Holm can only add detections once one test
+    subsampled uniformly. Each test runs at its weighted Bonferroni threshold
+    (``settings.alpha_for``: ``cycle_alpha · w / Σ w``, the weights ``<test>.weight``) and is then
+    re-decided by ``settings.multiplicity`` (weighted Holm can only add detections once one test
     rejected; the verdict is the same). ``seed`` (default ``settings.seed``) makes the cycle
     deterministic: subsampling, permutations and the classifier's split all derive from it.
     ``deadline``: no test starts after it, permutation tests stop drawing at it (module
@@ -225,27 +252,27 @@ def run_drift_suite(
             shared.append(PooledScatter(*wide(), cached))
         return shared[0]
 
-    alpha = settings.test_alpha
+    alpha = settings.alpha_for  # each test at its own share of the budget (weighted Holm's first step)
     runners: dict[str, Callable[[], TestResult]] = {
         "mmd": lambda: mmd_test(
-            window, reference, alpha=alpha, permutations=settings.permutations_for("mmd"),
+            window, reference, alpha=alpha("mmd"), permutations=settings.permutations_for("mmd"),
             stop_after=settings.mmd.stop_after, bandwidth=settings.mmd.bandwidth, seed=seeds[2],
             device=settings.device, block_size=settings.mmd.block_size, null=settings.null_for("mmd"),
             deadline=deadline, reference=cached,
         ),
         "ks": lambda: ks_test(
-            *wide(), alpha=alpha, basis=settings.ks.basis, components=settings.ks.components,
+            *wide(), alpha=alpha("ks"), basis=settings.ks.basis, components=settings.ks.components,
             seed=seeds[3], reference=cached, pooled=pooled() if settings.ks.basis == "pca_pooled" else None,
         ),
         "centroid": lambda: centroid_test(
-            *wide(), alpha=alpha, permutations=settings.permutations_for("centroid"),
+            *wide(), alpha=alpha("centroid"), permutations=settings.permutations_for("centroid"),
             stop_after=settings.centroid.stop_after, seed=seeds[4], null=settings.null_for("centroid"),
             deadline=deadline, reference=cached,
             pooled=pooled() if settings.null_for("centroid") == "analytic" else None,
             spectrum_components=settings.ks.components,
         ),
         "classifier": lambda: classifier_test(
-            *wide(), alpha=alpha, train_fraction=settings.classifier.train_fraction,
+            *wide(), alpha=alpha("classifier"), train_fraction=settings.classifier.train_fraction,
             regularization=settings.classifier.regularization,
             squared_components=settings.classifier.squared_components, max_iter=settings.classifier.max_iter,
             seed=seeds[5], pooled=pooled(),
@@ -257,7 +284,8 @@ def run_drift_suite(
     cut: dict[str, str] = {}
     screened: tuple[str, ...] = ()
     screen_p: float | None = None
-    level = screen_level(settings.screen_level, alpha)
+    # at least MARGIN times the alpha of a costly test: one near rejecting gets to run
+    level = screen_level(settings.screen_level, max((alpha(t) for t in planned if t in COSTLY_TESTS), default=0.0))
     staged = level < 1 and all(t in planned for t in SCREENING_TESTS)
     explained = None
     with thread_limit(settings.threads):
@@ -292,7 +320,8 @@ def run_drift_suite(
                 seed=seeds[6],
             )
     in_order = [raw[name] for name in planned if name in raw]
-    results = apply_multiplicity(in_order, settings.cycle_alpha, settings.multiplicity, family=len(planned))
+    results = apply_multiplicity(in_order, settings.cycle_alpha, settings.multiplicity,
+                                 weights={name: settings.test_weights[name] for name in planned})
     if cut:
         logger.info("drift suite: the deadline cut %s", ", ".join(f"{t} ({how})" for t, how in sorted(cut.items())))
     detected = any(r.detected for r in results)
@@ -312,6 +341,7 @@ def run_drift_suite(
         regions=explained,
         screened=screened,
         screen_p_value=screen_p,
+        weights={name: settings.test_weights[name] for name in planned},
     )
     logger.debug("drift suite: detected=%s tests=%s in %.2fs", report.detected, report.detected_tests, report.seconds)
     return report

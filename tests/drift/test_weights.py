@@ -1,0 +1,151 @@
+"""The drift tests' weights: weighted Holm, its false-alarm bound, and the settings and cycle that use it.
+
+``<test>.weight`` shares the suite's per-cycle budget between its tests (docs/drift.md, "How the
+budget is shared"). Equal weights are plain Holm, the default: nothing moves unless a weight is set.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+from scipy import stats
+
+from monitor.config import ConfigError, load_settings
+from monitor.drift.export import CycleResult, suite_p_value
+from monitor.drift.settings import DriftSettings
+from monitor.drift.twosample.calibration import TestResult
+from monitor.drift.twosample.suite import apply_multiplicity, run_drift_suite
+from monitor.multiple_testing import holm_reject, holm_thresholds
+
+
+def _weighted_holm_by_definition(p: list[float], w: list[float], alpha: float) -> list[bool]:
+    """Holm (1979, section 5) as the closure it abbreviates: while some test not yet rejected has
+    ``p_i <= alpha · w_i / W`` (``W`` the weight of those not yet rejected), reject it."""
+    rejected = [False] * len(p)
+    while True:
+        left = sum(wi for wi, r in zip(w, rejected, strict=True) if not r)
+        found = [i for i in range(len(p)) if not rejected[i] and p[i] <= alpha * w[i] / left]
+        if not found:
+            return rejected
+        rejected[found[0]] = True
+
+
+def test_weighted_holm_matches_its_definition_and_gives_weighted_bonferronis_verdict() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        k = int(rng.integers(1, 6))
+        p = (rng.uniform(size=k) ** 4).tolist()
+        w = rng.choice([0.5, 1.0, 2.0, 6.0], size=k).tolist()
+        decided = holm_reject(p, 0.05, w)
+        assert decided.tolist() == _weighted_holm_by_definition(p, w, 0.05)
+        # the verdict (some test rejects) is weighted Bonferroni's: each test at alpha · w / sum(w)
+        assert decided.any() == any(pi <= 0.05 * wi / sum(w) for pi, wi in zip(p, w, strict=True))
+
+
+def test_equal_weights_are_plain_holm() -> None:
+    rng = np.random.default_rng(1)
+    for _ in range(500):
+        p = rng.uniform(size=4).tolist()
+        assert holm_thresholds(p, 0.05, [3.0] * 4).tolist() == pytest.approx(holm_thresholds(p, 0.05).tolist())
+        assert holm_reject(p, 0.05, [3.0] * 4).tolist() == holm_reject(p, 0.05).tolist()
+
+
+def test_weighted_holm_keeps_the_family_wise_rate_at_alpha() -> None:
+    """200,000 families of four true nulls (independent uniform p-values), the centroid-like test at
+    6 of 9: a false alarm in at most alpha of them (99.9% binomial bound), and close to it, since the
+    first step is weighted Bonferroni and these nulls are independent."""
+    rng = np.random.default_rng(2)
+    alpha, w = 0.05, np.array([6.0, 1.0, 1.0, 1.0])
+    p = rng.uniform(size=(200_000, 4))
+    alarms = int((p <= alpha * w / w.sum()).any(axis=1).sum())
+    exact = 1 - np.prod(1 - alpha * w / w.sum())
+    low, high = stats.binom.ppf([0.001, 0.999], len(p), exact)
+    assert alarms <= stats.binom.ppf(0.999, len(p), alpha) and low <= alarms <= high
+    # the step-down decides the same verdicts, family by family
+    assert all(holm_reject(row, alpha, w).any() == (row <= alpha * w / w.sum()).any() for row in p[:2000])
+
+
+def test_weights_must_be_positive_and_match_the_p_values() -> None:
+    with pytest.raises(ValueError, match="positive and finite"):
+        holm_reject([0.1, 0.2], 0.05, [1.0, 0.0])
+    with pytest.raises(ValueError, match="must match"):
+        holm_thresholds([0.1, 0.2], 0.05, [1.0])
+
+
+def test_apply_multiplicity_takes_the_planned_tests_weights_missing_ones_as_p_one() -> None:
+    results = [TestResult("ks", 0.0, 0.004, 1.0, False), TestResult("centroid", 0.0, 0.03, 1.0, False)]
+    weights = {"mmd": 1.0, "ks": 1.0, "centroid": 6.0, "classifier": 1.0}  # mmd, classifier: screened
+    decided = apply_multiplicity(results, 0.045, "holm", weights=weights)
+    # p/w: ks 0.004 first, at 0.045 · 1/9 = 0.005 (rejects); then the centroid at 0.045 · 6/8 (rejects)
+    assert [r.threshold for r in decided] == pytest.approx([0.005, 0.03375])
+    assert [r.detected for r in decided] == [True, True]
+    bonferroni = apply_multiplicity(results, 0.045, "bonferroni", weights=weights)
+    assert [r.threshold for r in bonferroni] == pytest.approx([0.005, 0.03])
+    assert [r.detected for r in bonferroni] == [True, True]
+    with pytest.raises(ValueError, match="no weight for the tests"):
+        apply_multiplicity(results, 0.045, "holm", weights={"ks": 1.0})
+
+
+def test_settings_share_the_budget_by_weight() -> None:
+    settings = DriftSettings(interval_seconds=60, false_alarm_every="7d", centroid={"weight": 6})
+    shares = {name: settings.alpha_for(name) / settings.cycle_alpha for name in settings.enabled_tests}
+    assert shares == pytest.approx({"mmd": 1 / 9, "ks": 1 / 9, "centroid": 6 / 9, "classifier": 1 / 9})
+    assert settings.test_alpha == pytest.approx(settings.cycle_alpha / 9)
+    # a disabled test's weight takes no share
+    two = DriftSettings(interval_seconds=60, false_alarm_every="7d", centroid={"weight": 6},
+                        mmd={"enabled": False, "weight": 100}, classifier={"enabled": False})
+    assert two.alpha_for("centroid") == pytest.approx(two.cycle_alpha * 6 / 7)
+    with pytest.raises(ValueError, match="mmd is not an enabled drift test"):
+        two.alpha_for("mmd")
+    # the default is plain Holm: every test a quarter
+    default = DriftSettings()
+    assert [default.alpha_for(t) for t in default.enabled_tests] == pytest.approx([default.cycle_alpha / 4] * 4)
+
+
+def test_a_weight_never_moves_a_test_onto_permutations() -> None:
+    """At a 900 s cycle and a month, an equal share needs 23,040 relabellings (over max_permutations:
+    the centroid's analytic null, the MMD's held-out one). The centroid's 6 of 9 would need 8,640:
+    it keeps the analytic null. The MMD's 1 of 9 needs 51,840: still held out."""
+    settings = DriftSettings(centroid={"weight": 6})
+    assert settings.permutations_for("centroid") == 8_640 and settings.null_for("centroid") == "analytic"
+    assert settings.null_for("mmd") == "heldout"
+    # a longer cycle: an equal share needs 5,760 (permutations), the MMD's 1 of 9 needs 12,960 (still
+    # permutations, more of them), the centroid's 6 of 9 2,160
+    hourly = DriftSettings(interval_seconds=3600, centroid={"weight": 6})
+    assert (hourly.permutations_for("mmd"), hourly.null_for("mmd")) == (12_960, "permutation")
+    assert (hourly.permutations_for("centroid"), hourly.null_for("centroid")) == (2_160, "permutation")
+
+
+@pytest.mark.parametrize("weight", [0, -1, 1001, "heavy", float("nan")])
+def test_a_bad_weight_is_refused_naming_the_field(weight: object) -> None:
+    with pytest.raises(ValidationError, match=r"centroid\.weight"):
+        DriftSettings(centroid={"weight": weight})
+    with pytest.raises(ConfigError, match=r"drift\.centroid\.weight"):  # the daemon exits 2 with it
+        load_settings(overrides={"source": "synthetic", "drift": {"centroid": {"weight": weight}}})
+
+
+def test_the_cycle_decides_at_the_weighted_thresholds_and_says_so() -> None:
+    rng = np.random.default_rng(4)
+    reference, window = rng.normal(size=(300, 16)) + 1.0, rng.normal(size=(300, 16)) + 1.0
+    window[:, :2] += 0.4
+    settings = DriftSettings(interval_seconds=60, false_alarm_every="1h", threads=1, evidence_share=0,
+                             centroid={"weight": 6})
+    report = run_drift_suite(window, reference, settings, seed=0)
+    assert report.weights == {"mmd": 1.0, "ks": 1.0, "centroid": 6.0, "classifier": 1.0}
+    p = {r.test: r.p_value for r in report.results}
+    # the cycle's p-value is weighted Bonferroni's, and the verdict is "it is at most cycle_alpha"
+    expected = min(1.0, min(p[t] * 9 / report.weights[t] for t in p))
+    assert suite_p_value(report) == pytest.approx(expected)
+    assert report.detected == (expected <= settings.cycle_alpha)
+    assert report.detected  # the moved mean: the centroid at two thirds of the budget sees it
+    first = min(p, key=lambda t: p[t] / report.weights[t])
+    assert report.result(first).threshold == pytest.approx(settings.alpha_for(first))
+    # a checkpointed verdict keeps its weights, so the exported p-value is the same after a restart
+    cycle = CycleResult(report, sustained=True, computed_at=1.0, reference_captured_at=0.0)
+    restored = CycleResult.from_state_dict(cycle.state_dict())
+    assert restored.report.weights == report.weights and suite_p_value(restored.report) == suite_p_value(report)
+    # a checkpoint written before the weights: equal weights, k · min p
+    old = cycle.state_dict()
+    del old["weights"]
+    assert suite_p_value(CycleResult.from_state_dict(old).report) == pytest.approx(min(1.0, 4 * min(p.values())))
