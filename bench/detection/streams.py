@@ -8,6 +8,9 @@ Base traffic: the seen classes in equal shares (MiniLM, mean pooling). The shift
 - ``swap``: the same traffic embedded by another model (multilingual-e5-small);
 - ``pooling``: the same model with CLS pooling instead of mean pooling;
 - ``norm``: the same model without its final normalisation (norms 2-7 instead of 1);
+- ``spread``: the same rows spread 30% wider about the base traffic's mean along its top 5
+  principal axes (:func:`spread_rows`): the mean stays where it was, the covariance changes (what a
+  fine-tuned or re-quantised model can do to a space). A difference of means cannot see it;
 - ``null``: nothing changes.
 
 The sample-size grid repeats ``null`` and ``share10`` at other ``n``; ``online_null`` is one long null
@@ -27,6 +30,27 @@ from bench.detection.protocol import FILL, WARM
 
 DELTAS = (0.01, 0.02, 0.05, 0.10, 0.20, 0.30)
 UNSEEN_SHARE = 0.10
+SPREAD_AXES, SPREAD = 5, 0.30
+PLAN_VARIANTS = (*VARIANTS, "spread")  # the plan's row blocks: the corpus's embeddings, then the derived one
+
+
+def spread_rows(rows: np.ndarray, base: np.ndarray, axes: int = SPREAD_AXES, wider: float = SPREAD) -> np.ndarray:
+    """``rows`` spread ``1 + wider`` times wider about the mean of ``rows[base]`` along its ``axes`` top
+    principal axes: ``x + wider · P (x - μ)``, ``P`` the projection onto those axes. The base
+    traffic's mean does not move (``E[x - μ] = 0``); its variance along each axis grows by
+    ``(1 + wider)²``.
+
+    >>> rng = np.random.default_rng(0)
+    >>> x = rng.normal(size=(2000, 6)) * np.array([3.0, 2.0, 1.0, 1.0, 1.0, 1.0])
+    >>> moved = spread_rows(x, np.arange(2000), axes=1, wider=0.5)
+    >>> bool(np.allclose(moved.mean(axis=0), x.mean(axis=0))), round(float(moved[:, 0].std() / x[:, 0].std()), 2)
+    (True, 1.5)
+    """
+    rows64 = rows.astype(np.float64)
+    mean = rows64[base].mean(axis=0)
+    _, _, vt = np.linalg.svd(rows64[base] - mean, full_matrices=False)
+    top = vt[:axes]
+    return (rows64 + wider * ((rows64 - mean) @ top.T) @ top).astype(np.float32)
 
 
 class Traffic:
@@ -65,9 +89,9 @@ class Traffic:
             new = rng.random(size) < UNSEEN_SHARE
             rows[new] = self.unseen[rng.integers(0, len(self.unseen), int(new.sum()))]
             return rows
-        variant = {"swap": "e5", "pooling": "cls", "norm": "raw"}.get(case)
+        variant = {"swap": "e5", "pooling": "cls", "norm": "raw", "spread": "spread"}.get(case)
         if variant is not None:
-            return VARIANTS.index(variant) * self.count + self.base(rng, size)
+            return PLAN_VARIANTS.index(variant) * self.count + self.base(rng, size)
         if case.startswith("null") or case == "online_null":
             return self.base(rng, size)
         raise ValueError(f"unknown case {case}")
@@ -110,14 +134,16 @@ def build(corpus: Corpus, rows: dict[str, np.ndarray], path: Path, *, n: int = 1
         name = f"share{round(delta * 100)}"  # δ of 1% and 2% are missed by most: every cycle of the horizon
         reps = small_replicates if small_replicates and delta < 0.05 else replicates
         add(name, n, reps, horizon, False, ["batch", "online"], name)
-    for shift in ("unseen", "swap", "pooling", "norm"):
+    for shift in ("unseen", "swap", "pooling", "norm", "spread"):
         add(shift, n, replicates, horizon, False, ["batch", "online"], shift)
     add("online_null", n, online_null, online_null_cycles, True, ["online"], "online_null")
     for size in grid:
         add(f"null_n{size}", size, grid_null, 1, True, ["batch"], "null")
         add(f"share10_n{size}", size, grid_replicates, FILL, False, ["batch"], "share10")
-    stacked = np.concatenate([rows.get(v, rows["mean"]) for v in VARIANTS]).astype(np.float32)
-    meta = {"classes": list(corpus.classes), "seen": list(SEEN), "unseen": list(UNSEEN), "variants": list(VARIANTS),
+    stacked = np.concatenate([*(rows.get(v, rows["mean"]) for v in VARIANTS),
+                              spread_rows(rows["mean"], traffic.seen)]).astype(np.float32)
+    meta = {"classes": list(corpus.classes), "seen": list(SEEN), "unseen": list(UNSEEN),
+            "variants": list(PLAN_VARIANTS),
             "n": n, "cost_n": cost_n, "fill": FILL, "warm": WARM, "cases": cases, "horizon": horizon}
     if week_nulls is not None:
         meta["week_nulls"] = week_nulls

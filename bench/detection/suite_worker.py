@@ -1,23 +1,32 @@
 """embedding-monitor's own methods, and river on the centroid-cosine series (the project's venv).
 
-- ``embedding-monitor``: the drift suite (MMD, KS, centroid, classifier; Holm) with a false alarm a
-  week (``false_alarm_every: 7d``) at a 60 s cycle: the held-out null the 5 s and 60 s cycles use.
-  Score: ``-log10(k · min p)`` (the Bonferroni-adjusted smallest p-value; the verdict fires when it
-  exceeds ``-log10(cycle alpha)``), decided at the 5 s and the 60 s cycle's alpha. With the
-  reference's regions, so each decision also carries the explanation.
+- ``embedding-monitor``: the drift suite alone (MMD, KS, centroid, classifier; Holm) with a false
+  alarm a week (``false_alarm_every: 7d``, ``evidence_share: 0``: the whole budget) at a 60 s cycle:
+  the held-out null the 5 s and 60 s cycles use. Score: ``-log10(min_i p_i · W / w_i)`` (the
+  weighted-Bonferroni p-value, ``k · min p`` at equal weights; the verdict fires when it exceeds
+  ``-log10(cycle alpha)``), decided at the 5 s and the 60 s cycle's alpha. With the reference's
+  regions, so each decision also carries the explanation.
 - ``embedding-monitor every test``: the same without the staged cycle's screen (``screen_level: 1``):
   the classifier and MMD run every cycle, as the suite did before the screen. No regions.
 - ``embedding-monitor 900s``: the same at a 900 s cycle (its alpha is reached by permutations).
+- ``embedding-monitor centroid only``: the suite with only its centroid test enabled (analytic null,
+  the whole budget): the daemon's own difference of means, what a user who watches only for moved
+  means would configure; the trade the four tests make is this row against the suite's.
 - ``embedding-monitor online``: the daemon's online detectors (ADWIN and Page-Hinkley on the
   standardised cosine and norm signals, mini-batches of 64).
 - ``river ADWIN`` / ``river Page-Hinkley``: river's detectors with their default parameters on each
   record's cosine to the reference centroid.
 - ``embedding-monitor explain``: what moved, at the daemon's default sizes (:func:`explain_at_defaults`).
-- ``embedding-monitor evidence``: the suite at half the week's budget (a false alarm every two weeks)
-  OR the accumulating detector (:class:`~monitor.drift.online.evidence.EvidenceDetector` on
-  :class:`~monitor.drift.online.evidence.EvidenceCells` of the reference) at the other half
+- ``embedding-monitor evidence``: the daemon's default at a false alarm a week: the suite at half the
+  week's budget OR the accumulating detector (:class:`~monitor.drift.online.evidence.EvidenceDetector`
+  on :class:`~monitor.drift.online.evidence.EvidenceCells` of the reference) at the other half
   (``threshold_for(α, 1/2)``: A = 20,160 cycles), betting on each cycle's fresh ``n / 4`` records
   (from the first cycle of the stream: 40 cycles before the change). Together: a false alarm a week.
+  (Until this was written down, the bench took α from settings that had already given half of it to
+  the detector, and ran this method at a false alarm every two weeks and the suite at half its budget.)
+- ``embedding-monitor evidence weighted``: the same with the centroid's weight 6 and the other three
+  tests' 1 (``drift.centroid.weight: 6``: weighted Holm, the centroid two thirds of the suite's half):
+  the configuration for traffic whose drifts move its mean.
 
 Run: ``python -m bench.detection.suite_worker PLAN OUT [methods...]``.
 """
@@ -42,17 +51,22 @@ from monitor.drift.twosample.suite import DriftReport, run_drift_suite
 BUDGET = "7d"
 
 
-def settings_for(interval: float, n: int, screen_level: float | None = None) -> DriftSettings:
-    """The daemon's defaults at this cycle and size, one thread; ``screen_level`` 1 runs every test every cycle."""
+def settings_for(interval: float, n: int, screen_level: float | None = None, **changes: Any) -> DriftSettings:
+    """The daemon's defaults at this cycle and size, one thread, the suite alone (``evidence_share: 0``:
+    the whole budget; the accumulating detector is :func:`evidence_method`'s); ``screen_level`` 1 runs
+    every test every cycle; ``changes``: other settings."""
     staged = {} if screen_level is None else {"screen_level": screen_level}
-    return DriftSettings(interval_seconds=interval, false_alarm_every=BUDGET, window_sample_size=n,
-                         reference_sample_size=n, threads=1, **staged)
+    fields: dict[str, Any] = {"interval_seconds": interval, "false_alarm_every": BUDGET, "window_sample_size": n,
+                              "reference_sample_size": n, "threads": 1, "evidence_share": 0.0, **staged, **changes}
+    return DriftSettings(**fields)
 
 
 def score_of(report: DriftReport) -> float:
-    family = report.family_size
-    smallest = min((r.p_value for r in report.results), default=1.0)
-    return -math.log10(max(smallest * family, 1e-300))
+    """``-log10`` of the cycle's weighted-Bonferroni p-value (``report.adjusted_p_value``), unclipped at 1."""
+    total = sum(report.weights.values()) or report.family_size
+    weight = report.weights or dict.fromkeys(report.planned, 1.0)
+    smallest = min((r.p_value * total / weight[r.test] for r in report.results), default=1.0)
+    return -math.log10(max(smallest, 1e-300))
 
 
 def explanation(report: DriftReport, regions: Regions | None, window: np.ndarray, labels: np.ndarray,
@@ -82,12 +96,20 @@ def explanation(report: DriftReport, regions: Regions | None, window: np.ndarray
     }
 
 
-def suite_method(plan: protocol.Plan, interval: float, screen_level: float | None = None) -> tuple[Any, Any]:
-    alphas = {f"{i:g}s": settings_for(i, 1000).cycle_alpha for i in ((5.0, 60.0) if interval == 60 else (interval,))}
+def suite_method(plan: protocol.Plan, interval: float, screen_level: float | None = None,
+                 tests: tuple[str, ...] | None = None) -> tuple[Any, Any]:
+    """The suite at its budget (:func:`settings_for`); ``tests``: only these enabled (the centroid's null
+    then analytic, as the suite's is at a 60 s cycle)."""
+    only: dict[str, Any] = {} if tests is None else {
+        name: {"enabled": name in tests, **({"null": "analytic"} if name == "centroid" else {})}
+        for name in ("mmd", "ks", "centroid", "classifier")}
+    alphas = {f"{i:g}s": settings_for(i, 1000, **only).cycle_alpha
+              for i in ((5.0, 60.0) if interval == 60 else (interval,))}
+    explains = interval == 60 and screen_level is None and tests is None
 
     def fit(reference: np.ndarray, seed: int, ids: np.ndarray | None = None) -> Any:
-        regions = fit_regions(reference, seed=seed) if interval == 60 and screen_level is None else None
-        return settings_for(interval, len(reference), screen_level), reference, regions
+        regions = fit_regions(reference, seed=seed) if explains else None
+        return settings_for(interval, len(reference), screen_level, **only), reference, regions
 
     def decide(state: Any, window: np.ndarray, seed: int, ids: np.ndarray | None = None,
                injected: list[int] | None = None) -> tuple[float, dict[str, bool], dict[str, Any]]:
@@ -108,20 +130,21 @@ def suite_method(plan: protocol.Plan, interval: float, screen_level: float | Non
 EVIDENCE_SHARE = 0.5  # of the week's budget, spent on the accumulating detector; the suite gets the rest
 
 
-def evidence_method(plan: protocol.Plan) -> tuple[Any, Any, Any]:
+def evidence_method(plan: protocol.Plan, centroid_weight: float = 1.0) -> tuple[Any, Any, Any]:
     """``embedding-monitor evidence`` (module docstring): ``(fit, decide, before)`` for
     :func:`~bench.detection.protocol.run_batch`. The score is the larger of the suite's and the
     detector's distance to their own thresholds (``-log10`` p-values and ``log10 R_t`` against
     ``log10 A``), so it is at least 0 exactly when the method fires; each decision's info holds the
     detector's alarms so far (before the change included: a false alarm there restarts it)."""
     per = plan.records_per_cycle("null")
-    alpha = settings_for(60.0, int(plan.meta["n"])).cycle_alpha
+    alpha = settings_for(60.0, int(plan.meta["n"])).cycle_alpha  # the week's whole budget
     threshold = threshold_for(alpha, EVIDENCE_SHARE)
-    suite_every = f"{7 / (1 - EVIDENCE_SHARE):g}d"  # the suite at (1 - s) alpha
 
     def fit(reference: np.ndarray, seed: int, ids: np.ndarray | None = None) -> Any:
-        settings = DriftSettings(interval_seconds=60.0, false_alarm_every=suite_every,
-                                 window_sample_size=len(reference), reference_sample_size=len(reference), threads=1)
+        # the daemon's split: its settings give the suite (1 - s) of the week's alpha
+        settings = settings_for(60.0, len(reference), evidence_share=EVIDENCE_SHARE,
+                                centroid={"weight": centroid_weight})
+        assert math.isclose(settings.cycle_alpha, (1 - EVIDENCE_SHARE) * alpha)
         cells = EvidenceCells.fit(reference, seed=seed)
         return settings, reference, cells, EvidenceDetector(cells.reference_counts, threshold, sets=cells.sets(),
                                                             seed=seed)
@@ -232,24 +255,28 @@ BATCH: dict[str, tuple[float, float | None]] = {
     "embedding-monitor": (60.0, None), "embedding-monitor 900s": (900.0, None),
     "embedding-monitor every test": (60.0, 1.0),
 }
+CENTROID_ONLY = "embedding-monitor centroid only"
 EVIDENCE = "embedding-monitor evidence"
+EVIDENCE_WEIGHTED = "embedding-monitor evidence weighted"
+WEIGHTED_CENTROID = 6.0  # of 9: two thirds of the suite's budget on the moved mean
 ONLINE = ("embedding-monitor online", "river ADWIN", "river Page-Hinkley")
 
 
 def main() -> None:
     plan, out, methods = protocol.main_args()
-    methods = methods or [*BATCH, EVIDENCE, *ONLINE, "embedding-monitor explain"]
+    methods = methods or [*BATCH, CENTROID_ONLY, EVIDENCE, EVIDENCE_WEIGHTED, *ONLINE, "embedding-monitor explain"]
     results = []
     for name in methods:
         if name == "embedding-monitor explain":
             results.append(explain_at_defaults(plan))
-        elif name == EVIDENCE:
-            fit, decide, before = evidence_method(plan)
+        elif name in (EVIDENCE, EVIDENCE_WEIGHTED):
+            fit, decide, before = evidence_method(plan, WEIGHTED_CENTROID if name == EVIDENCE_WEIGHTED else 1.0)
             results.append(protocol.run_batch(plan, name, fit, decide, lambda s, d: all(d.values()),
                                               protocol.cost_rows(plan), before=before,
                                               progress=lambda partial: protocol.write(out, [*results, partial])))
-        elif name in BATCH:
-            fit, decide = suite_method(plan, *BATCH[name])
+        elif name in BATCH or name == CENTROID_ONLY:
+            fit, decide = (suite_method(plan, 60.0, tests=("centroid",)) if name == CENTROID_ONLY
+                           else suite_method(plan, *BATCH[name]))
             results.append(protocol.run_batch(plan, name, fit, decide, lambda s, d: all(d.values()),
                                               protocol.cost_rows(plan), explain=name == "embedding-monitor",
                                               progress=lambda partial: protocol.write(out, [*results, partial])))

@@ -15,6 +15,7 @@ import pytest
 from scipy import stats
 
 from bench.detection import corpus, protocol, report, streams, suite_worker
+from monitor.drift.online.evidence import threshold_for
 from monitor.drift.settings import DriftSettings
 
 N = 200
@@ -126,3 +127,30 @@ def test_timing_the_cost_again_needs_a_finished_run_to_keep_the_cases_of(
     assert stopped.value.code == 2
     assert "--cost-only needs a finished run of this size" in capsys.readouterr().err
     assert not list((tmp_path / "quick").iterdir())  # nothing written, no stale file removed
+
+
+def test_the_spread_case_keeps_the_base_mean_and_widens_its_top_axes() -> None:
+    texts = corpus.load(per_class=25, unseen_per_class=5)
+    rows = corpus.embeddings(texts, ("mean",))
+    traffic = streams.Traffic(texts)
+    spread = streams.spread_rows(rows["mean"], traffic.seen)
+    base, moved = rows["mean"][traffic.seen].astype(np.float64), spread[traffic.seen].astype(np.float64)
+    # a difference of means has nothing to see: the base traffic's mean is where it was
+    assert np.linalg.norm(moved.mean(axis=0) - base.mean(axis=0)) < 1e-6
+    _, values, vt = np.linalg.svd(base - base.mean(axis=0), full_matrices=False)
+    spread_values = np.linalg.norm((moved - moved.mean(axis=0)) @ vt[: streams.SPREAD_AXES + 1].T, axis=0)
+    ratios = spread_values / values[: streams.SPREAD_AXES + 1]
+    assert np.allclose(ratios[:-1], 1 + streams.SPREAD) and np.isclose(ratios[-1], 1.0)
+
+
+def test_each_method_of_the_suite_decides_at_the_weeks_whole_budget() -> None:
+    week = 60 / (7 * 86400)
+    # the suite alone: the whole week (the daemon with evidence_share: 0)
+    assert suite_worker.settings_for(60.0, 500).cycle_alpha == pytest.approx(week)
+    # the suite beside the accumulating detector: half each, a false alarm a week together
+    assert suite_worker.settings_for(60.0, 500, evidence_share=0.5).cycle_alpha == pytest.approx(week / 2)
+    assert threshold_for(suite_worker.settings_for(60.0, 500).cycle_alpha, suite_worker.EVIDENCE_SHARE) == 20_160
+    # the centroid alone: the whole budget on one test, its analytic null
+    only = {name: {"enabled": name == "centroid"} for name in ("mmd", "ks", "classifier")}
+    settings = suite_worker.settings_for(60.0, 500, centroid={"null": "analytic"}, **only)
+    assert settings.enabled_tests == ("centroid",) and settings.test_alpha == pytest.approx(week)
