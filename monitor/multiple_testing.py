@@ -8,6 +8,7 @@ Benjamini–Hochberg serves the KS drift test (across principal components,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -37,18 +38,44 @@ def benjamini_hochberg(p_values: Sequence[float] | np.ndarray) -> np.ndarray:
     return np.asarray(false_discovery_control(p, method="bh"), dtype=np.float64)
 
 
-def _holm_steps(p_values: Sequence[float], alpha: float,
-                weights: Sequence[float] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(p, the step order, each step's threshold in that order) of weighted Holm."""
-    p = np.asarray(p_values, dtype=float)
-    w = np.ones(p.size) if weights is None else np.asarray(weights, dtype=float)
-    if w.shape != p.shape:
-        raise ValueError(f"weights must match the p-values: {w.shape} against {p.shape}")
-    if p.size and (not np.all(np.isfinite(w)) or (w <= 0).any()):
+def _unequal_weights(size: int, weights: Sequence[float] | None) -> np.ndarray | None:
+    """``weights`` as an array, checked; None when there are none or all are equal (plain Holm, whose
+    arithmetic is kept exactly: equal weights decide what unweighted Holm decides, bit for bit)."""
+    if weights is None:
+        return None
+    w = np.asarray(weights, dtype=float)
+    if w.shape != (size,):
+        raise ValueError(f"weights must match the p-values: {w.shape} against {(size,)}")
+    if size and (not np.all(np.isfinite(w)) or (w <= 0).any()):
         raise ValueError("weights must be positive and finite")
-    order = np.argsort(p / w, kind="stable")
-    remaining = np.cumsum(w[order][::-1])[::-1]  # the weight of every test not yet stepped past
-    return p, order, alpha * w[order] / remaining
+    return None if size == 0 or np.all(w == w[0]) else w
+
+
+def _weighted_steps(p: np.ndarray, w: np.ndarray, alpha: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Weighted Holm's step order, each step's adjusted p-value ``p · W_left / w`` (before the running
+    maximum) and threshold ``alpha · w / W_left``. Sums are ``math.fsum`` (correctly rounded, whatever
+    the order), and the order is by ``p · W / w`` itself, so the first step's adjusted p-value is
+    exactly :func:`weighted_bonferroni_p_value`'s: the verdict and the cycle's p-value never disagree."""
+    total = math.fsum(w)
+    order = np.argsort(p * total / w, kind="stable")
+    left = np.array([math.fsum(w[order[j:]]) for j in range(len(order))])
+    return order, p[order] * left / w[order], alpha * w[order] / left
+
+
+def weighted_bonferroni_p_value(p_values: Sequence[float], weights: Sequence[float] | None = None) -> float:
+    """``min(1, min_i p_i · W / w_i)`` (``W``: the weights' sum; ``k · min p`` with equal weights): at
+    most ``alpha`` exactly when weighted Holm (or weighted Bonferroni) rejects something at ``alpha``.
+
+    >>> weighted_bonferroni_p_value([0.01, 0.04]), weighted_bonferroni_p_value([0.03, 0.01], [4, 1])
+    (0.02, 0.0375)
+    """
+    p = np.asarray(p_values, dtype=float)
+    if p.size == 0:
+        return 1.0
+    w = _unequal_weights(p.size, weights)
+    if w is None:
+        return min(1.0, p.size * float(p.min()))
+    return min(1.0, float((p * math.fsum(w) / w).min()))
 
 
 def holm_thresholds(p_values: Sequence[float], alpha: float, weights: Sequence[float] | None = None) -> np.ndarray:
@@ -61,7 +88,8 @@ def holm_thresholds(p_values: Sequence[float], alpha: float, weights: Sequence[f
 
     ``weights`` (positive; default equal): weighted Holm (Holm 1979, section 5). The tests are
     stepped through in order of ``p_i / w_i``, and the test at a step is compared with
-    ``alpha · w_i / W``, ``W`` the weight of the tests not yet rejected, itself included. Its first
+    ``alpha · w_i / W``, ``W`` the weight of the tests not yet rejected, itself included (decided as
+    ``p_i · W / w_i <= alpha``: :func:`_weighted_steps`). Its first
     step is the weighted Bonferroni test (each test at ``alpha · w_i / Σ w``), so under any
     dependence the chance that some true null is rejected stays at most ``alpha``. Equal weights
     give plain Holm.
@@ -71,9 +99,15 @@ def holm_thresholds(p_values: Sequence[float], alpha: float, weights: Sequence[f
     >>> holm_thresholds([0.01, 0.04, 0.03], alpha=0.06, weights=[4, 1, 1]).round(4).tolist()
     [0.04, 0.06, 0.03]
     """
-    p, order, steps = _holm_steps(p_values, alpha, weights)
+    p = np.asarray(p_values, dtype=float)
+    w = _unequal_weights(p.size, weights)
     thresholds = np.empty(p.size)
-    thresholds[order] = steps
+    if w is None:
+        order = np.argsort(p, kind="stable")
+        thresholds[order] = alpha / (p.size - np.arange(p.size))
+    else:
+        order, _, steps = _weighted_steps(p, w, alpha)
+        thresholds[order] = steps
     return thresholds
 
 
@@ -89,9 +123,16 @@ def holm_reject(p_values: Sequence[float], alpha: float, weights: Sequence[float
     >>> holm_reject([0.03, 0.01], alpha=0.05, weights=[4, 1]).tolist()  # 0.03 <= 0.05 * 4/5, then 0.01 <= 0.05
     [True, True]
     """
-    p, order, steps = _holm_steps(p_values, alpha, weights)
+    p = np.asarray(p_values, dtype=float)
+    w = _unequal_weights(p.size, weights)
+    if w is None:
+        order = np.argsort(p, kind="stable")
+        passed = p[order] <= alpha / (p.size - np.arange(p.size))
+    else:  # by adjusted p-values, in the same arithmetic as weighted_bonferroni_p_value
+        order, adjusted, _ = _weighted_steps(p, w, alpha)
+        passed = adjusted <= alpha
     # step-down: stop at the first non-rejection
-    passed = np.cumprod(p[order] <= steps).astype(bool)
+    steps = np.cumprod(passed).astype(bool)
     reject = np.zeros(p.size, dtype=bool)
-    reject[order] = passed
+    reject[order] = steps
     return reject

@@ -46,6 +46,7 @@ from monitor import catalog
 from monitor.decoding.records import StreamKey
 from monitor.drift.attribution.region_shares import RegionReport
 from monitor.drift.online.evidence_feed import EvidenceResult
+from monitor.drift.settings import MAX_WEIGHT, MIN_WEIGHT, TEST_NAMES
 from monitor.drift.twosample.calibration import TestResult
 from monitor.drift.twosample.suite import DriftReport
 from monitor.state import checks
@@ -129,13 +130,34 @@ class CycleResult:
             screened=tuple(str(t) for t in state.get("screened") or ()),
             screen_p_value=None if state.get("screen_p_value") is None
             else checks.probability(state["screen_p_value"], "screen p-value"),
-            weights={str(k): checks.finite(v, "test weight", low=1e-300)
-                     for k, v in dict(state.get("weights") or {}).items()},
+            weights=_weights_from_state(state.get("weights"), tests),
         )
         evidence = state.get("evidence")
         return cls(report, bool(state["sustained"]), checks.finite(state["computed_at"], "cycle time"),
                    checks.finite(state["reference_captured_at"], "reference time"),
                    None if evidence is None else EvidenceResult.from_state(evidence))
+
+
+def _weights_from_state(value: Any, tests: tuple[TestResult, ...]) -> dict[str, float]:
+    """A checkpointed verdict's test weights: a mapping of known test names to weights a setting can
+    hold (``MIN_WEIGHT`` to ``MAX_WEIGHT``) that names every test with a result. None or empty:
+    equal weights (a checkpoint written before the weights)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise checks.InvalidState(f"test weights must be a mapping, got {type(value).__name__}")
+    weights: dict[str, float] = {}
+    for name, weight in value.items():
+        if name not in TEST_NAMES:
+            raise checks.InvalidState(f"test weights name {name!r}, not one of {', '.join(TEST_NAMES)}")
+        number = checks.finite(weight, f"test weight of {name}", low=MIN_WEIGHT)
+        if number > MAX_WEIGHT:
+            raise checks.InvalidState(f"test weight of {name} is {number}, above {MAX_WEIGHT:g}")
+        weights[name] = number
+    missing = [t.test for t in tests if t.test not in weights]
+    if weights and missing:
+        raise checks.InvalidState(f"test weights miss the tests with a result: {', '.join(missing)}")
+    return weights
 
 
 def _test_from_state(entry: list[Any]) -> TestResult:

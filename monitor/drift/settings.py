@@ -37,6 +37,7 @@ stays fast.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -74,6 +75,7 @@ _CENTROID_NULL_HELP = (
     "permutations is set), else the analytic null of the squared mean distance; permutation; heldout; analytic"
 )
 REFERENCE_SUFFIXES = (".npz", ".npy")
+MIN_WEIGHT, MAX_WEIGHT = 0.001, 1000.0  # a million to one at most: no test's alpha underflows
 _WEIGHT_HELP = (
     "this test's share of the suite's false-alarm budget, relative to the other enabled tests' weights "
     "(weighted Holm; docs/drift.md, 'How the budget is shared')"
@@ -84,7 +86,7 @@ class MMDSettings(_Section):
     """Kernel two-sample test (:mod:`monitor.drift.twosample.mmd`)."""
 
     enabled: bool = True
-    weight: float = Field(1.0, gt=0, le=1000, description=_WEIGHT_HELP)
+    weight: float = Field(1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT, description=_WEIGHT_HELP)
     null: NullChoice = Field("auto", description=_NULL_HELP)
     permutations: int | None = Field(
         None, ge=1, le=1_000_000,
@@ -99,7 +101,7 @@ class KSSettings(_Section):
     """Per-component Kolmogorov–Smirnov tests with Benjamini–Hochberg (:mod:`monitor.drift.twosample.ks`)."""
 
     enabled: bool = True
-    weight: float = Field(1.0, gt=0, le=1000, description=_WEIGHT_HELP)
+    weight: float = Field(1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT, description=_WEIGHT_HELP)
     basis: Literal["pca_pooled", "pca_reference", "raw"] = "pca_pooled"
     components: int = Field(50, ge=1, le=4096)
 
@@ -108,7 +110,7 @@ class CentroidSettings(_Section):
     """Cosine distance between the means (:mod:`monitor.drift.twosample.centroid`)."""
 
     enabled: bool = True
-    weight: float = Field(1.0, gt=0, le=1000, description=_WEIGHT_HELP)
+    weight: float = Field(1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT, description=_WEIGHT_HELP)
     null: CentroidNullChoice = Field("auto", description=_CENTROID_NULL_HELP)
     permutations: int | None = Field(None, ge=1, le=1_000_000)
     stop_after: int | None = Field(10, ge=1)
@@ -118,7 +120,7 @@ class ClassifierSettings(_Section):
     """Domain-classifier AUC test (:mod:`monitor.drift.twosample.classifier`)."""
 
     enabled: bool = True
-    weight: float = Field(1.0, gt=0, le=1000, description=_WEIGHT_HELP)
+    weight: float = Field(1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT, description=_WEIGHT_HELP)
     train_fraction: float = Field(0.5, gt=0, lt=1)
     regularization: float = Field(0.1, gt=0, description="scikit-learn C (smaller is stronger)")
     squared_components: int = Field(16, ge=0, le=256)
@@ -289,7 +291,8 @@ class DriftSettings(_Section):
                 raise ValueError(
                     f"{name}.permutations={budget} can never detect: its alpha is "
                     f"{self.alpha_for(name):.3g} and the smallest p-value is 1/(1 + permutations). Use at least "
-                    f"{needed}, leave it unset with null: auto (a null without permutations where they are out "
+                    f"{needed}, give {name} more of the budget ({name}.weight, or less to the others), "
+                    f"leave it unset with null: auto (a null without permutations where they are out "
                     f"of reach), set {name}.null: {'analytic' if name == 'centroid' else 'heldout'}, lengthen "
                     f"interval_seconds, shorten false_alarm_every, or alert on a sustained rule "
                     f"(sustained.detections/cycles)"
@@ -350,7 +353,7 @@ class DriftSettings(_Section):
         weights = self.test_weights
         if test not in weights:
             raise ValueError(f"{test} is not an enabled drift test ({', '.join(weights) or 'none is'})")
-        return self.cycle_alpha * weights[test] / sum(weights.values())
+        return self.cycle_alpha * weights[test] / math.fsum(weights.values())
 
     @property
     def test_alpha(self) -> float:

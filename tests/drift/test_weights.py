@@ -13,10 +13,11 @@ from scipy import stats
 
 from monitor.config import ConfigError, load_settings
 from monitor.drift.export import CycleResult, suite_p_value
-from monitor.drift.settings import DriftSettings
+from monitor.drift.settings import MAX_WEIGHT, MIN_WEIGHT, DriftSettings
 from monitor.drift.twosample.calibration import TestResult
-from monitor.drift.twosample.suite import apply_multiplicity, run_drift_suite
-from monitor.multiple_testing import holm_reject, holm_thresholds
+from monitor.drift.twosample.suite import DriftReport, apply_multiplicity, run_drift_suite
+from monitor.multiple_testing import holm_reject, holm_thresholds, weighted_bonferroni_p_value
+from monitor.state.checks import InvalidState
 
 
 def _weighted_holm_by_definition(p: list[float], w: list[float], alpha: float) -> list[bool]:
@@ -74,7 +75,7 @@ def test_weights_must_be_positive_and_match_the_p_values() -> None:
 
 
 def test_apply_multiplicity_takes_the_planned_tests_weights_missing_ones_as_p_one() -> None:
-    results = [TestResult("ks", 0.0, 0.004, 1.0, False), TestResult("centroid", 0.0, 0.03, 1.0, False)]
+    results = [TestResult("ks", 0.0, 0.004, 1.0, False), TestResult("centroid", 0.0, 0.029, 1.0, False)]
     weights = {"mmd": 1.0, "ks": 1.0, "centroid": 6.0, "classifier": 1.0}  # mmd, classifier: screened
     decided = apply_multiplicity(results, 0.045, "holm", weights=weights)
     # p/w: ks 0.004 first, at 0.045 · 1/9 = 0.005 (rejects); then the centroid at 0.045 · 6/8 (rejects)
@@ -117,7 +118,7 @@ def test_a_weight_never_moves_a_test_onto_permutations() -> None:
     assert (hourly.permutations_for("centroid"), hourly.null_for("centroid")) == (2_160, "permutation")
 
 
-@pytest.mark.parametrize("weight", [0, -1, 1001, "heavy", float("nan")])
+@pytest.mark.parametrize("weight", [0, -1, 1001, "heavy", float("nan"), 0.0009, 1e-310, 5e-324, float("inf")])
 def test_a_bad_weight_is_refused_naming_the_field(weight: object) -> None:
     with pytest.raises(ValidationError, match=r"centroid\.weight"):
         DriftSettings(centroid={"weight": weight})
@@ -149,3 +150,77 @@ def test_the_cycle_decides_at_the_weighted_thresholds_and_says_so() -> None:
     old = cycle.state_dict()
     del old["weights"]
     assert suite_p_value(CycleResult.from_state_dict(old).report) == pytest.approx(min(1.0, 4 * min(p.values())))
+
+
+def _report(p: dict[str, float], weights: dict[str, float], alpha: float, method: str = "holm") -> DriftReport:
+    results = apply_multiplicity([TestResult(t, 0.0, v, 1.0, False) for t, v in p.items()], alpha, method,
+                                 weights=weights)
+    return DriftReport(results=results, detected=any(r.detected for r in results), cycle_alpha=alpha,
+                       multiplicity=method, window_size=10, reference_size=10, seconds=0.0,
+                       planned=tuple(weights), weights=weights)
+
+
+@pytest.mark.parametrize("method", ["holm", "bonferroni"])
+def test_the_verdict_and_the_cycles_p_value_agree_on_the_boundary(method: str) -> None:
+    """p-values exactly on a weighted threshold, computed the ways a threshold can be (and one ulp to
+    either side): the verdict fires exactly when the exported p-value is at most alpha. An outsider
+    found 158 of 1,978 such p-values deciding against the exported p-value before the two shared their
+    arithmetic (``centroid.weight: 0.3``, p = 0.0125 at alpha 0.1: detected, p-value 0.10000000000000002)."""
+    rng = np.random.default_rng(7)
+    names = ("mmd", "ks", "centroid", "classifier")
+    disagreements = 0
+    for _ in range(3000):
+        weights = dict(zip(names, rng.choice([0.3, 0.7, 1.0, 1.1, 3.0, 6.0, 0.001, 999.0], size=4).tolist(),
+                           strict=True))
+        alpha = float(rng.choice([0.1, 1 / 60, 4.96e-5, 0.05]))
+        test = names[int(rng.integers(4))]
+        total = sum(weights.values())
+        p = {name: 1.0 for name in names}
+        on = [alpha * weights[test] / total, alpha / total * weights[test], alpha * (weights[test] / total),
+              2 / 160, 1 / 40, 0.0125, 0.025]
+        value = float(rng.choice(on)) * float(rng.choice([1.0, 1 + 2**-52, 1 - 2**-53]))
+        p[test] = min(1.0, value)
+        report = _report(p, weights, alpha, method)
+        disagreements += report.detected != (suite_p_value(report) <= alpha)
+    assert disagreements == 0
+
+
+def test_equal_weights_decide_bit_for_bit_as_before() -> None:
+    """Equal weights take plain Holm's arithmetic (alpha / k), not the weighted one (p · W / w)."""
+    p = [0.1 / 3, 0.5, 0.7]
+    assert holm_reject(p, 0.1, [2.0, 2.0, 2.0]).tolist() == holm_reject(p, 0.1).tolist()
+    assert weighted_bonferroni_p_value(p, [5.0] * 3) == min(1.0, 3 * min(p))
+
+
+def _checkpoint(weights: object) -> dict:
+    report = _report({"ks": 0.001, "centroid": 0.2}, {"mmd": 1.0, "ks": 1.0, "centroid": 6.0, "classifier": 1.0}, 0.05)
+    state = CycleResult(report, sustained=report.detected, computed_at=1.0, reference_captured_at=0.0).state_dict()
+    state["weights"] = weights
+    return state
+
+
+@pytest.mark.parametrize(
+    ("weights", "message"),
+    [
+        (5, "must be a mapping"), ("ks", "must be a mapping"), ([["ks", 1.0]], "must be a mapping"),
+        ({"ks": 1.0, "centroid": 6.0, "bogus": 1.0}, "not one of"),
+        ({"ks": 1e308, "centroid": 1e308}, "above 1000"),
+        ({"ks": MIN_WEIGHT / 2, "centroid": 1.0}, "test weight of ks"),
+        ({"ks": float("nan"), "centroid": 1.0}, "test weight of ks"),
+        ({"ks": True, "centroid": 1.0}, "test weight of ks"),
+        ({"centroid": 6.0}, "miss the tests with a result: ks"),
+    ],
+)
+def test_a_poisoned_checkpoint_weight_is_refused(weights: object, message: str) -> None:
+    with pytest.raises(InvalidState, match=message):
+        CycleResult.from_state_dict(_checkpoint(weights))
+
+
+def test_the_daemons_own_checkpoint_loads_at_the_weights_bounds() -> None:
+    for bound in (MIN_WEIGHT, MAX_WEIGHT):
+        weights = {"mmd": bound, "ks": 1.0, "centroid": 1.0, "classifier": 1.0}
+        report = _report({"mmd": 0.2, "ks": 0.001}, weights, 0.05)
+        cycle = CycleResult(report, sustained=False, computed_at=1.0, reference_captured_at=0.0)
+        restored = CycleResult.from_state_dict(cycle.state_dict()).report
+        assert restored.weights == weights and suite_p_value(restored) == suite_p_value(report)
+        assert restored.detected == (suite_p_value(restored) <= 0.05)

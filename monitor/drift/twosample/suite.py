@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -34,7 +35,7 @@ from monitor.drift.attribution.region_shares import RegionReport, compare_region
 from monitor.drift.attribution.regions import Regions
 from monitor.drift.references.profile import subsample_ids, subsample_index, uniform_subsample
 from monitor.drift.settings import DriftSettings
-from monitor.drift.twosample.calibration import Multiplicity, TestResult
+from monitor.drift.twosample.calibration import Multiplicity, TestResult, per_test_alpha
 from monitor.drift.twosample.centroid import centroid_test
 from monitor.drift.twosample.classifier import classifier_test
 from monitor.drift.twosample.ks import ks_test
@@ -42,7 +43,7 @@ from monitor.drift.twosample.mmd import mmd_test
 from monitor.drift.twosample.reference_cache import reference_cache
 from monitor.drift.twosample.screen import COSTLY_TESTS, SCREENING_TESTS, screen_level, screen_p_value
 from monitor.drift.twosample.spectrum import PooledScatter
-from monitor.multiple_testing import holm_reject, holm_thresholds
+from monitor.multiple_testing import holm_reject, holm_thresholds, weighted_bonferroni_p_value
 
 logger = logging.getLogger(__name__)
 
@@ -97,8 +98,9 @@ class DriftReport:
             return None
         if not self.weights or any(r.test not in self.weights for r in self.results):
             return min(1.0, self.family_size * min((r.p_value for r in self.results), default=1.0))
-        total = sum(self.weights.values())
-        return min(1.0, min((r.p_value * total / self.weights[r.test] for r in self.results), default=1.0))
+        tested = {r.test: r.p_value for r in self.results}
+        return weighted_bonferroni_p_value([tested.get(name, 1.0) for name in self.weights],
+                                           list(self.weights.values()))
 
     def result(self, test: str) -> TestResult:
         """The result of one test by name (``mmd``, ``ks``, ``centroid``, ``classifier``)."""
@@ -177,8 +179,13 @@ def apply_multiplicity(
         w = [1.0] * (len(results) + missing)
     p = [r.p_value for r in results] + [1.0] * missing
     if method == "bonferroni":
-        thresholds = alpha * np.asarray(w) / sum(w)
-        decisions = np.asarray(p) <= thresholds
+        if len(set(w)) <= 1:  # equal weights: alpha / k, as before the weights
+            thresholds = np.full(len(p), per_test_alpha(alpha, len(p)))
+            decisions = np.asarray(p) <= thresholds
+        else:  # decided in weighted_bonferroni_p_value's arithmetic, so the cycle's p-value agrees
+            total = math.fsum(w)
+            thresholds = alpha * np.asarray(w) / total
+            decisions = np.asarray(p) * total / np.asarray(w) <= alpha
     elif method == "holm":
         thresholds = holm_thresholds(p, alpha, w)
         decisions = holm_reject(p, alpha, w)
