@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from monitor.drift.twosample.calibration import largest_passing
+
 
 def benjamini_hochberg(p_values: Sequence[float] | np.ndarray) -> np.ndarray:
     """Benjamini–Hochberg adjusted p-values (step-up; reject where adjusted <= FDR level), in input order.
@@ -59,7 +61,8 @@ def _weighted_steps(p: np.ndarray, w: np.ndarray, alpha: float) -> tuple[np.ndar
     total = math.fsum(w)
     order = np.argsort(p * total / w, kind="stable")
     left = np.array([math.fsum(w[order[j:]]) for j in range(len(order))])
-    return order, p[order] * left / w[order], alpha * w[order] / left
+    thresholds = np.array([largest_passing(alpha, float(wl), float(wi)) for wl, wi in zip(left, w[order], strict=True)])
+    return order, p[order] * left / w[order], thresholds
 
 
 def weighted_bonferroni_p_value(p_values: Sequence[float], weights: Sequence[float] | None = None) -> float:

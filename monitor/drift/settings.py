@@ -55,6 +55,7 @@ from monitor.drift.twosample.calibration import (
     Multiplicity,
     cycle_alpha,
     cycle_alpha_for_sustained,
+    largest_passing,
     parse_duration,
     per_test_alpha,
     permutations_needed,
@@ -353,7 +354,10 @@ class DriftSettings(_Section):
         weights = self.test_weights
         if test not in weights:
             raise ValueError(f"{test} is not an enabled drift test ({', '.join(weights) or 'none is'})")
-        return self.cycle_alpha * weights[test] / math.fsum(weights.values())
+        if len(set(weights.values())) == 1:  # equal weights: alpha / k, as before the weights
+            return per_test_alpha(self.cycle_alpha, len(weights))
+        # weighted: the largest p-value weighted Holm's first step passes (its own arithmetic)
+        return largest_passing(self.cycle_alpha, math.fsum(weights.values()), weights[test])
 
     @property
     def test_alpha(self) -> float:

@@ -6,6 +6,8 @@ budget is shared"). Equal weights are plain Holm, the default: nothing moves unl
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from pydantic import ValidationError
@@ -182,7 +184,26 @@ def test_the_verdict_and_the_cycles_p_value_agree_on_the_boundary(method: str) -
         p[test] = min(1.0, value)
         report = _report(p, weights, alpha, method)
         disagreements += report.detected != (suite_p_value(report) <= alpha)
+        # and the thresholds a user reads beside the p-values say the same, for the test on the boundary
+        # (under Holm a test past its threshold can still wait on an earlier step that failed)
+        r = report.result(test)
+        disagreements += (r.p_value <= r.threshold) != r.detected if method == "bonferroni" else (
+            r.detected and r.p_value > r.threshold)
     assert disagreements == 0
+
+
+def test_a_tests_own_alpha_is_the_largest_p_value_its_first_step_passes() -> None:
+    """``alpha_for`` is what each test is handed: one ulp above it fails weighted Holm's first step, it
+    passes (the attacker's realistic boundary p-values, 1,978 of them, now all agree)."""
+    for weights in ({"centroid": 0.3, "mmd": 0.1}, {"centroid": 0.7, "mmd": 0.1}, {"mmd": 0.2}, {"centroid": 6.0}):
+        settings = DriftSettings(interval_seconds=6, false_alarm_every="1m", evidence_share=0,
+                                 **{name: {"weight": w} for name, w in weights.items()})
+        w = settings.test_weights
+        for test in w:
+            a = settings.alpha_for(test)
+            for p, passes in ((a, True), (math.nextafter(a, 1.0), False)):
+                values = [p if name == test else 1.0 for name in w]
+                assert (weighted_bonferroni_p_value(values, list(w.values())) <= settings.cycle_alpha) is passes
 
 
 def test_equal_weights_decide_bit_for_bit_as_before() -> None:

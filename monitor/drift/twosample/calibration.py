@@ -102,6 +102,23 @@ def cycle_alpha(interval_seconds: float, false_alarm_every_seconds: float) -> fl
     return interval_seconds / false_alarm_every_seconds
 
 
+def largest_passing(alpha: float, total: float, weight: float) -> float:
+    """The largest ``t`` with ``t · total / weight <= alpha`` in floating point (about ``alpha · weight / total``):
+    a weighted test's threshold. Rounding is monotone, so a p-value passes weighted Holm's step
+    (decided as ``p · total / weight <= alpha``, the cycle p-value's arithmetic) exactly when it is at
+    most ``t``: a threshold never disagrees with the decision, even one ulp from it.
+
+    >>> largest_passing(0.1, 1.0, 1.0), largest_passing(0.1, 2.7, 0.3) * 2.7 / 0.3 <= 0.1
+    (0.1, True)
+    """
+    t = alpha * weight / total
+    while t > 0 and t * total / weight > alpha:
+        t = math.nextafter(t, 0.0)
+    while (up := math.nextafter(t, math.inf)) * total / weight <= alpha:
+        t = up
+    return t
+
+
 def per_test_alpha(alpha: float, tests: int) -> float:
     """Bonferroni share of the cycle's budget for each of ``tests`` tests (Holm's strictest step)."""
     if tests < 1:

@@ -35,7 +35,7 @@ from monitor.drift.attribution.region_shares import RegionReport, compare_region
 from monitor.drift.attribution.regions import Regions
 from monitor.drift.references.profile import subsample_ids, subsample_index, uniform_subsample
 from monitor.drift.settings import DriftSettings
-from monitor.drift.twosample.calibration import Multiplicity, TestResult, per_test_alpha
+from monitor.drift.twosample.calibration import Multiplicity, TestResult, largest_passing, per_test_alpha
 from monitor.drift.twosample.centroid import centroid_test
 from monitor.drift.twosample.classifier import classifier_test
 from monitor.drift.twosample.ks import ks_test
@@ -184,7 +184,7 @@ def apply_multiplicity(
             decisions = np.asarray(p) <= thresholds
         else:  # decided in weighted_bonferroni_p_value's arithmetic, so the cycle's p-value agrees
             total = math.fsum(w)
-            thresholds = alpha * np.asarray(w) / total
+            thresholds = np.array([largest_passing(alpha, total, weight) for weight in w])
             decisions = np.asarray(p) * total / np.asarray(w) <= alpha
     elif method == "holm":
         thresholds = holm_thresholds(p, alpha, w)
