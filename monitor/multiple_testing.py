@@ -9,11 +9,9 @@ Benjamini–Hochberg serves the KS drift test (across principal components,
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
-
-from monitor.drift.twosample.calibration import largest_passing
 
 
 def benjamini_hochberg(p_values: Sequence[float] | np.ndarray) -> np.ndarray:
@@ -53,7 +51,15 @@ def _unequal_weights(size: int, weights: Sequence[float] | None) -> np.ndarray |
     return None if size == 0 or np.all(w == w[0]) else w
 
 
-def _weighted_steps(p: np.ndarray, w: np.ndarray, alpha: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+Threshold = Callable[[float, float, float], float]  # (alpha, weight left, weight) -> a step's threshold
+
+
+def _about(alpha: float, left: float, weight: float) -> float:
+    return alpha * weight / left
+
+
+def _weighted_steps(p: np.ndarray, w: np.ndarray, alpha: float,
+                    threshold: Threshold = _about) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Weighted Holm's step order, each step's adjusted p-value ``p · W_left / w`` (before the running
     maximum) and threshold ``alpha · w / W_left``. Sums are ``math.fsum`` (correctly rounded, whatever
     the order), and the order is by ``p · W / w`` itself, so the first step's adjusted p-value is
@@ -61,7 +67,7 @@ def _weighted_steps(p: np.ndarray, w: np.ndarray, alpha: float) -> tuple[np.ndar
     total = math.fsum(w)
     order = np.argsort(p * total / w, kind="stable")
     left = np.array([math.fsum(w[order[j:]]) for j in range(len(order))])
-    thresholds = np.array([largest_passing(alpha, float(wl), float(wi)) for wl, wi in zip(left, w[order], strict=True)])
+    thresholds = np.array([threshold(alpha, float(wl), float(wi)) for wl, wi in zip(left, w[order], strict=True)])
     return order, p[order] * left / w[order], thresholds
 
 
@@ -81,7 +87,8 @@ def weighted_bonferroni_p_value(p_values: Sequence[float], weights: Sequence[flo
     return min(1.0, float((p * math.fsum(w) / w).min()))
 
 
-def holm_thresholds(p_values: Sequence[float], alpha: float, weights: Sequence[float] | None = None) -> np.ndarray:
+def holm_thresholds(p_values: Sequence[float], alpha: float, weights: Sequence[float] | None = None,
+                    threshold: Threshold = _about) -> np.ndarray:
     """Holm's critical value for each test, in input order, and which of them reject.
 
     The test with the ``r``-th smallest p-value (rank 1..k) is compared with ``alpha / (k - r + 1)``,
@@ -92,7 +99,9 @@ def holm_thresholds(p_values: Sequence[float], alpha: float, weights: Sequence[f
     ``weights`` (positive; default equal): weighted Holm (Holm 1979, section 5). The tests are
     stepped through in order of ``p_i / w_i``, and the test at a step is compared with
     ``alpha · w_i / W``, ``W`` the weight of the tests not yet rejected, itself included (decided as
-    ``p_i · W / w_i <= alpha``: :func:`_weighted_steps`). Its first
+    ``p_i · W / w_i <= alpha``: :func:`_weighted_steps`). ``threshold(alpha, W, w_i)`` computes a
+    weighted step's threshold (default ``alpha · w_i / W``; the drift suite passes
+    :func:`monitor.drift.twosample.calibration.largest_passing`, the largest p-value the step passes). Its first
     step is the weighted Bonferroni test (each test at ``alpha · w_i / Σ w``), so under any
     dependence the chance that some true null is rejected stays at most ``alpha``. Equal weights
     give plain Holm.
@@ -109,7 +118,7 @@ def holm_thresholds(p_values: Sequence[float], alpha: float, weights: Sequence[f
         order = np.argsort(p, kind="stable")
         thresholds[order] = alpha / (p.size - np.arange(p.size))
     else:
-        order, _, steps = _weighted_steps(p, w, alpha)
+        order, _, steps = _weighted_steps(p, w, alpha, threshold)
         thresholds[order] = steps
     return thresholds
 

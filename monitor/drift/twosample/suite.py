@@ -187,7 +187,7 @@ def apply_multiplicity(
             thresholds = np.array([largest_passing(alpha, total, weight) for weight in w])
             decisions = np.asarray(p) * total / np.asarray(w) <= alpha
     elif method == "holm":
-        thresholds = holm_thresholds(p, alpha, w)
+        thresholds = holm_thresholds(p, alpha, w, threshold=largest_passing)
         decisions = holm_reject(p, alpha, w)
     else:
         raise ValueError(f"unknown multiplicity correction {method!r}; use 'bonferroni' or 'holm'")
