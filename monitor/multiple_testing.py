@@ -87,6 +87,18 @@ def weighted_bonferroni_p_value(p_values: Sequence[float], weights: Sequence[flo
     return min(1.0, float((p * math.fsum(w) / w).min()))
 
 
+def weighted_bonferroni_reject(p_values: Sequence[float], alpha: float, weights: Sequence[float]) -> np.ndarray:
+    """Weighted Bonferroni's decisions, ``p_i · W / w_i <= alpha``: the arithmetic of
+    :func:`weighted_bonferroni_p_value`, so some test rejects exactly when that p-value is at most ``alpha``.
+
+    >>> weighted_bonferroni_reject([0.03, 0.02], 0.05, [4, 1]).tolist()  # 0.03 · 5/4 = 0.0375; 0.02 · 5 = 0.1
+    [True, False]
+    """
+    p = np.asarray(p_values, dtype=float)
+    w = np.asarray(weights, dtype=float)
+    return p * math.fsum(w) / w <= alpha
+
+
 def holm_thresholds(p_values: Sequence[float], alpha: float, weights: Sequence[float] | None = None,
                     threshold: Threshold = _about) -> np.ndarray:
     """Holm's critical value for each test, in input order, and which of them reject.

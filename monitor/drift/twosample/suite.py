@@ -43,7 +43,12 @@ from monitor.drift.twosample.mmd import mmd_test
 from monitor.drift.twosample.reference_cache import reference_cache
 from monitor.drift.twosample.screen import COSTLY_TESTS, SCREENING_TESTS, screen_level, screen_p_value
 from monitor.drift.twosample.spectrum import PooledScatter
-from monitor.multiple_testing import holm_reject, holm_thresholds, weighted_bonferroni_p_value
+from monitor.multiple_testing import (
+    holm_reject,
+    holm_thresholds,
+    weighted_bonferroni_p_value,
+    weighted_bonferroni_reject,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -183,9 +188,8 @@ def apply_multiplicity(
             thresholds = np.full(len(p), per_test_alpha(alpha, len(p)))
             decisions = np.asarray(p) <= thresholds
         else:  # decided in weighted_bonferroni_p_value's arithmetic, so the cycle's p-value agrees
-            total = math.fsum(w)
-            thresholds = np.array([largest_passing(alpha, total, weight) for weight in w])
-            decisions = np.asarray(p) * total / np.asarray(w) <= alpha
+            thresholds = np.array([largest_passing(alpha, math.fsum(w), weight) for weight in w])
+            decisions = weighted_bonferroni_reject(p, alpha, w)
     elif method == "holm":
         thresholds = holm_thresholds(p, alpha, w, threshold=largest_passing)
         decisions = holm_reject(p, alpha, w)
