@@ -32,7 +32,7 @@ WORKERS = {  # module: (virtualenv ("" = this interpreter), its methods: one pro
                                           "river ADWIN", "river Page-Hinkley", "embedding-monitor explain",
                                           "embedding-monitor evidence", "embedding-monitor every test",
                                           "embedding-monitor centroid only",
-                                          "embedding-monitor evidence weighted")),
+                                          "embedding-monitor evidence equal weights")),
     "bench.detection.peer_worker": (".venv-peers", ("Evidently model", "Evidently mmd", "Evidently ratio",
                                                     "Evidently distance", "NannyML", "DriftLens",
                                                     "Evidently distance at a week")),

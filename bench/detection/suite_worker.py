@@ -24,9 +24,11 @@
   (from the first cycle of the stream: 40 cycles before the change). Together: a false alarm a week.
   (Until this was written down, the bench took α from settings that had already given half of it to
   the detector, and ran this method at a false alarm every two weeks and the suite at half its budget.)
-- ``embedding-monitor evidence weighted``: the same with the centroid's weight 6 and the other three
-  tests' 1 (``drift.centroid.weight: 6``: weighted Holm, the centroid two thirds of the suite's half):
-  the configuration for traffic whose drifts move its mean.
+  Its settings are the daemon's defaults, so the centroid's weight is ``auto``: 6 of 9 here, where
+  its null is analytic (docs/drift.md, "How the budget is shared"); the suite alone's too.
+- ``embedding-monitor evidence equal weights``: the same with ``drift.centroid.weight: 1``: every test
+  a quarter of the suite's half, as the default was before ``auto``; the trade the weight makes is
+  this row against the default's.
 
 Run: ``python -m bench.detection.suite_worker PLAN OUT [methods...]``.
 """
@@ -130,7 +132,7 @@ def suite_method(plan: protocol.Plan, interval: float, screen_level: float | Non
 EVIDENCE_SHARE = 0.5  # of the week's budget, spent on the accumulating detector; the suite gets the rest
 
 
-def evidence_method(plan: protocol.Plan, centroid_weight: float = 1.0) -> tuple[Any, Any, Any]:
+def evidence_method(plan: protocol.Plan, centroid_weight: float | str = "auto") -> tuple[Any, Any, Any]:
     """``embedding-monitor evidence`` (module docstring): ``(fit, decide, before)`` for
     :func:`~bench.detection.protocol.run_batch`. The score is the larger of the suite's and the
     detector's distance to their own thresholds (``-log10`` p-values and ``log10 R_t`` against
@@ -257,20 +259,19 @@ BATCH: dict[str, tuple[float, float | None]] = {
 }
 CENTROID_ONLY = "embedding-monitor centroid only"
 EVIDENCE = "embedding-monitor evidence"
-EVIDENCE_WEIGHTED = "embedding-monitor evidence weighted"
-WEIGHTED_CENTROID = 6.0  # of 9: two thirds of the suite's budget on the moved mean
+EVIDENCE_EQUAL = "embedding-monitor evidence equal weights"
 ONLINE = ("embedding-monitor online", "river ADWIN", "river Page-Hinkley")
 
 
 def main() -> None:
     plan, out, methods = protocol.main_args()
-    methods = methods or [*BATCH, CENTROID_ONLY, EVIDENCE, EVIDENCE_WEIGHTED, *ONLINE, "embedding-monitor explain"]
+    methods = methods or [*BATCH, CENTROID_ONLY, EVIDENCE, EVIDENCE_EQUAL, *ONLINE, "embedding-monitor explain"]
     results = []
     for name in methods:
         if name == "embedding-monitor explain":
             results.append(explain_at_defaults(plan))
-        elif name in (EVIDENCE, EVIDENCE_WEIGHTED):
-            fit, decide, before = evidence_method(plan, WEIGHTED_CENTROID if name == EVIDENCE_WEIGHTED else 1.0)
+        elif name in (EVIDENCE, EVIDENCE_EQUAL):
+            fit, decide, before = evidence_method(plan, 1.0 if name == EVIDENCE_EQUAL else "auto")
             results.append(protocol.run_batch(plan, name, fit, decide, lambda s, d: all(d.values()),
                                               protocol.cost_rows(plan), before=before,
                                               progress=lambda partial: protocol.write(out, [*results, partial])))

@@ -39,9 +39,9 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import Annotated, Any, Literal, overload
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, TypeAdapter, ValidationError, ValidatorFunctionWrapHandler, field_validator, model_validator
 
 from monitor.decoding.labels import is_label_value
 from monitor.drift.online.detector_kinds import (
@@ -81,6 +81,15 @@ _WEIGHT_HELP = (
     "this test's share of the suite's false-alarm budget, relative to the other enabled tests' weights "
     "(weighted Holm; docs/drift.md, 'How the budget is shared')"
 )
+# centroid.weight auto where the centroid's null is analytic and the MMD's held out: measured in
+# bench.detection (docs/drift.md, "How the budget is shared"); 1 where both run permutations
+ANALYTIC_CENTROID_WEIGHT = 6.0
+_CENTROID_WEIGHT_HELP = (
+    f"as the other tests' weight; auto: {ANALYTIC_CENTROID_WEIGHT:g} where the centroid's null resolves to "
+    "analytic (short cycles, long budgets: the MMD then tests on half its rows), else 1"
+)
+Weight = Annotated[float, Field(ge=MIN_WEIGHT, le=MAX_WEIGHT)]
+_WEIGHT: TypeAdapter[float] = TypeAdapter(Weight)
 
 
 class MMDSettings(_Section):
@@ -111,10 +120,21 @@ class CentroidSettings(_Section):
     """Cosine distance between the means (:mod:`monitor.drift.twosample.centroid`)."""
 
     enabled: bool = True
-    weight: float = Field(1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT, description=_WEIGHT_HELP)
+    weight: Weight | Literal["auto"] = Field("auto", description=_CENTROID_WEIGHT_HELP)
     null: CentroidNullChoice = Field("auto", description=_CENTROID_NULL_HELP)
     permutations: int | None = Field(None, ge=1, le=1_000_000)
     stop_after: int | None = Field(10, ge=1)
+
+    @field_validator("weight", mode="wrap")
+    @classmethod
+    def _auto_or_a_weight(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> float | str:
+        """One message for a bad weight (not one per member of the union)."""
+        if isinstance(value, str) and value == "auto":
+            return value
+        try:
+            return _WEIGHT.validate_python(value)
+        except ValidationError as error:
+            raise ValueError(f"{error.errors()[0]['msg']} (or 'auto')") from None
 
 
 class ClassifierSettings(_Section):
@@ -339,8 +359,24 @@ class DriftSettings(_Section):
 
     @property
     def test_weights(self) -> dict[str, float]:
-        """The enabled tests' weights (``<test>.weight``): their shares of the suite's budget."""
-        return {name: float(getattr(self, name).weight) for name in self.enabled_tests}
+        """The enabled tests' weights (``<test>.weight``, ``auto`` resolved): their shares of the suite's budget.
+
+        ``centroid.weight: auto`` is :data:`ANALYTIC_CENTROID_WEIGHT` where the centroid's null is
+        analytic at an equal share (the MMD then has its held-out null, which tests on half its
+        rows), else 1:
+
+        >>> DriftSettings(interval_seconds=60, false_alarm_every="30d").test_weights["centroid"]
+        6.0
+        >>> DriftSettings(interval_seconds=3600, false_alarm_every="30d").test_weights["centroid"]  # permutations
+        1.0
+        """
+        weights = {}
+        for name in self.enabled_tests:
+            weight = getattr(self, name).weight
+            if weight == "auto":
+                weight = ANALYTIC_CENTROID_WEIGHT if self._null_at_equal_share("centroid") == "analytic" else 1.0
+            weights[name] = float(weight)
+        return weights
 
     def alpha_for(self, test: str) -> float:
         """A test's own threshold in the cycle (weighted Bonferroni; weighted Holm's first step):
@@ -395,19 +431,25 @@ class DriftSettings(_Section):
         false alarm a week it detected a 20 % share rise in 10 of 64 windows, the analytic one in 37).
         """
         section = getattr(self, test)
-        if section.null != "auto":
-            return section.null
+        at_equal = self._null_at_equal_share(test)
+        if section.null != "auto" or section.permutations is not None or at_equal != "permutation":
+            return at_equal
         # A weight can move a test to the null without permutations (its alpha is smaller than an
         # equal share's), never to permutations: the equal share decides too, so a larger weight
         # does not trade the centroid's analytic null (0.3 ms) for thousands of relabellings.
-        equal = per_test_alpha(self.cycle_alpha, max(1, len(self.enabled_tests)))
-        if section.permutations is not None or (
-            self.permutations_for(test) <= self.max_permutations
-            and self._permutations_to_reach(equal) <= self.max_permutations
-        ):
+        if self.permutations_for(test) <= self.max_permutations:
             return "permutation"
         return "analytic" if test == "centroid" else "heldout"
 
+    def _null_at_equal_share(self, test: Literal["mmd", "centroid"]) -> Literal["permutation", "heldout", "analytic"]:
+        """:meth:`null_for` were every enabled test's weight the same (what ``centroid.weight: auto`` reads)."""
+        section = getattr(self, test)
+        if section.null != "auto":
+            return section.null
+        equal = per_test_alpha(self.cycle_alpha, max(1, len(self.enabled_tests)))
+        if section.permutations is not None or self._permutations_to_reach(equal) <= self.max_permutations:
+            return "permutation"
+        return "analytic" if test == "centroid" else "heldout"
 
 # ---------------------------------------------------------------------------------- the daemon's
 def _is_target(target: str) -> bool:

@@ -206,8 +206,9 @@ def test_settings_defaults_and_derived_values() -> None:
     # half the budget to the suite, half to the accumulating detector (evidence_share)
     assert settings.cycle_alpha == pytest.approx(900 / 2_592_000 / 2)
     assert settings.evidence_threshold == pytest.approx(2 * 2_592_000 / 900)
-    assert settings.test_alpha == pytest.approx(settings.cycle_alpha / 4)
-    assert settings.permutations_for("mmd") == 23_040  # beyond max_permutations: the held-out null
+    # the centroid's auto weight, 6 of 9 (its analytic null): the strictest share is 1/9
+    assert settings.test_alpha == pytest.approx(settings.cycle_alpha / 9)
+    assert settings.permutations_for("mmd") == 51_840  # beyond max_permutations: the held-out null
     assert settings.null_for("mmd") == "heldout"
     whole = DriftSettings(evidence_share=0)
     assert whole.cycle_alpha == pytest.approx(900 / 2_592_000) and whole.permutations_for("mmd") == 11_520

@@ -101,9 +101,37 @@ def test_settings_share_the_budget_by_weight() -> None:
     assert two.alpha_for("centroid") == pytest.approx(two.cycle_alpha * 6 / 7)
     with pytest.raises(ValueError, match="mmd is not an enabled drift test"):
         two.alpha_for("mmd")
-    # the default is plain Holm: every test a quarter
+    # weights given equal: plain Holm, every test a quarter
+    equal = DriftSettings(centroid={"weight": 1})
+    assert [equal.alpha_for(t) for t in equal.enabled_tests] == pytest.approx([equal.cycle_alpha / 4] * 4)
+
+
+def test_the_centroids_auto_weight_follows_its_null() -> None:
+    """``centroid.weight: auto`` (the default): 6 where the centroid's null is analytic (the MMD's then
+    held out), 1 where both run permutations, and the null is the one an equal share would give."""
+    for interval, every, weight, null in [(900, "30d", 6.0, "analytic"), (60, "7d", 6.0, "analytic"),
+                                           (5, "30d", 6.0, "analytic"), (3600, "30d", 1.0, "permutation"),
+                                           (60, "1h", 1.0, "permutation"), (300, "7d", 1.0, "permutation")]:
+        settings = DriftSettings(interval_seconds=interval, false_alarm_every=every)
+        assert settings.centroid.weight == "auto"
+        assert settings.test_weights == {"mmd": 1.0, "ks": 1.0, "centroid": weight, "classifier": 1.0}
+        assert settings.null_for("centroid") == null
+        assert settings.null_for("mmd") == ("heldout" if null == "analytic" else "permutation")
+        equal = DriftSettings(interval_seconds=interval, false_alarm_every=every, centroid={"weight": 1})
+        assert settings.null_for("centroid") == equal.null_for("centroid")
     default = DriftSettings()
-    assert [default.alpha_for(t) for t in default.enabled_tests] == pytest.approx([default.cycle_alpha / 4] * 4)
+    shares = {name: default.alpha_for(name) / default.cycle_alpha for name in default.enabled_tests}
+    assert shares == pytest.approx({"mmd": 1 / 9, "ks": 1 / 9, "centroid": 6 / 9, "classifier": 1 / 9})
+    # an explicit null decides: analytic gets 6 at any budget, permutation or held out 1
+    assert DriftSettings(interval_seconds=3600, centroid={"null": "analytic"}).test_weights["centroid"] == 6.0
+    assert DriftSettings(centroid={"null": "heldout"}).test_weights["centroid"] == 1.0
+    assert DriftSettings(interval_seconds=3600, centroid={"null": "permutation"}).test_weights["centroid"] == 1.0
+    # fewer tests: a larger equal share, so the null and the weight may change together
+    two = DriftSettings(mmd={"enabled": False}, classifier={"enabled": False})
+    assert (two.null_for("centroid"), two.alpha_for("centroid")) == ("permutation", pytest.approx(two.cycle_alpha / 2))
+    two = DriftSettings(interval_seconds=60, false_alarm_every="7d", mmd={"enabled": False},
+                        classifier={"enabled": False})
+    assert (two.null_for("centroid"), two.alpha_for("centroid")) == ("analytic", pytest.approx(two.cycle_alpha * 6 / 7))
 
 
 def test_a_weight_never_moves_a_test_onto_permutations() -> None:
@@ -120,12 +148,17 @@ def test_a_weight_never_moves_a_test_onto_permutations() -> None:
     assert (hourly.permutations_for("centroid"), hourly.null_for("centroid")) == (2_160, "permutation")
 
 
-@pytest.mark.parametrize("weight", [0, -1, 1001, "heavy", float("nan"), 0.0009, 1e-310, 5e-324, float("inf")])
+@pytest.mark.parametrize(
+    "weight", [0, -1, 1001, "heavy", "Auto", None, float("nan"), 0.0009, 1e-310, 5e-324, float("inf")]
+)
 def test_a_bad_weight_is_refused_naming_the_field(weight: object) -> None:
     with pytest.raises(ValidationError, match=r"centroid\.weight"):
         DriftSettings(centroid={"weight": weight})
-    with pytest.raises(ConfigError, match=r"drift\.centroid\.weight"):  # the daemon exits 2 with it
-        load_settings(overrides={"source": "synthetic", "drift": {"centroid": {"weight": weight}}})
+    for test in ("centroid", "mmd"):  # the daemon exits 2 with it: one message, the field's own name
+        with pytest.raises(ConfigError, match=rf"drift\.{test}\.weight: [^;]*$"):
+            load_settings(overrides={"source": "synthetic", "drift": {test: {"weight": weight}}})
+    with pytest.raises(ConfigError, match=r"drift\.mmd\.weight"):  # auto is the centroid's alone
+        load_settings(overrides={"source": "synthetic", "drift": {"mmd": {"weight": "auto"}}})
 
 
 def test_the_cycle_decides_at_the_weighted_thresholds_and_says_so() -> None:
