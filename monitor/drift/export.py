@@ -116,21 +116,29 @@ class CycleResult:
     def from_state_dict(cls, state: dict[str, Any]) -> CycleResult:
         """A checkpointed verdict; a value no cycle produces raises :class:`~monitor.state.checks.InvalidState`."""
         tests = tuple(_test_from_state(entry) for entry in state["tests"])
+        planned = tuple(str(t) for t in state.get("planned") or ())
+        detected = bool(state["detected"])
+        if detected != any(t.detected for t in tests):
+            raise checks.InvalidState(f"the verdict ({'detected' if detected else 'not detected'}) is not its tests' "
+                                      f"({', '.join(t.test for t in tests if t.detected) or 'none detected'})")
+        beyond = [t.test for t in tests if t.detected and not t.p_value <= t.threshold]
+        if beyond:
+            raise checks.InvalidState(f"tests detected above their thresholds: {', '.join(beyond)}")
         regions = state.get("regions")
         report = DriftReport(
-            results=tests, detected=bool(state["detected"]),
+            results=tests, detected=detected,
             cycle_alpha=checks.probability(state["cycle_alpha"], "cycle alpha"),
             multiplicity=str(state["multiplicity"]), window_size=checks.count(state["window_size"], "window size"),
             reference_size=checks.count(state["reference_size"], "reference size"),
             seconds=checks.finite(state["seconds"], "cycle seconds", low=0.0),
             errors={str(k): str(v) for k, v in dict(state["errors"]).items()},
-            planned=tuple(str(t) for t in state.get("planned") or ()),
+            planned=planned,
             cut={str(k): str(v) for k, v in dict(state.get("cut") or {}).items()},
             regions=None if regions is None else RegionReport.from_state_dict(dict(regions)),
             screened=tuple(str(t) for t in state.get("screened") or ()),
             screen_p_value=None if state.get("screen_p_value") is None
             else checks.probability(state["screen_p_value"], "screen p-value"),
-            weights=_weights_from_state(state.get("weights"), tests),
+            weights=_weights_from_state(state.get("weights"), tests, planned),
         )
         evidence = state.get("evidence")
         return cls(report, bool(state["sustained"]), checks.finite(state["computed_at"], "cycle time"),
@@ -138,10 +146,11 @@ class CycleResult:
                    None if evidence is None else EvidenceResult.from_state(evidence))
 
 
-def _weights_from_state(value: Any, tests: tuple[TestResult, ...]) -> dict[str, float]:
+def _weights_from_state(value: Any, tests: tuple[TestResult, ...], planned: tuple[str, ...]) -> dict[str, float]:
     """A checkpointed verdict's test weights: a mapping of known test names to weights a setting can
-    hold (``MIN_WEIGHT`` to ``MAX_WEIGHT``) that names every test with a result. None or empty:
-    equal weights (a checkpoint written before the weights)."""
+    hold (``MIN_WEIGHT`` to ``MAX_WEIGHT``) that names every test with a result, and exactly the
+    planned tests when the verdict lists them (the weights are the family the cycle's p-value is
+    over). None or empty: equal weights (a checkpoint written before the weights)."""
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -157,6 +166,9 @@ def _weights_from_state(value: Any, tests: tuple[TestResult, ...]) -> dict[str, 
     missing = [t.test for t in tests if t.test not in weights]
     if weights and missing:
         raise checks.InvalidState(f"test weights miss the tests with a result: {', '.join(missing)}")
+    if weights and planned and set(weights) != set(planned):
+        raise checks.InvalidState(f"test weights name {', '.join(sorted(weights))}, not the planned tests "
+                                  f"{', '.join(sorted(planned))}")
     return weights
 
 

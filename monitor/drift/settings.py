@@ -85,10 +85,10 @@ _WEIGHT_HELP = (
 # bench.detection (docs/drift.md, "How the budget is shared"); 1 where both run permutations
 ANALYTIC_CENTROID_WEIGHT = 6.0
 _CENTROID_WEIGHT_HELP = (
-    f"as the other tests' weight; auto: {ANALYTIC_CENTROID_WEIGHT:g} where the centroid's null resolves to "
-    "analytic (short cycles, long budgets: the MMD then tests on half its rows), else 1"
+    f"as the other tests' weight; auto: {ANALYTIC_CENTROID_WEIGHT:g} where, at an equal share, the centroid's "
+    "null is analytic and the MMD's held out (short cycles, long budgets), else 1"
 )
-Weight = Annotated[float, Field(ge=MIN_WEIGHT, le=MAX_WEIGHT)]
+Weight = Annotated[float, Field(ge=MIN_WEIGHT, le=MAX_WEIGHT, allow_inf_nan=False)]
 _WEIGHT: TypeAdapter[float] = TypeAdapter(Weight)
 
 
@@ -361,9 +361,9 @@ class DriftSettings(_Section):
     def test_weights(self) -> dict[str, float]:
         """The enabled tests' weights (``<test>.weight``, ``auto`` resolved): their shares of the suite's budget.
 
-        ``centroid.weight: auto`` is :data:`ANALYTIC_CENTROID_WEIGHT` where the centroid's null is
-        analytic at an equal share (the MMD then has its held-out null, which tests on half its
-        rows), else 1:
+        ``centroid.weight: auto`` is :data:`ANALYTIC_CENTROID_WEIGHT` where, at an equal share, the
+        centroid's null is analytic (it uses every row) and the MMD's is held out (it tests on half
+        of its rows); else 1:
 
         >>> DriftSettings(interval_seconds=60, false_alarm_every="30d").test_weights["centroid"]
         6.0
@@ -374,9 +374,17 @@ class DriftSettings(_Section):
         for name in self.enabled_tests:
             weight = getattr(self, name).weight
             if weight == "auto":
-                weight = ANALYTIC_CENTROID_WEIGHT if self._null_at_equal_share("centroid") == "analytic" else 1.0
+                weight = ANALYTIC_CENTROID_WEIGHT if self._centroid_weighted else 1.0
             weights[name] = float(weight)
         return weights
+
+    @property
+    def _centroid_weighted(self) -> bool:
+        """Whether ``centroid.weight: auto`` is :data:`ANALYTIC_CENTROID_WEIGHT`: at an equal share the
+        centroid's null is analytic and the enabled MMD's held out. Both nulls are then out of
+        the weights' reach (neither runs permutations), so the weight moves no test's null."""
+        return ("mmd" in self.enabled_tests and self._null_at_equal_share("centroid") == "analytic"
+                and self._null_at_equal_share("mmd") == "heldout")
 
     def alpha_for(self, test: str) -> float:
         """A test's own threshold in the cycle (weighted Bonferroni; weighted Holm's first step):

@@ -122,14 +122,22 @@ def test_the_centroids_auto_weight_follows_its_null() -> None:
     default = DriftSettings()
     shares = {name: default.alpha_for(name) / default.cycle_alpha for name in default.enabled_tests}
     assert shares == pytest.approx({"mmd": 1 / 9, "ks": 1 / 9, "centroid": 6 / 9, "classifier": 1 / 9})
-    # an explicit null decides: analytic gets 6 at any budget, permutation or held out 1
-    assert DriftSettings(interval_seconds=3600, centroid={"null": "analytic"}).test_weights["centroid"] == 6.0
+    # 6 needs both: the centroid analytic and the MMD held out at an equal share (the weight then
+    # moves neither null; an outsider's find: an explicit analytic centroid beside a permutation MMD
+    # got 6, which moved the MMD off permutations or refused its explicit permutation count)
+    assert DriftSettings(interval_seconds=3600, centroid={"null": "analytic"}).test_weights["centroid"] == 1.0
+    assert DriftSettings(centroid={"null": "analytic"}).test_weights["centroid"] == 6.0
+    assert DriftSettings(mmd={"null": "permutation", "permutations": 30_000}).test_weights["centroid"] == 1.0
+    assert DriftSettings(mmd={"enabled": False}).test_weights["centroid"] == 1.0
+    refused_before = DriftSettings(interval_seconds=3600, max_permutations=5000, mmd={"permutations": 6000})
+    assert refused_before.test_weights["centroid"] == 1.0
+    assert refused_before.null_for("centroid") == "analytic" and refused_before.null_for("mmd") == "permutation"
     assert DriftSettings(centroid={"null": "heldout"}).test_weights["centroid"] == 1.0
     assert DriftSettings(interval_seconds=3600, centroid={"null": "permutation"}).test_weights["centroid"] == 1.0
     # fewer tests: a larger equal share, so the null and the weight may change together
-    two = DriftSettings(mmd={"enabled": False}, classifier={"enabled": False})
+    two = DriftSettings(ks={"enabled": False}, classifier={"enabled": False})
     assert (two.null_for("centroid"), two.alpha_for("centroid")) == ("permutation", pytest.approx(two.cycle_alpha / 2))
-    two = DriftSettings(interval_seconds=60, false_alarm_every="7d", mmd={"enabled": False},
+    two = DriftSettings(interval_seconds=60, false_alarm_every="7d", ks={"enabled": False},
                         classifier={"enabled": False})
     assert (two.null_for("centroid"), two.alpha_for("centroid")) == ("analytic", pytest.approx(two.cycle_alpha * 6 / 7))
 
@@ -263,11 +271,50 @@ def _checkpoint(weights: object) -> dict:
         ({"ks": float("nan"), "centroid": 1.0}, "test weight of ks"),
         ({"ks": True, "centroid": 1.0}, "test weight of ks"),
         ({"centroid": 6.0}, "miss the tests with a result: ks"),
+        # an outsider's: a planned test left out of the weights shrank W, and the exported p-value
+        # (0.048) fell under alpha beside detected 0; and a test named that was never planned
+        ({"mmd": 1.0, "ks": 1.0, "centroid": 6.0}, "not the planned tests"),
+        ({"mmd": 1.0, "ks": 1.0, "centroid": 6.0, "classifier": 1.0, "bogus": 1.0}, "not one of"),
     ],
 )
 def test_a_poisoned_checkpoint_weight_is_refused(weights: object, message: str) -> None:
     with pytest.raises(InvalidState, match=message):
         CycleResult.from_state_dict(_checkpoint(weights))
+
+
+def test_a_checkpointed_verdict_must_be_its_tests() -> None:
+    """A flipped ``detected`` flag, or a test detected above its threshold, is no cycle's verdict."""
+    state = _checkpoint({"mmd": 1.0, "ks": 1.0, "centroid": 6.0, "classifier": 1.0})
+    assert state["detected"] and CycleResult.from_state_dict(state).report.detected
+    with pytest.raises(InvalidState, match="is not its tests"):
+        CycleResult.from_state_dict({**state, "detected": False})
+    above = [list(entry) for entry in state["tests"]]
+    above[0][2] = 0.9  # ks: p-value above its threshold, still marked detected
+    with pytest.raises(InvalidState, match="above their thresholds: ks"):
+        CycleResult.from_state_dict({**state, "tests": above})
+
+
+def test_equal_weights_export_a_p_value_on_the_verdicts_side_at_every_family_size() -> None:
+    """Equal weights decide ``p <= alpha / k``; the exported ``k · p`` rounded across alpha by an ulp for
+    k = 3 in 1.7 % of p-values near the threshold (an outsider's find: alpha 0.08924193456581411,
+    p 0.02974731152193804, exported p-value alpha and detected 0). The value now sides with the verdict."""
+    rng = np.random.default_rng(11)
+    names = ("mmd", "ks", "centroid", "classifier")
+    disagreements = 0
+    for _ in range(4000):
+        k = int(rng.integers(1, 5))
+        alpha = float(rng.uniform(1e-6, 0.2))
+        p = alpha / k
+        for _ in range(int(rng.integers(-3, 4))):
+            p = math.nextafter(p, 1.0 if p < alpha / k else 0.0)
+        p = math.nextafter(p, rng.choice([0.0, 1.0])) if rng.random() < 0.5 else p
+        weights = dict.fromkeys(names[:k], 1.0)
+        for method in ("holm", "bonferroni"):
+            report = _report({names[0]: p}, weights, alpha, method)
+            disagreements += report.detected != (suite_p_value(report) <= alpha)
+    assert disagreements == 0
+    report = _report({"mmd": 0.02974731152193804}, dict.fromkeys(names[:3], 1.0), 0.08924193456581411)
+    assert report.detected is False and suite_p_value(report) > 0.08924193456581411
 
 
 def test_the_daemons_own_checkpoint_loads_at_the_weights_bounds() -> None:

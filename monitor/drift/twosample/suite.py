@@ -101,11 +101,21 @@ class DriftReport:
         ``p = 1``. At most ``cycle_alpha`` exactly when the cycle detects. None when no test was planned."""
         if not self.family_size:
             return None
-        if not self.weights or any(r.test not in self.weights for r in self.results):
-            return min(1.0, self.family_size * min((r.p_value for r in self.results), default=1.0))
-        tested = {r.test: r.p_value for r in self.results}
-        return weighted_bonferroni_p_value([tested.get(name, 1.0) for name in self.weights],
-                                           list(self.weights.values()))
+        if self.weights and all(r.test in self.weights for r in self.results):
+            tested = {r.test: r.p_value for r in self.results}
+            weights = list(self.weights.values())
+            if len(set(weights)) > 1:  # decided in this arithmetic (weighted_bonferroni_reject)
+                return weighted_bonferroni_p_value([tested.get(name, 1.0) for name in self.weights], weights)
+        smallest = min((r.p_value for r in self.results), default=1.0)
+        value = min(1.0, self.family_size * smallest)
+        # equal weights decide p <= alpha / k (plain Holm, bit for bit); where k is not a power of two,
+        # k · p can round to the other side of alpha by an ulp: the value then steps to the verdict's side
+        first = smallest <= per_test_alpha(self.cycle_alpha, self.family_size)
+        if first and value > self.cycle_alpha:
+            return self.cycle_alpha
+        if not first and value <= self.cycle_alpha:
+            return min(1.0, math.nextafter(self.cycle_alpha, math.inf))
+        return value
 
     def result(self, test: str) -> TestResult:
         """The result of one test by name (``mmd``, ``ks``, ``centroid``, ``classifier``)."""
@@ -331,8 +341,9 @@ def run_drift_suite(
                 seed=seeds[6],
             )
     in_order = [raw[name] for name in planned if name in raw]
+    weights = settings.test_weights
     results = apply_multiplicity(in_order, settings.cycle_alpha, settings.multiplicity,
-                                 weights={name: settings.test_weights[name] for name in planned})
+                                 weights={name: weights[name] for name in planned})
     if cut:
         logger.info("drift suite: the deadline cut %s", ", ".join(f"{t} ({how})" for t, how in sorted(cut.items())))
     detected = any(r.detected for r in results)
@@ -352,7 +363,7 @@ def run_drift_suite(
         regions=explained,
         screened=screened,
         screen_p_value=screen_p,
-        weights={name: settings.test_weights[name] for name in planned},
+        weights={name: weights[name] for name in planned},
     )
     logger.debug("drift suite: detected=%s tests=%s in %.2fs", report.detected, report.detected_tests, report.seconds)
     return report
