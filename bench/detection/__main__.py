@@ -161,6 +161,13 @@ def _span(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
+def machine_note() -> str:
+    """What the run can say of its machine: its niceness and the load average when it began (near the
+    core count: something else was running). Written beside the results (``machine``), so a
+    ``--report-only`` states the run's, not its own."""
+    return f"niceness {os.nice(0)}, load average {os.getloadavg()[0]:.1f} when it began"
+
+
 def write_docs(results: list[dict[str, object]], meta: dict[str, object], seconds: float,
                phases: tuple[float, ...] = ()) -> None:
     docs = ROOT / "docs" / "benchmarks.md"
@@ -169,7 +176,8 @@ def write_docs(results: list[dict[str, object]], meta: dict[str, object], second
     body = "\n".join([
         BEGIN,
         f"Run: `python -m bench.detection{flag}`"
-        f" on the 2-core development machine (shared, under `nice -n 15`), {seconds / 60:.0f} min"
+        f" on the {os.cpu_count()}-core development machine ({meta['machine']}), "
+        f"{seconds / 60:.0f} min"
         + (f" ({_span(phases[0])} of cases, every method at once; {_span(phases[1])} of cost, one "
            "method at a time)" if len(phases) == 2 else "")
         + f"; n = {meta['n']}, horizon {meta['horizon']} cycles after the change, {meta['replicates']} replicates "
@@ -213,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = corpus.cache_dir() / size
     folder.mkdir(parents=True, exist_ok=True)
     plan = folder / "plan.npz"
+    note = machine_note()
     if args.cost_only:
         if not plan.exists() or not (folder / "seconds").exists():
             parser.error(f"--cost-only needs a finished run of this size to keep the cases of ({folder} has none)")
@@ -222,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         timed = time.perf_counter()
         run_workers(plan, folder, "cost", concurrent=1, skip=SKIPPED.get(size, ()))
         (folder / "seconds").write_text(f"{cases_seconds} {time.perf_counter() - timed:.0f}", encoding="utf-8")
+        (folder / "machine.cost").write_text(note, encoding="utf-8")
     elif not args.report_only:
         texts = corpus.load()
         rows = corpus.embeddings(texts)
@@ -230,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         streams.build(texts, rows, plan, **sizes(size))  # type: ignore[arg-type]
         for stale in folder.glob("*.json"):
             stale.unlink()
+        (folder / "machine").write_text(note, encoding="utf-8")
+        (folder / "machine.cost").unlink(missing_ok=True)
         run_workers(plan, folder, "cases", skip=SKIPPED.get(size, ()))
         cases_done = time.perf_counter() - started
         # each method timed alone: the ratios are fair
@@ -252,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
 
     meta = json.loads(str(np.load(plan)["meta"]))
     meta.update(sizes(size), size=size)
+    run, cost = ((folder / name).read_text(encoding="utf-8") if (folder / name).exists() else None
+                 for name in ("machine", "machine.cost"))
+    meta["machine"] = (run or "its load not recorded") + (f"; the cost table timed again at {cost}" if cost else "")
     if args.no_docs:
         print(report.tables(results, meta))
         print(report.explanation_rows(results, meta))
