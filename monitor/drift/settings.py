@@ -41,7 +41,7 @@ import math
 from pathlib import Path
 from typing import Annotated, Any, Literal, overload
 
-from pydantic import Field, TypeAdapter, ValidationError, ValidatorFunctionWrapHandler, field_validator, model_validator
+from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from monitor.decoding.labels import is_label_value
 from monitor.drift.online.detector_kinds import (
@@ -125,9 +125,9 @@ class CentroidSettings(_Section):
     permutations: int | None = Field(None, ge=1, le=1_000_000)
     stop_after: int | None = Field(10, ge=1)
 
-    @field_validator("weight", mode="wrap")
+    @field_validator("weight", mode="before")
     @classmethod
-    def _auto_or_a_weight(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> float | str:
+    def _auto_or_a_weight(cls, value: Any) -> float | str:
         """One message for a bad weight (not one per member of the union)."""
         if isinstance(value, str) and value == "auto":
             return value
