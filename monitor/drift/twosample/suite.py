@@ -273,12 +273,16 @@ def run_drift_suite(
             shared.append(PooledScatter(*wide(), cached))
         return shared[0]
 
-    alpha = settings.alpha_for  # each test at its own share of the budget (weighted Holm's first step)
+    # each test at its own share of the budget (weighted Holm's first step); the settings' derived
+    # values are read once a cycle (each reading parses the budget and resolves the weights again)
+    planned = settings.enabled_tests
+    alpha = {name: settings.alpha_for(name) for name in planned}.__getitem__
+    mmd_null, centroid_null = settings.null_for("mmd"), settings.null_for("centroid")
     runners: dict[str, Callable[[], TestResult]] = {
         "mmd": lambda: mmd_test(
             window, reference, alpha=alpha("mmd"), permutations=settings.permutations_for("mmd"),
             stop_after=settings.mmd.stop_after, bandwidth=settings.mmd.bandwidth, seed=seeds[2],
-            device=settings.device, block_size=settings.mmd.block_size, null=settings.null_for("mmd"),
+            device=settings.device, block_size=settings.mmd.block_size, null=mmd_null,
             deadline=deadline, reference=cached,
         ),
         "ks": lambda: ks_test(
@@ -287,9 +291,9 @@ def run_drift_suite(
         ),
         "centroid": lambda: centroid_test(
             *wide(), alpha=alpha("centroid"), permutations=settings.permutations_for("centroid"),
-            stop_after=settings.centroid.stop_after, seed=seeds[4], null=settings.null_for("centroid"),
+            stop_after=settings.centroid.stop_after, seed=seeds[4], null=centroid_null,
             deadline=deadline, reference=cached,
-            pooled=pooled() if settings.null_for("centroid") == "analytic" else None,
+            pooled=pooled() if centroid_null == "analytic" else None,
             spectrum_components=settings.ks.components,
         ),
         "classifier": lambda: classifier_test(
@@ -299,7 +303,6 @@ def run_drift_suite(
             seed=seeds[5], pooled=pooled(),
         ),
     }
-    planned = settings.enabled_tests
     raw: dict[str, TestResult] = {}
     errors: dict[str, str] = {}
     cut: dict[str, str] = {}
