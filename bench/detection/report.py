@@ -355,6 +355,13 @@ def names_injected(explained: dict[str, Any], delta: float) -> tuple[bool, bool]
     return any(p >= 0.6 for p in purities), novel
 
 
+def exemplars_show_injected(explained: dict[str, Any]) -> bool:
+    """Are most of the first region's window exemplars (what the on-call reads beside it) rows of the
+    injected class? False when there is no first region or it has no exemplars."""
+    shown = explained.get("first_exemplars", 0)
+    return bool(shown) and 2 * explained.get("first_exemplars_injected", 0) > shown
+
+
 def explain_at_defaults_rows(results: list[dict[str, Any]]) -> str:
     """Point 5 at the daemon's default sizes, per cap on the number of regions (suite_worker.explain_at_defaults)."""
     found = next((r for r in results if r.get("kind") == "explain" and r.get("cases")), None)
@@ -369,8 +376,9 @@ def explain_at_defaults_rows(results: list[dict[str, Any]]) -> str:
            "names, whatever the verdict), with `drift.regions.max_regions` at "
            + " and ".join(map(str, caps)) + " (k regions)\n",
            "| case | verdicts | " + " | ".join(f"named, {c} regions (behind the verdict; ungated)" for c in caps)
-           + " | classes never named (ungated, largest cap) |",
-           "|---" * (len(caps) + 3) + "|"]
+           + f" | the first region's window exemplars mostly the injected class, {caps[-1]} regions (behind the "
+           "verdict; ungated) | classes never named (ungated, largest cap) |",
+           "|---" * (len(caps) + 4) + "|"]
     for case, records in found["cases"].items():
         delta = 0.10 if case == "unseen" else int(case[len("share"):]) / 100
         cells = []
@@ -379,6 +387,8 @@ def explain_at_defaults_rows(results: list[dict[str, Any]]) -> str:
             ungated = sum(any(names_injected(r[f"ungated{cap}"], delta)) for r in records)
             k = sorted({r[f"ungated{cap}"].get("k") for r in records})
             cells.append(f"{gated}/{len(records)}; {ungated}/{len(records)} (k = {', '.join(map(str, k))})")
+        shown = [sum(exemplars_show_injected(r[f"{gate}{caps[-1]}"]) for r in records) for gate in ("gated", "ungated")]
+        cells.append(f"{shown[0]}/{len(records)}; {shown[1]}/{len(records)}")
         missed = [r["class"] for r in records if not any(names_injected(r[f"ungated{caps[-1]}"], delta))]
         missed_text = ", ".join(f"`{c}`" for c in missed) if case != "unseen" else f"{len(missed)} of {len(records)}"
         out.append(f"| {case_label(case)} | {sum(r['detected'] for r in records)}/{len(records)} | "

@@ -85,8 +85,13 @@ def explanation(report: DriftReport, regions: Regions | None, window: np.ndarray
         return float(hit[members].mean()) if members.any() else 0.0
 
     named = [r.region for r in explained.regions if r.shifted and r.change > 0]
-    first = explained.ranked()[0].region if report.detected else None
+    top = explained.ranked()[0]
+    first = top.region if report.detected else None
+    # what the on-call reads beside the first region: its window exemplars (ids are row positions)
+    shown = [int(e) for e in top.window_exemplars] if first is not None else []
     return {
+        "first_exemplars": len(shown),
+        "first_exemplars_injected": int(hit[shown].sum()) if shown else 0,
         "named": named,
         "named_purity": [purity(r) for r in named],
         "first": first,
@@ -233,7 +238,8 @@ def explain_at_defaults(plan: protocol.Plan, caps: tuple[int, ...] = (16, 32), s
             for cap in caps:  # the whole cycle per cap: the explanation as the daemon computes it (its
                 # reference subsample and seeds), at the price of the same verdict computed twice
                 regions = fit_regions(reference, max_regions=cap, seed=r)
-                report = run_drift_suite(window, reference, settings, seed=r, regions=regions)
+                report = run_drift_suite(window, reference, settings, seed=r, regions=regions,
+                                         window_ids=tuple(map(str, range(len(ids)))))
                 record["detected"] = report.detected
                 record[f"gated{cap}"] = explanation(report, regions, window, plan.label_of(ids), injected)
                 ungated = replace(report, detected=True, regions=_ungated(report.regions))

@@ -96,6 +96,27 @@ def test_point_fives_rule_names_a_class_by_a_pure_region_or_by_the_novel_share()
     assert report.names_injected(dict(novel, novel_shifted=False), 0.10) == (False, False)  # not named by its test
 
 
+def test_the_explanation_scores_the_first_regions_window_exemplars_by_the_injected_class() -> None:
+    """What the on-call reads beside the first region, its window exemplars, scored by the rows' labels:
+    four pure blobs, the window's share of one raised from a quarter to a half, through the real cycle."""
+    rng = np.random.default_rng(5)
+    centres = rng.normal(size=(4, 8)) * 6
+    reference = np.concatenate([rng.normal(c, 0.3, size=(250, 8)) for c in centres]).astype(np.float32)
+    labels = np.repeat(np.arange(4), [500, 166, 167, 167])
+    window = np.concatenate([rng.normal(centres[k], 0.3, size=(n, 8)) for k, n in
+                             zip(range(4), [500, 166, 167, 167], strict=True)]).astype(np.float32)
+    regions = suite_worker.fit_regions(reference, max_regions=4, seed=0)
+    settings = DriftSettings(interval_seconds=60, false_alarm_every="7d", threads=1)  # no permutations
+    cycle = suite_worker.run_drift_suite(window, reference, settings, seed=0, regions=regions,
+                                         window_ids=tuple(map(str, range(len(window)))))
+    assert cycle.detected
+    explained = suite_worker.explanation(cycle, regions, window, labels, [0])
+    assert explained["first_exemplars"] > 0 and explained["first_exemplars_injected"] == explained["first_exemplars"]
+    assert report.exemplars_show_injected(explained)
+    assert not report.exemplars_show_injected({**explained, "first_exemplars_injected": 1, "first_exemplars": 3})
+    assert not report.exemplars_show_injected({"first_exemplars": 0})  # no verdict: no first region shown
+
+
 @pytest.mark.slow  # the suite at a 60 s cycle on 30 nulls and the pooling replicates: over 5 s
 def test_the_suite_with_the_accumulating_detector_keeps_its_budget_and_is_reported_at_a_week(
     plan: protocol.Plan,
