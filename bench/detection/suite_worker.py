@@ -25,7 +25,8 @@
   (Until this was written down, the bench took α from settings that had already given half of it to
   the detector, and ran this method at a false alarm every two weeks and the suite at half its budget.)
   Its settings are the daemon's defaults, so the centroid's weight is ``auto``: 6 of 9 here, where
-  its null is analytic (docs/drift.md, "How the budget is shared"); the suite alone's too.
+  its null is analytic and the MMD's held out (docs/drift.md, "How the budget is shared"); the suite
+  alone's too.
 - ``embedding-monitor evidence equal weights``: the same with ``drift.centroid.weight: 1``: every test
   a quarter of the suite's half, as the default was before ``auto``; the trade the weight makes is
   this row against the default's.
