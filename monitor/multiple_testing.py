@@ -34,7 +34,7 @@ def benjamini_hochberg(p_values: Sequence[float] | np.ndarray) -> np.ndarray:
     if p.size == 0:
         return p.copy()
     # scipy's arithmetic, step for step, without its array-API dispatch (0.7 ms a call, a drift
-    # cycle's KS test makes one): tests/test_multiple_testing.py holds the two equal to the bit
+    # cycle's KS test makes one): tests/retrieval/test_stats.py holds the two equal to the bit
     order = np.argsort(p)
     adjusted = p[order] * (p.size / np.arange(1, p.size + 1, dtype=np.float64))
     np.minimum.accumulate(adjusted[::-1], out=adjusted[::-1])
@@ -79,6 +79,9 @@ def _weighted_steps(p: np.ndarray, w: np.ndarray, alpha: float,
 def weighted_bonferroni_p_value(p_values: Sequence[float], weights: Sequence[float] | None = None) -> float:
     """``min(1, min_i p_i · W / w_i)`` (``W``: the weights' sum; ``k · min p`` with equal weights): at
     most ``alpha`` exactly when weighted Holm (or weighted Bonferroni) rejects something at ``alpha``.
+    With equal weights Holm decides ``p <= alpha / k``, and where ``k`` is not a power of two
+    ``k · p`` can round across ``alpha`` by an ulp; the drift cycle's p-value
+    (:attr:`monitor.drift.twosample.suite.DriftReport.adjusted_p_value`), which knows ``alpha``, settles that.
 
     >>> weighted_bonferroni_p_value([0.01, 0.04]), weighted_bonferroni_p_value([0.03, 0.01], [4, 1])
     (0.02, 0.0375)
